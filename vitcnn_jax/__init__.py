@@ -1,0 +1,1 @@
+"""vitcnn_jax: how do vision transformers and CNNs represent what they see?"""

@@ -1,0 +1,154 @@
+"""BiT ResNet-v2: pre-activation bottlenecks, weight-standardised convs, GroupNorm.
+
+Numerics follow google-research/big_transfer: weight standardisation with eps
+1e-10 over (H, W, Cin), GroupNorm with 32 groups and eps 1e-5 (variance as the
+mean squared deviation), symmetric explicit padding, and a zero-padded 3x3/2
+max-pool after the unnormalised root conv.
+
+Parameter tree (big_vision `bit_paper` names, GroupNorm params as (C,)):
+  root_block/conv_root, blockB/unitUU/{gn1,conv1,gn2,conv2,gn3,conv3,conv_proj},
+  norm-pre-head, head.
+
+Representation points (`out` names), per unit `blockB/unitUU/`:
+  preact (relu(gn1(x))), shortcut, conv1, preact2, conv2, preact3, conv3, out
+and root/conv, root/pool, head/preact (B,h,w,C), pre_logits, logits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vitcnn_jax.models import common
+
+DEPTHS: dict[int, tuple[int, ...]] = {
+    50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+
+
+def block_sizes(depth: int | Sequence[int]) -> tuple[int, ...]:
+  if isinstance(depth, int):
+    if depth not in DEPTHS:
+      raise ValueError(f"depth={depth} is not one of {sorted(DEPTHS)}; pass the "
+                       "units per block instead, e.g. depth=(2, 2, 2, 2).")
+    return DEPTHS[depth]
+  return tuple(int(d) for d in depth)
+
+
+def _standardize(x: jax.Array, axes: tuple[int, ...], eps: float) -> jax.Array:
+  x = x - x.mean(axis=axes, keepdims=True)
+  return x / jnp.sqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + eps)
+
+
+class StdConv(nn.Module):
+  """Bias-free conv whose kernel is standardised per output channel."""
+  features: int
+  kernel: int
+  stride: int = 1
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = self.param("kernel", nn.initializers.he_normal(),
+                   (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
+    w = _standardize(w, (0, 1, 2), 1e-10)
+    pad = (self.kernel - 1) // 2
+    return jax.lax.conv_general_dilated(
+        x, w.astype(x.dtype), (self.stride, self.stride), [(pad, pad)] * 2,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+class GroupNorm(nn.Module):
+  groups: int = 32
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c = x.shape[-1]
+    if c % self.groups:
+      raise ValueError(f"GroupNorm: {c} channels are not divisible into {self.groups} groups.")
+    g = x.reshape(x.shape[:-1] + (self.groups, c // self.groups))
+    g = _standardize(g, (1, 2, 4), self.eps)
+    x = g.reshape(x.shape)
+    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    return x * scale + bias
+
+
+class Unit(nn.Module):
+  """Pre-activation bottleneck; the projection sees the activated input."""
+  nmid: int
+  stride: int = 1
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    nout = 4 * self.nmid
+    p = capture.put(out, "preact", nn.relu(GroupNorm(name="gn1")(x)))
+    shortcut = x
+    if x.shape[-1] != nout or self.stride != 1:
+      shortcut = StdConv(nout, 1, self.stride, name="conv_proj")(p)
+    capture.put(out, "shortcut", shortcut)
+    y = capture.put(out, "conv1", StdConv(self.nmid, 1, name="conv1")(p))
+    y = capture.put(out, "preact2", nn.relu(GroupNorm(name="gn2")(y)))
+    y = capture.put(out, "conv2", StdConv(self.nmid, 3, self.stride, name="conv2")(y))
+    y = capture.put(out, "preact3", nn.relu(GroupNorm(name="gn3")(y)))
+    y = capture.put(out, "conv3", StdConv(nout, 1, name="conv3")(y))
+    return capture.put(out, "out", y + shortcut)
+
+
+class Root(nn.Module):
+  """7x7/2 conv (no norm, no ReLU), then a zero-padded 3x3/2 max-pool."""
+  features: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    x = capture.put(out, "conv", StdConv(self.features, 7, 2, name="conv_root")(x))
+    # Zero padding, not -inf: the root output can be negative, so this matters.
+    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    return capture.put(out, "pool", nn.max_pool(x, (3, 3), (2, 2), "VALID"))
+
+
+class Stage(nn.Module):
+  units: int
+  nmid: int
+  stride: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    for u in range(1, self.units + 1):
+      name = f"unit{u:02d}"
+      x = Unit(self.nmid, self.stride if u == 1 else 1, name=name)(
+          x, capture.child(name), out)
+    return x
+
+
+class BiT(nn.Module):
+  """ResNet-v2 R{50,101,152}x{width}; any units per block via `depth`."""
+  num_classes: int | None = 1000
+  width: float = 1  # R50x1 -> 1; fractions (0.5) make tiny test models
+  depth: int | Sequence[int] = 50
+  image_size: int | Sequence[int] = 224  # a default for callers; any size runs
+
+  family = "bit"
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *,
+               capture: common.Capture | str | Sequence[str] | None = None,
+               train: bool = False) -> tuple[jax.Array, dict]:
+    del train
+    if images.ndim != 4 or images.shape[-1] != 3:
+      raise ValueError(f"BiT expects NHWC images with 3 channels, got shape {images.shape}.")
+    capture = common.Capture.of(capture)
+    out: dict = {}
+    root = int(64 * self.width)
+    x = Root(root, name="root_block")(images, capture.child("root"), out)
+    for b, units in enumerate(block_sizes(self.depth), 1):
+      name = f"block{b}"
+      x = Stage(units, root * 2 ** (b - 1), 1 if b == 1 else 2, name=name)(
+          x, capture.child(name), out)
+    x = capture.put(out, "head/preact", nn.relu(GroupNorm(name="norm-pre-head")(x)))
+    x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))
+    if self.num_classes:
+      x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))
+    return x, out

@@ -1,0 +1,111 @@
+"""Pieces shared by the model families: representation capture and MLPs."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+GELUS: dict[str, Callable[[Array], Array]] = {
+    # The official checkpoints were trained with Flax's default, the tanh form.
+    "tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "exact": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
+def get_gelu(name: str) -> Callable[[Array], Array]:
+  if name not in GELUS:
+    raise ValueError(f"gelu={name!r} is not one of {sorted(GELUS)}.")
+  return GELUS[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class Capture:
+  """Which named representation points a forward pass keeps.
+
+  Names read like paths (`block03/attn/out`); `patterns` are shell-style globs
+  matched against the full name (`*` also crosses `/`). `None` keeps every
+  point. Filtering where each tensor is made (not at the end) keeps eager
+  callers from holding every activation of the network at once.
+  """
+  patterns: tuple[str, ...] | None = None
+  prefix: str = ""
+
+  @classmethod
+  def of(cls, spec: "Capture | str | Sequence[str] | None") -> "Capture":
+    if isinstance(spec, Capture):
+      return spec
+    if spec is None:
+      return cls(None)
+    if isinstance(spec, str):
+      spec = (spec,)
+    return cls(tuple(spec))
+
+  def child(self, name: str) -> "Capture":
+    return dataclasses.replace(self, prefix=f"{self.prefix}{name}/")
+
+  def wants(self, name: str) -> bool:
+    if self.patterns is None:
+      return True
+    full = self.prefix + name
+    return any(fnmatch.fnmatchcase(full, p) for p in self.patterns)
+
+  def put(self, out: dict[str, Any], name: str, value: Array) -> Array:
+    """Records `value` under its full name if wanted; returns it unchanged."""
+    if self.wants(name):
+      out[self.prefix + name] = value
+    return value
+
+
+class MlpBlock(nn.Module):
+  """Dense -> GELU -> Dense, the MLP of every ViT and Mixer block."""
+  mlp_dim: int
+  gelu: str = "tanh"
+
+  @nn.compact
+  def __call__(self, x: Array, capture: Capture, out: dict) -> Array:
+    d = x.shape[-1]
+    h = nn.Dense(self.mlp_dim, name="Dense_0",
+                 kernel_init=nn.initializers.xavier_uniform(),
+                 bias_init=nn.initializers.normal(1e-6))(x)
+    h = capture.put(out, "hidden", get_gelu(self.gelu)(h))
+    return nn.Dense(d, name="Dense_1",
+                    kernel_init=nn.initializers.xavier_uniform(),
+                    bias_init=nn.initializers.normal(1e-6))(h)
+
+
+def layer_norm(name: str) -> nn.LayerNorm:
+  # Flax's defaults (eps 1e-6) are what every upstream ViT and Mixer used.
+  return nn.LayerNorm(epsilon=1e-6, name=name)
+
+
+def to_pair(v: int | Sequence[int]) -> tuple[int, int]:
+  if isinstance(v, int):
+    return (v, v)
+  v = tuple(int(a) for a in v)
+  if len(v) != 2:
+    raise ValueError(f"Expected an int or a pair, got {v}.")
+  return v  # type: ignore[return-value]
+
+
+def check_image(images: Array, image_size: tuple[int, int], model: str) -> None:
+  """Errors early, naming both shapes, instead of failing deep inside XLA."""
+  if images.ndim != 4 or images.shape[-1] != 3:
+    raise ValueError(
+        f"{model} expects NHWC images with 3 channels, got shape {images.shape}.")
+  if tuple(images.shape[1:3]) != tuple(image_size):
+    raise ValueError(
+        f"{model} was built for {image_size[0]}x{image_size[1]} images but got "
+        f"{images.shape[1]}x{images.shape[2]} (shape {images.shape}). Resize the "
+        "images, or reload with load_model(path, resolution=...) to resample "
+        "the position embedding.")
+
+
+def dense_head(num_classes: int, name: str = "head") -> nn.Dense:
+  return nn.Dense(num_classes, name=name, kernel_init=nn.initializers.zeros)

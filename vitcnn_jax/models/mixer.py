@@ -1,0 +1,93 @@
+"""MLP-Mixer with the parameter tree of the vision_transformer Mixer files.
+
+Parameters: stem, MixerBlock_i/{LayerNorm_0, token_mixing/Dense_{0,1},
+LayerNorm_1, channel_mixing/Dense_{0,1}}, pre_head_layer_norm, head.
+
+Representation points (`out` names), per block `blockNN/`:
+  in, ln1, token_mlp/hidden (B,D,tokens_mlp_dim), token_mlp/out (B,T,D),
+  token_mlp/residual, ln2, channel_mlp/hidden, channel_mlp/out, out
+and stem (B,h,w,D), encoded, pre_logits, logits.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vitcnn_jax.models import common
+
+# (hidden_dim, num_blocks, tokens_mlp_dim, channels_mlp_dim)
+VARIANTS: dict[str, tuple[int, int, int, int]] = {
+    "S": (512, 8, 256, 2048),
+    "B": (768, 12, 384, 3072),
+    "L": (1024, 24, 512, 4096),
+}
+
+
+def decode_variant(variant: str) -> dict:
+  name, _, patch = variant.partition("/")
+  if name not in VARIANTS or (patch and not patch.isdigit()):
+    raise ValueError(f"Unknown Mixer variant {variant!r}; expected one of "
+                     f"{sorted(VARIANTS)} with an optional '/<patch>'.")
+  d, n, t, c = VARIANTS[name]
+  cfg = dict(hidden_dim=d, num_blocks=n, tokens_mlp_dim=t, channels_mlp_dim=c)
+  if patch:
+    cfg["patch_size"] = int(patch)
+  return cfg
+
+
+class MixerBlock(nn.Module):
+  tokens_mlp_dim: int
+  channels_mlp_dim: int
+  gelu: str = "tanh"
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    capture.put(out, "in", x)
+    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0")(x))
+    y = common.MlpBlock(self.tokens_mlp_dim, self.gelu, name="token_mixing")(
+        jnp.swapaxes(y, 1, 2), capture.child("token_mlp"), out)
+    y = capture.put(out, "token_mlp/out", jnp.swapaxes(y, 1, 2))
+    x = capture.put(out, "token_mlp/residual", x + y)
+    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1")(x))
+    y = common.MlpBlock(self.channels_mlp_dim, self.gelu, name="channel_mixing")(
+        y, capture.child("channel_mlp"), out)
+    capture.put(out, "channel_mlp/out", y)
+    return capture.put(out, "out", x + y)
+
+
+class Mixer(nn.Module):
+  num_classes: int | None = 1000
+  patch_size: int | Sequence[int] = 16
+  image_size: int | Sequence[int] = 224
+  hidden_dim: int = 768
+  num_blocks: int = 12
+  tokens_mlp_dim: int = 384
+  channels_mlp_dim: int = 3072
+  gelu: str = "tanh"
+
+  family = "mixer"
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *,
+               capture: common.Capture | str | Sequence[str] | None = None,
+               train: bool = False) -> tuple[jax.Array, dict]:
+    del train
+    capture = common.Capture.of(capture)
+    common.check_image(images, common.to_pair(self.image_size), "Mixer")
+    out: dict = {}
+    p = common.to_pair(self.patch_size)
+    x = nn.Conv(self.hidden_dim, p, strides=p, padding="VALID", name="stem")(images)
+    capture.put(out, "stem", x)
+    x = x.reshape(x.shape[0], -1, x.shape[-1])
+    for i in range(self.num_blocks):
+      x = MixerBlock(self.tokens_mlp_dim, self.channels_mlp_dim, self.gelu,
+                     name=f"MixerBlock_{i}")(x, capture.child(f"block{i:02d}"), out)
+    x = capture.put(out, "encoded", common.layer_norm("pre_head_layer_norm")(x))
+    x = capture.put(out, "pre_logits", x.mean(axis=1))
+    if self.num_classes:
+      x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))
+    return x, out

@@ -1,0 +1,205 @@
+"""Vision Transformer with the parameter tree of the upstream Flax models.
+
+Parameter names follow big_vision's linen layout (`embedding`, top-level
+`pos_embedding` without a cls row, `cls`, `Transformer/encoderblock_i/...`,
+`MAPHead_0`, `pre_logits`, `head`); `checkpoints.py` maps the original
+vision_transformer files (pre-linen names, cls row inside the position
+embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
+
+Representation points (`out` names), per block `blockNN/`:
+  in, ln1, attn/weights (B,H,Q,K), attn/heads (B,T,H,hd, before the output
+  projection), attn/out, attn/residual, ln2, mlp/hidden, mlp/out, out
+and around them: stem (B,h,w,D), embedded (B,T,D), encoded, head_input,
+pre_logits, logits. `T` counts the cls token first when pool == "token".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitcnn_jax.models import common
+
+POOLS = ("token", "gap", "map")
+
+# (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
+VARIANTS: dict[str, tuple[int, int, int, int]] = {
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "H": (1280, 32, 5120, 16),
+}
+
+
+def decode_variant(variant: str) -> dict:
+  """'B/16' -> the width, depth, mlp_dim, num_heads and patch_size fields."""
+  name, _, patch = variant.partition("/")
+  if name not in VARIANTS or (patch and not patch.isdigit()):
+    raise ValueError(
+        f"Unknown ViT variant {variant!r}; expected one of {sorted(VARIANTS)} "
+        "with an optional '/<patch>' such as 'B/16'.")
+  width, depth, mlp_dim, heads = VARIANTS[name]
+  cfg = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads)
+  if patch:
+    cfg["patch_size"] = int(patch)
+  return cfg
+
+
+class Attention(nn.Module):
+  """Multi-head dot-product attention, exposing weights and per-head outputs.
+
+  Same parameters and arithmetic as flax.linen.MultiHeadDotProductAttention
+  (query scaled by 1/sqrt(head_dim) before the product, float32 softmax).
+  """
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, q_in: jax.Array, kv_in: jax.Array,
+               capture: common.Capture, out: dict) -> jax.Array:
+    d = q_in.shape[-1]
+    if d % self.num_heads:
+      raise ValueError(f"width {d} is not divisible by num_heads {self.num_heads}.")
+    hd = d // self.num_heads
+
+    def proj(name: str, x: jax.Array) -> jax.Array:
+      return nn.DenseGeneral((self.num_heads, hd), name=name,
+                             kernel_init=nn.initializers.xavier_uniform())(x)
+
+    q = proj("query", q_in) / jnp.sqrt(hd).astype(q_in.dtype)
+    k = proj("key", kv_in)
+    v = proj("value", kv_in)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    weights = capture.put(out, "weights", jax.nn.softmax(logits, axis=-1))
+    heads = capture.put(out, "heads", jnp.einsum("bhqk,bkhd->bqhd", weights, v))
+    return nn.DenseGeneral(d, axis=(-2, -1), name="out",
+                           kernel_init=nn.initializers.xavier_uniform())(heads)
+
+
+class EncoderBlock(nn.Module):
+  """Pre-LN transformer block; `skip=False` drops both residual connections."""
+  mlp_dim: int
+  num_heads: int
+  gelu: str = "tanh"
+  skip: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    capture.put(out, "in", x)
+    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0")(x))
+    y = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
+        y, y, capture.child("attn"), out)
+    capture.put(out, "attn/out", y)
+    x = capture.put(out, "attn/residual", x + y if self.skip else y)
+    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1")(x))
+    y = common.MlpBlock(self.mlp_dim, self.gelu, name="MlpBlock_0")(
+        y, capture.child("mlp"), out)
+    capture.put(out, "mlp/out", y)
+    return capture.put(out, "out", x + y if self.skip else y)
+
+
+class Encoder(nn.Module):
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  gelu: str = "tanh"
+  no_skip: tuple[int, ...] = ()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    for i in range(self.depth):
+      x = EncoderBlock(self.mlp_dim, self.num_heads, self.gelu,
+                       skip=i not in self.no_skip, name=f"encoderblock_{i}")(
+                           x, capture.child(f"block{i:02d}"), out)
+    return common.layer_norm("encoder_norm")(x)
+
+
+class MAPHead(nn.Module):
+  """big_vision's multi-head attention pooling: one learned probe query."""
+  mlp_dim: int
+  num_heads: int
+  gelu: str = "tanh"
+
+  @nn.compact
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    n, _, d = x.shape
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    probe = jnp.tile(probe, (n, 1, 1))
+    x = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
+        probe, x, capture.child("attn"), out)
+    y = common.layer_norm("LayerNorm_0")(x)
+    x = x + common.MlpBlock(self.mlp_dim, self.gelu, name="MlpBlock_0")(
+        y, capture.child("mlp"), out)
+    return x[:, 0]
+
+
+class ViT(nn.Module):
+  """ViT-{Ti,S,B,L,H}/p at any resolution; see the module docstring for names."""
+  num_classes: int | None = 1000
+  patch_size: int | Sequence[int] = 16
+  image_size: int | Sequence[int] = 224
+  width: int = 768
+  depth: int = 12
+  mlp_dim: int = 3072
+  num_heads: int = 12
+  pool: str = "token"
+  representation_size: int | None = None
+  gelu: str = "tanh"
+  no_skip: tuple[int, ...] = ()  # blocks trained without residual connections
+
+  family = "vit"
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    (ph, pw), (h, w) = common.to_pair(self.patch_size), common.to_pair(self.image_size)
+    if h % ph or w % pw:
+      raise ValueError(f"image_size {(h, w)} is not a multiple of patch_size {(ph, pw)}.")
+    return h // ph, w // pw
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *,
+               capture: common.Capture | str | Sequence[str] | None = None,
+               train: bool = False) -> tuple[jax.Array, dict]:
+    del train  # No dropout: these models are for analysis and light training.
+    if self.pool not in POOLS:
+      raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
+    capture = common.Capture.of(capture)
+    self.grid  # pylint: disable=pointless-statement  (validates the sizes)
+    common.check_image(images, common.to_pair(self.image_size), "ViT")
+    out: dict = {}
+    p = common.to_pair(self.patch_size)
+    x = nn.Conv(self.width, p, strides=p, padding="VALID", name="embedding")(images)
+    capture.put(out, "stem", x)
+    n, h, w, d = x.shape
+    x = x.reshape(n, h * w, d)
+    pe = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
+                    (1, h * w, d), x.dtype)
+    x = x + pe
+    if self.pool == "token":
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype)
+      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
+    capture.put(out, "embedded", x)
+
+    x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.gelu,
+                tuple(self.no_skip), name="Transformer")(x, capture, out)
+    capture.put(out, "encoded", x)
+
+    if self.pool == "token":
+      x = x[:, 0]
+    elif self.pool == "gap":
+      x = x.mean(axis=1)
+    else:
+      x = MAPHead(self.mlp_dim, self.num_heads, self.gelu, name="MAPHead_0")(
+          x, capture.child("map"), out)
+    capture.put(out, "head_input", x)
+    if self.representation_size:
+      x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
+    capture.put(out, "pre_logits", x)
+    if self.num_classes:
+      x = common.dense_head(self.num_classes)(x)
+      capture.put(out, "logits", x)
+    return x, out
