@@ -1,0 +1,83 @@
+"""timm (PyTorch) models loading the same npz files with timm's own loaders."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from conftest import require
+
+torch = require("torch")
+timm = require("timm")
+from timm.models import mlp_mixer as timm_mixer  # noqa: E402
+from timm.models import resnetv2 as timm_resnetv2  # noqa: E402
+from timm.models import vision_transformer as timm_vit  # noqa: E402
+
+torch.set_num_threads(2)
+
+# timm constructor settings that reproduce each upstream pooling (spec: upstream.md §5).
+_VIT_POOL_KWARGS = {
+    "token": {},  # vision_transformer files: cls concatenated, then posemb added
+    "gap": dict(class_token=False, global_pool="avg", fc_norm=False),
+    "tok": dict(no_embed_class=True),  # big_vision: posemb added, then cls
+    "map": dict(class_token=False, global_pool="map"),
+}
+
+
+def _run(model, images: np.ndarray, features: bool = False) -> np.ndarray:
+  model.eval()
+  x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+  with torch.no_grad():
+    if features:
+      return model.forward_head(model.forward_features(x), pre_logits=True).numpy()
+    return model(x).numpy()
+
+
+def vit(path: str, images: np.ndarray, *, pool: str, width: int, depth: int, heads: int,
+        mlp: int, patch: int, num_classes: int, load_bfloat16: bool = False,
+        features: bool = False) -> np.ndarray:
+  model = timm_vit.VisionTransformer(
+      img_size=images.shape[1], patch_size=patch, embed_dim=width, depth=depth,
+      num_heads=heads, mlp_ratio=mlp / width, num_classes=num_classes,
+      act_layer="gelu_tanh", **_VIT_POOL_KWARGS[pool])
+  timm_vit._load_weights(model, path, load_bfloat16=load_bfloat16)  # pylint: disable=protected-access
+  return _run(model, images, features)
+
+
+def bit(path: str, images: np.ndarray, *, width: float, depth, num_classes: int) -> np.ndarray:
+  model = timm_resnetv2.ResNetV2(
+      layers=list(depth), width_factor=width, num_classes=num_classes, stem_type="fixed",
+      conv_layer=functools.partial(timm.layers.StdConv2d, eps=1e-8))
+  timm_resnetv2._load_weights(model, path)  # pylint: disable=protected-access
+  return _run(model, images)
+
+
+# npz -> timm MlpMixer state-dict keys (timm has no npz loader for Mixer).
+def _mixer_state_dict(w: dict[str, np.ndarray]) -> dict:
+  sd = {"stem.proj.weight": w["stem/kernel"].transpose(3, 2, 0, 1), "stem.proj.bias": w["stem/bias"]}
+  blocks = sorted({int(k.split("/")[0].split("_")[1]) for k in w if k.startswith("MixerBlock_")})
+  for i in blocks:
+    b = f"MixerBlock_{i}"
+    for src, dst in (("LayerNorm_0", "norm1"), ("LayerNorm_1", "norm2")):
+      sd[f"blocks.{i}.{dst}.weight"] = w[f"{b}/{src}/scale"]
+      sd[f"blocks.{i}.{dst}.bias"] = w[f"{b}/{src}/bias"]
+    for src, dst in (("token_mixing", "mlp_tokens"), ("channel_mixing", "mlp_channels")):
+      for r in (0, 1):
+        sd[f"blocks.{i}.{dst}.fc{r + 1}.weight"] = w[f"{b}/{src}/Dense_{r}/kernel"].T
+        sd[f"blocks.{i}.{dst}.fc{r + 1}.bias"] = w[f"{b}/{src}/Dense_{r}/bias"]
+  sd["norm.weight"], sd["norm.bias"] = w["pre_head_layer_norm/scale"], w["pre_head_layer_norm/bias"]
+  sd["head.weight"], sd["head.bias"] = w["head/kernel"].T, w["head/bias"]
+  return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
+
+
+def mixer(path: str, images: np.ndarray, *, width: int, blocks: int, tokens_mlp: int,
+          channels_mlp: int, patch: int, num_classes: int) -> np.ndarray:
+  w = dict(np.load(path))
+  model = timm_mixer.MlpMixer(
+      num_classes=num_classes, img_size=images.shape[1], patch_size=patch,
+      num_blocks=blocks, embed_dim=width,
+      mlp_ratio=(tokens_mlp / width, channels_mlp / width),
+      act_layer=functools.partial(torch.nn.GELU, approximate="tanh"))
+  model.load_state_dict(_mixer_state_dict(w), strict=True)
+  return _run(model, images)
