@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
+import functools
+import re
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -25,13 +26,27 @@ def get_gelu(name: str) -> Callable[[Array], Array]:
   return GELUS[name]
 
 
+@functools.lru_cache(maxsize=None)
+def _glob_regex(pattern: str) -> re.Pattern:
+  parts = re.split(r"(\*\*/?|\*|\?|\[[^\]]+\])", pattern)
+  table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+  return re.compile("".join(
+      table.get(p, p if p.startswith("[") and len(p) > 2 else re.escape(p)) for p in parts))
+
+
+def matches(name: str, patterns: Sequence[str]) -> bool:
+  """Whether a representation name matches any of the Capture globs."""
+  return any(_glob_regex(p).fullmatch(name) for p in patterns)
+
+
 @dataclasses.dataclass(frozen=True)
 class Capture:
   """Which named representation points a forward pass keeps.
 
-  Names read like paths (`block03/attn/out`); `patterns` are shell-style globs
-  matched against the full name (`*` also crosses `/`). `None` keeps every
-  point. Filtering where each tensor is made (not at the end) keeps eager
+  Names read like paths (`block03/attn/out`); `patterns` are globs matched
+  against the full name, where `*` stays within one path segment and `**`
+  crosses segments: `block*/out` is every block output, `block03/**` all of
+  block 3, `**/attn/weights` every attention map. `None` keeps every point. Filtering where each tensor is made (not at the end) keeps eager
   callers from holding every activation of the network at once.
   """
   patterns: tuple[str, ...] | None = None
@@ -54,7 +69,7 @@ class Capture:
     if self.patterns is None:
       return True
     full = self.prefix + name
-    return any(fnmatch.fnmatchcase(full, p) for p in self.patterns)
+    return matches(full, self.patterns)
 
   def put(self, out: dict[str, Any], name: str, value: Array) -> Array:
     """Records `value` under its full name if wanted; returns it unchanged."""

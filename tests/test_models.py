@@ -1,0 +1,199 @@
+"""Model internals: named representation points, capture filters, BiT numerics."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vitcnn_jax.models import BiT, Capture, Mixer, ViT, bit, get_model, vit
+
+TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
+
+
+def _init(model, size=32):
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, size, size, 3))
+  return model.init(jax.random.PRNGKey(0), x)["params"], x
+
+
+def test_vit_names_in_network_order_and_shapes():
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  _, out = model.apply({"params": params}, x)
+  per_block = ["in", "ln1", "attn/weights", "attn/heads", "attn/out", "attn/residual",
+               "ln2", "mlp/hidden", "mlp/out", "out"]
+  assert list(out) == (["stem", "embedded"]
+                       + [f"block{i:02d}/{n}" for i in range(2) for n in per_block]
+                       + ["encoded", "head_input", "pre_logits", "logits"])
+  assert out["block01/attn/weights"].shape == (2, 4, 17, 17)
+  assert out["block01/attn/heads"].shape == (2, 17, 4, 8)
+  np.testing.assert_allclose(np.asarray(out["block00/attn/weights"].sum(-1)), 1, atol=1e-5)
+  # The block's pieces add up as the names say.
+  np.testing.assert_allclose(out["block00/attn/residual"], out["block00/in"] + out["block00/attn/out"], atol=1e-6)
+  np.testing.assert_allclose(out["block00/out"], out["block00/attn/residual"] + out["block00/mlp/out"], atol=1e-6)
+  np.testing.assert_array_equal(out["block01/in"], out["block00/out"])
+
+
+def test_attention_heads_project_to_attention_output():
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  _, out = model.apply({"params": params}, x, capture="block00/attn/*")
+  w = params["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_0"]["out"]
+  manual = jnp.einsum("bthd,hdo->bto", out["block00/attn/heads"], w["kernel"]) + w["bias"]
+  np.testing.assert_allclose(out["block00/attn/out"], manual, atol=1e-5)
+
+
+def test_attention_matches_flax_reference():
+  """Our attention equals flax.linen.MultiHeadDotProductAttention with the same params."""
+  import flax.linen as nn
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  _, out = model.apply({"params": params}, x, capture=("block00/ln1", "block00/attn/out"))
+  ref = nn.MultiHeadDotProductAttention(num_heads=4)
+  p = params["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_0"]
+  y = ref.apply({"params": p}, out["block00/ln1"], out["block00/ln1"])
+  np.testing.assert_allclose(out["block00/attn/out"], y, atol=1e-5)
+
+
+def test_capture_filter_keeps_only_matches_and_logits_unchanged():
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  full, _ = model.apply({"params": params}, x)
+  logits, out = model.apply({"params": params}, x, capture=["block01/mlp/*", "encoded"])
+  assert list(out) == ["block01/mlp/hidden", "block01/mlp/out", "encoded"]
+  np.testing.assert_array_equal(full, logits)
+  _, out = model.apply({"params": params}, x, capture=())
+  assert out == {}
+  assert Capture.of("a*").child("b").wants("xyz") is False
+
+
+@pytest.mark.parametrize("name,pattern,hit", [
+    ("block00/out", "block*/out", True),
+    ("block00/attn/out", "block*/out", False),  # `*` stays within a segment
+    ("block00/attn/out", "block00/**", True),
+    ("map/attn/weights", "**/attn/weights", True),
+    ("block1/unit01/conv2", "block[12]/unit0?/conv*", True),
+    ("block3/unit01/conv2", "block[12]/unit0?/conv*", False),
+    ("blockx00/out", "block.0/out", False),  # no regex semantics
+])
+def test_capture_globs(name, pattern, hit):
+  assert Capture.of(pattern).wants(name) is hit
+
+
+def test_capture_under_jit():
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  f = jax.jit(lambda p, x: model.apply({"params": p}, x, capture="block*/out")[1])
+  out = f(params, x)
+  assert sorted(out) == ["block00/out", "block01/out"]
+
+
+def test_no_skip_blocks_drop_the_residual():
+  model = ViT(**TINY_VIT, no_skip=(1,))
+  params, x = _init(model)
+  _, out = model.apply({"params": params}, x)
+  np.testing.assert_array_equal(out["block01/attn/residual"], out["block01/attn/out"])
+  np.testing.assert_allclose(out["block00/attn/residual"], out["block00/in"] + out["block00/attn/out"], atol=1e-6)
+
+
+def test_gelu_default_is_tanh_form():
+  assert ViT().gelu == "tanh" and Mixer().gelu == "tanh"
+  model = ViT(**TINY_VIT)
+  params, x = _init(model)
+  _, a = model.apply({"params": params}, x, capture=("block00/ln2", "block00/mlp/hidden"))
+  _, b = ViT(**TINY_VIT, gelu="exact").apply({"params": params}, x, capture="block00/mlp/hidden")
+  dense = params["Transformer"]["encoderblock_0"]["MlpBlock_0"]["Dense_0"]
+  pre = a["block00/ln2"] @ dense["kernel"] + dense["bias"]
+  np.testing.assert_allclose(a["block00/mlp/hidden"], jax.nn.gelu(pre, approximate=True), atol=1e-6)
+  np.testing.assert_allclose(b["block00/mlp/hidden"], jax.nn.gelu(pre, approximate=False), atol=1e-6)
+  assert float(jnp.abs(a["block00/mlp/hidden"] - b["block00/mlp/hidden"]).max()) > 1e-5
+
+
+def test_variants():
+  assert vit.decode_variant("B/16") == dict(width=768, depth=12, mlp_dim=3072, num_heads=12, patch_size=16)
+  assert vit.decode_variant("H/14")["depth"] == 32
+  with pytest.raises(ValueError, match="Unknown ViT variant 'Q/16'"):
+    vit.decode_variant("Q/16")
+  with pytest.raises(ValueError, match="Unknown model family"):
+    get_model("convnext")
+  assert bit.block_sizes(152) == (3, 8, 36, 3)
+  with pytest.raises(ValueError, match="depth=34"):
+    bit.block_sizes(34)
+
+
+def test_bit_names_and_unit_arithmetic():
+  model = BiT(num_classes=5, width=0.5, depth=(1, 2, 1, 1))
+  params, x = _init(model, 64)
+  _, out = model.apply({"params": params}, x)
+  unit = ["preact", "shortcut", "conv1", "preact2", "conv2", "preact3", "conv3", "out"]
+  expected = ["root/conv", "root/pool"]
+  for b, n in enumerate((1, 2, 1, 1), 1):
+    expected += [f"block{b}/unit{u:02d}/{k}" for u in range(1, n + 1) for k in unit]
+  assert list(out) == expected + ["head/preact", "pre_logits", "logits"]
+  np.testing.assert_allclose(out["block2/unit02/out"],
+                             out["block2/unit02/conv3"] + out["block2/unit02/shortcut"], atol=1e-5)
+  np.testing.assert_array_equal(out["block2/unit02/shortcut"], out["block2/unit01/out"])
+  assert out["root/conv"].shape == (2, 32, 32, 32) and out["root/pool"].shape == (2, 16, 16, 32)
+  assert out["block4/unit01/out"].shape == (2, 2, 2, 1024)
+
+
+def test_bit_max_pool_pads_with_zeros_not_minus_infinity():
+  model = BiT(num_classes=5, width=0.5, depth=(1, 1, 1, 1))
+  params, x = _init(model, 32)
+  _, out = model.apply({"params": params}, x, capture="root/*")
+  conv = np.asarray(out["root/conv"])
+
+  def pool(pad_value):
+    padded = np.pad(conv, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=pad_value)
+    ref = np.empty((2, 8, 8, conv.shape[-1]), np.float32)
+    for i in range(8):
+      for j in range(8):
+        ref[:, i, j] = padded[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(1, 2))
+    return ref
+
+  np.testing.assert_array_equal(out["root/pool"], pool(0.0))
+  assert (pool(0.0) != pool(-np.inf)).any()  # the padding value matters for this input
+
+
+def test_weight_standardisation_and_groupnorm_numerics():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 5, 5, 64)).astype(np.float32)
+  gn = bit.GroupNorm()
+  p = {"scale": np.ones(64, np.float32), "bias": np.zeros(64, np.float32)}
+  y = np.asarray(gn.apply({"params": p}, x))
+  g = x.reshape(2, 5, 5, 32, 2).astype(np.float64)
+  ref = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(g.var(axis=(1, 2, 4), keepdims=True) + 1e-5)
+  np.testing.assert_allclose(y, ref.reshape(x.shape), atol=1e-5)
+
+  conv = bit.StdConv(8, 3)
+  k = rng.standard_normal((3, 3, 64, 8)).astype(np.float32) * 5 + 2
+  y = np.asarray(conv.apply({"params": {"kernel": k}}, x))
+  kd = k.astype(np.float64)
+  ks = (kd - kd.mean(axis=(0, 1, 2))) / np.sqrt(kd.var(axis=(0, 1, 2)) + 1e-10)
+  xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+  ref = np.zeros((2, 5, 5, 8))
+  for dy in range(3):
+    for dx in range(3):
+      ref = ref + np.einsum("bhwc,co->bhwo", xp[:, dy:dy + 5, dx:dx + 5], ks[dy, dx])
+  np.testing.assert_allclose(y, ref, atol=1e-3)
+
+
+def test_mixer_names():
+  model = Mixer(num_classes=5, patch_size=8, image_size=32, hidden_dim=32, num_blocks=2,
+                tokens_mlp_dim=8, channels_mlp_dim=64)
+  params, x = _init(model)
+  _, out = model.apply({"params": params}, x)
+  assert out["block01/token_mlp/hidden"].shape == (2, 32, 8)
+  np.testing.assert_allclose(out["block00/out"],
+                             out["block00/token_mlp/residual"] + out["block00/channel_mlp/out"], atol=1e-6)
+  assert list(out)[-3:] == ["encoded", "pre_logits", "logits"]
+
+
+def test_bad_images():
+  model = ViT(**TINY_VIT)
+  params, _ = _init(model)
+  with pytest.raises(ValueError, match=r"NHWC images with 3 channels, got shape \(2, 3, 32, 32\)"):
+    model.apply({"params": params}, jnp.zeros((2, 3, 32, 32)))
+  with pytest.raises(ValueError, match="not a multiple of patch_size"):
+    ViT(**{**TINY_VIT, "image_size": 36}).init(jax.random.PRNGKey(0), jnp.zeros((1, 36, 36, 3)))
