@@ -58,7 +58,8 @@ def resize(image: np.ndarray, size: tuple[int, int], method: str = "bilinear") -
   weights = {"bilinear": _bilinear_weights, "area": _area_weights}[method]
   wy = weights(image.shape[0], size[0])
   wx = weights(image.shape[1], size[1])
-  return np.einsum("ih,hwc,jw->ijc", wy, image.astype(np.float64), wx)
+  rows = np.tensordot(wy, image.astype(np.float64), axes=(1, 0))  # (h', W, C)
+  return np.einsum("iwc,jw->ijc", rows, wx, optimize=True)
 
 
 def _to_uint8(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,18 @@
+r"""Inspect a checkpoint: inferred architecture and its representation points.
+
+  python main.py --config=configs/inspect.py --workdir=/tmp/inspect \
+      --config.checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz
+
+`--config.capture='block00/**'` lists only the matching points.
+"""
+
+import ml_collections
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.analysis = "inspect"
+  config.checkpoint = arg or ""
+  config.capture = ""  # glob(s) over point names; empty = all
+  config.overrides = ml_collections.ConfigDict()  # e.g. resolution=384
+  return config

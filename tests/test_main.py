@@ -1,0 +1,42 @@
+"""main.py end to end: config file -> analysis by name -> files in the workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import upstream_files as uf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_inspect_writes_architecture_and_points(tmp_path):
+  ckpt = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  wd = tmp_path / "wd"
+  r = _main(f"--config={ROOT}/configs/inspect.py:{ckpt}", f"--workdir={wd}",
+            "--config.capture=block1/**")
+  assert r.returncode == 0, r.stderr
+  summary = json.loads((wd / "inspect.json").read_text())
+  assert summary["family"] == "bit"
+  assert summary["architecture"]["depth"] == [1, 1, 1, 1]
+  names = [p["name"] for p in summary["points"]]
+  assert names == [f"block1/unit01/{n}" for n in
+                   ("preact", "shortcut", "conv1", "preact2", "conv2", "preact3", "conv3", "out")]
+  assert summary["points"][-1]["shape"] == [56, 56, 128]
+  assert "block1/unit01/conv2" in r.stdout
+
+
+def test_bad_config_field_is_named(tmp_path):
+  r = _main(f"--config={ROOT}/configs/inspect.py", f"--workdir={tmp_path}")
+  assert r.returncode != 0 and "config.checkpoint is empty" in r.stderr
+  r = _main(f"--config={ROOT}/configs/inspect.py:{tmp_path}/missing.npz", f"--workdir={tmp_path}")
+  assert r.returncode != 0 and "missing.npz" in r.stderr
+  r = _main(f"--config={ROOT}/configs/inspect.py", f"--workdir={tmp_path}", "--config.analysis=cka")
+  assert r.returncode != 0 and "config.analysis='cka'" in r.stderr

@@ -1,0 +1,37 @@
+"""What a checkpoint holds: the inferred architecture and every representation point."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+import numpy as np
+
+from vitcnn_jax import checkpoints
+from vitcnn_jax import representations
+from vitcnn_jax import results
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  if not config.get("checkpoint"):
+    raise ValueError("config.checkpoint is empty: pass --config.checkpoint=/path/or/gs://file.npz")
+  overrides = dict(config.get("overrides", {}))
+  model, params = checkpoints.load_model(config.checkpoint, **overrides)
+  points = representations.point_shapes(model, params, config.get("capture") or None)
+  fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+            if f.name not in ("parent", "name")}
+  summary = {
+      "checkpoint": config.checkpoint,
+      "family": model.family,
+      "architecture": fields,
+      "num_params": int(sum(np.size(v) for v in checkpoints.flatten(params).values())),
+      "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
+  }
+  path = results.workdir_path(workdir, "inspect.json")
+  results.write_json(path, summary)
+  lines = [f"{model.family} {fields}", f"{summary['num_params']:,} parameters",
+           f"{len(points)} representation points (per-example shapes):"]
+  lines += [f"  {p['name']:40s} {tuple(p['shape'])}" for p in summary["points"]]
+  print("\n".join(lines))
+  print(f"Wrote {path}")
+  return summary

@@ -1,0 +1,30 @@
+"""Which representation points a model has, in network order, without running it."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from vitcnn_jax.models import common
+
+
+def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
+                 batch: int = 1) -> dict[str, jax.ShapeDtypeStruct]:
+  """{name: shape} of every selected point, in the order the network makes them.
+
+  Abstract evaluation only (no FLOPs). jit and eval_shape sort dict keys, so the
+  order is read from the Python dict while it is traced.
+  """
+  size = common.to_pair(model.image_size)
+  images = jax.ShapeDtypeStruct((batch, *size, 3), np.float32)
+  order: list[str] = []
+
+  def forward(p, x):
+    _, out = model.apply({"params": p}, x, capture=capture)
+    order.extend(out)
+    return out
+
+  shapes = jax.eval_shape(forward, params, images)
+  return {name: shapes[name] for name in order}
