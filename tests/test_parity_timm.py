@@ -42,6 +42,15 @@ def test_vision_transformer_format(tmp_path, pool):
   _check(ours, ref, f"vision_transformer {pool}")
 
 
+def test_parity_tolerance_detects_the_gelu_form(tmp_path):
+  """The 1e-4 tolerance is tight enough to tell tanh from exact GELU."""
+  path = uf.save(tmp_path / "vit.npz", uf.vt_vit(1, **VIT))
+  x = _images()
+  ref = timm_ref.vit(path, x, pool="token", num_classes=7, **VIT)
+  exact, _ = _ours(path, x, gelu="exact")
+  assert float(np.abs(exact - ref).max()) > 10 * TOL
+
+
 def test_augreg_file_name_and_layout(tmp_path):
   # AugReg files are vision_transformer token files without pre_logits.
   name = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz"
