@@ -1,6 +1,10 @@
 r"""Runs the analysis named by the config.
 
   python main.py --config=configs/<analysis>.py[:arg] --workdir=DIR
+
+Multi-host: start one process per host with --distributed (TPU pods and SLURM
+need nothing else; CPU hosts add --coordinator, --num_processes, --process_id
+and --cpu_collectives=gloo).
 """
 
 from absl import app
@@ -8,14 +12,23 @@ from absl import flags
 from ml_collections import config_flags
 
 from vitcnn_jax import analyses
+from vitcnn_jax import parallel
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Analysis config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for results and figures.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-process JAX job.")
+_COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_CPU_COLLECTIVES = flags.DEFINE_string("cpu_collectives", None, "e.g. gloo, for CPU hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
+  if _DISTRIBUTED.value:
+    parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                        _CPU_COLLECTIVES.value)
   analyses.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -6,7 +6,7 @@ import importlib
 
 import ml_collections
 
-ANALYSES = ("inspect",)
+ANALYSES = ("cka", "inspect")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):

@@ -1,0 +1,44 @@
+r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1).
+
+  python main.py --config=configs/cka_vit_resnet.py --workdir=/tmp/cka \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
+`l16_r152`, `h14_r152`, then `examples=`, `batch=`, `repeats=`, `seed=`, e.g.
+`configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
+
+The JFT-300M models of the paper were never released; the defaults are the
+public ImageNet-21k checkpoints of the same architectures (both at 224 px).
+"""
+
+import ml_collections
+
+from configs import common
+
+VIT = "gs://vit_models/imagenet21k/ViT-{}.npz"
+BIT = "gs://bit_models/BiT-M-{}.npz"
+PAIRS = {
+    "b16_r50": (("B_16", "ViT-B/16"), ("R50x1", "BiT-R50x1")),
+    "b32_r50": (("B_32", "ViT-B/32"), ("R50x1", "BiT-R50x1")),
+    "l16_r152": (("L_16", "ViT-L/16"), ("R152x2", "BiT-R152x2")),
+    "h14_r152": (("H_14", "ViT-H/14"), ("R152x2", "BiT-R152x2")),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  arg = common.parse_arg(arg, variant="b16_r50", examples=10240, batch=1024, repeats=20, seed=0)
+  if arg.variant not in PAIRS:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS)}.")
+  (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
+  config = ml_collections.ConfigDict()
+  config.analysis = "cka"
+  config.model_x = common.model(VIT.format(vit), common.VIT_LAYERS, vit_label)
+  config.model_y = common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224)
+  config.data = common.imagenet_validation()
+  config.num_examples = arg.examples  # paper: 10,240 ...
+  config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
+  config.repeats = arg.repeats  # paper: mean of 20 repeats
+  config.seed = arg.seed
+  config.save_every_seconds = 60  # accumulator checkpoint for resuming
+  config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
+  return config

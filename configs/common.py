@@ -1,0 +1,52 @@
+"""Shared config pieces: `arg` parsing, model specs, the paper's layer sets and data."""
+
+from __future__ import annotations
+
+import ml_collections
+
+# About six points per ViT block, as in the paper's figures (Section 4, Fig 1 axes).
+VIT_LAYERS = ("block*/ln1", "block*/attn/out", "block*/ln2", "block*/mlp/hidden",
+              "block*/mlp/out", "block*/out")
+# Every ResNet-v2 sublayer (the projection shortcut duplicates nothing, identity
+# shortcuts would duplicate the previous unit's output, so shortcuts are left out).
+BIT_LAYERS = ("root/*", "block*/unit*/preact", "block*/unit*/conv1", "block*/unit*/preact2",
+              "block*/unit*/conv2", "block*/unit*/preact3", "block*/unit*/conv3",
+              "block*/unit*/out", "head/preact")
+MIXER_LAYERS = ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/channel_mlp/hidden",
+                "block*/channel_mlp/out", "block*/out")
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """'name' or 'name,key=value,...' -> ConfigDict over `defaults` (big_vision style).
+
+  The first bare word sets `variant`; values take the type of their default.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for part in filter(None, (arg or "").split(",")):
+    if "=" not in part:
+      out.variant = part
+      continue
+    key, value = part.split("=", 1)
+    if key not in defaults:
+      raise ValueError(f"Unknown config arg {key!r}; known: {sorted(defaults)}.")
+    kind = type(defaults[key])
+    out[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+  return out
+
+
+def model(checkpoint: str, capture, label: str, **overrides) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      checkpoint=checkpoint, label=label, capture=list(capture), policy="",
+      overrides=ml_collections.ConfigDict(overrides)))
+
+
+def data(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
+  """Every data field exists for every source, so flags can switch sources."""
+  fields = dict(source=source, name="", split="", data_dir="", image_key="image",
+                num_examples=0, size=32)
+  fields.update(kw)
+  return ml_collections.ConfigDict(fields)
+
+
+def imagenet_validation(data_dir: str = "") -> ml_collections.ConfigDict:
+  return data("tfds", name="imagenet2012", split="validation", data_dir=data_dir)

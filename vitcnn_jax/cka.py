@@ -1,0 +1,170 @@
+"""Linear CKA: Gram matrices, centring, HSIC, and the minibatch estimator.
+
+Minibatch CKA (Nguyen et al. 2021; Raghu et al. 2021) sums the unbiased HSIC
+estimator of Song et al. (2012) over minibatches,
+
+  CKA(X, Y) = sum_i HSIC1(K_i, L_i) / sqrt(sum_i HSIC1(K_i, K_i) * sum_i HSIC1(L_i, L_i)),
+
+with HSIC1(K, L) = <U(K), U(L)> / (n (n - 3)) and U the unbiased (Szekely-Rizzo)
+centring. Vectorised centred Grams of all layers are stacked and multiplied
+once per batch, so every layer pair costs one entry of one matmul. Minibatches
+of different sizes are weighted correctly because each term carries its own
+1 / (n (n - 3)).
+
+Numerics: float32 with precision=HIGHEST for every Gram and HSIC product
+(the default TPU/GPU matmul precision loses digits in the centred Grams).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HIGHEST = jax.lax.Precision.HIGHEST
+MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
+
+
+def gram_linear(x: jax.Array) -> jax.Array:
+  """K = X X^T over examples, any trailing shape flattened (tokens x channels)."""
+  x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+  return jnp.matmul(x, x.T, precision=HIGHEST)
+
+
+def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """U-centred Gram; `mask` marks valid rows (padding rows come out zero)."""
+  n_all = gram.shape[0]
+  keep = jnp.ones((n_all,), gram.dtype) if mask is None else mask.astype(gram.dtype)
+  n = keep.sum()
+  off_diag = (1 - jnp.eye(n_all, dtype=gram.dtype)) * keep[:, None] * keep[None, :]
+  g = gram * off_diag
+  means = g.sum(axis=0) / (n - 2)
+  means = means - means.sum() / (2 * (n - 1))
+  return (g - means[:, None] - means[None, :]) * off_diag
+
+
+def center_biased(gram: jax.Array) -> jax.Array:
+  """H K H with H = I - 11^T / n."""
+  means = gram.mean(axis=0)
+  means = means - means.mean() / 2
+  return gram - means[:, None] - means[None, :]
+
+
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+  return jnp.vdot(a.ravel(), b.ravel(), precision=HIGHEST)
+
+
+def hsic1(k: jax.Array, l: jax.Array) -> jax.Array:
+  """Song et al.'s unbiased HSIC of two (uncentred) Gram matrices."""
+  n = k.shape[0]
+  return _dot(center_unbiased(k), center_unbiased(l)) / (n * (n - 3))
+
+
+def linear_cka(x, y, *, debiased: bool = False) -> float:
+  """Full-batch linear CKA between two representations of the same examples."""
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  if x.shape[0] != y.shape[0]:
+    raise ValueError(f"linear_cka: x has {x.shape[0]} examples, y has {y.shape[0]}.")
+  if debiased and x.shape[0] < MIN_BATCH:
+    raise ValueError(f"debiased CKA needs at least {MIN_BATCH} examples, got {x.shape[0]}.")
+  center = center_unbiased if debiased else center_biased
+  k, l = center(gram_linear(x)), center(gram_linear(y))
+  return float(_dot(k, l) / jnp.sqrt(_dot(k, k) * _dot(l, l)))
+
+
+def hsic_matrix(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
+  """(L, L) matrix of HSIC1 between all layers for one minibatch.
+
+  Padding rows (mask 0) are ignored; a minibatch with fewer than MIN_BATCH
+  valid rows contributes zero (the host refuses such batches beforehand).
+  """
+  n_all = acts[0].shape[0]
+  n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+  g = jnp.stack([center_unbiased(gram_linear(a), mask).ravel() for a in acts])
+  hs = jnp.matmul(g, g.T, precision=HIGHEST)
+  return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
+
+
+@dataclasses.dataclass
+class CKAResult:
+  """CKA between every pair of layers; `xy` rows are model x, columns model y."""
+  names_x: list[str]
+  names_y: list[str]
+  xx: np.ndarray
+  yy: np.ndarray | None
+  xy: np.ndarray | None
+
+
+def cka_from_hsic(hsic: np.ndarray, names: Sequence[str]) -> np.ndarray:
+  """Normalise an accumulated HSIC matrix; bad self-HSIC is an error naming the layer."""
+  hsic = np.asarray(hsic, np.float64)
+  diag = np.diag(hsic)
+  for name, v in zip(names, diag):
+    if not np.isfinite(v):
+      raise FloatingPointError(f"CKA: self-HSIC of layer {name!r} is {v}; the activations "
+                               "overflowed or contain NaN/inf.")
+    if v <= 0:
+      raise FloatingPointError(
+          f"CKA: self-HSIC of layer {name!r} is {v:.3g} (must be > 0). The layer is "
+          "constant over examples, or the minibatches are too small for the unbiased "
+          "estimator: use larger batches.")
+  return hsic / np.sqrt(np.outer(diag, diag))
+
+
+class MinibatchCKA:
+  """Accumulates HSIC1 over minibatches for all layer pairs, within and across models.
+
+  State is one (L, L) float32 matrix over the layers of x followed by those of
+  y (plus a batch count), independent of the number of examples.
+  """
+
+  def __init__(self, names_x: Sequence[str], names_y: Sequence[str] | None = None):
+    self.names_x = list(names_x)
+    self.names_y = list(names_y) if names_y is not None else None
+    size = len(self.names) if self.names_y is None else len(self.names_x) + len(self.names_y)
+    self.hsic = np.zeros((size, size), np.float64)
+    self.batches = 0
+    self._update = jax.jit(hsic_matrix)
+
+  @property
+  def names(self) -> list[str]:
+    return self.names_x + (self.names_y or [])
+
+  def _ordered(self, acts: Mapping[str, jax.Array], names: Sequence[str], which: str) -> list:
+    missing = [n for n in names if n not in acts]
+    if missing:
+      raise KeyError(f"MinibatchCKA.update: {which} lacks layer(s) {missing}; got {sorted(acts)}.")
+    return [acts[n] for n in names]
+
+  def update(self, acts_x: Mapping[str, jax.Array],
+             acts_y: Mapping[str, jax.Array] | None = None) -> None:
+    acts = self._ordered(acts_x, self.names_x, "acts_x")
+    if self.names_y is not None:
+      if acts_y is None:
+        raise ValueError("MinibatchCKA across two models: update(acts_x, acts_y) needs acts_y.")
+      acts += self._ordered(acts_y, self.names_y, "acts_y")
+    sizes = {a.shape[0] for a in acts}
+    if len(sizes) != 1:
+      raise ValueError(f"MinibatchCKA.update: layers disagree on the batch size: {sorted(sizes)}.")
+    n = sizes.pop()
+    if n < MIN_BATCH:
+      raise ValueError(f"MinibatchCKA.update: batch of {n} examples; the unbiased HSIC "
+                       f"needs at least {MIN_BATCH}.")
+    self.add(self._update(acts))
+
+  def add(self, hsic: jax.Array) -> None:
+    """Adds a precomputed (L, L) HSIC1 matrix (e.g. the psum of a sharded step)."""
+    self.hsic += np.asarray(hsic, np.float64)
+    self.batches += 1
+
+  def result(self) -> CKAResult:
+    if not self.batches:
+      raise ValueError("MinibatchCKA.result() before any update().")
+    cka = cka_from_hsic(self.hsic, self.names)
+    lx = len(self.names_x)
+    if self.names_y is None:
+      return CKAResult(self.names_x, [], cka, None, None)
+    return CKAResult(self.names_x, self.names_y, cka[:lx, :lx], cka[lx:, lx:], cka[:lx, lx:])

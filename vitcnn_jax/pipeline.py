@@ -1,0 +1,137 @@
+"""The shared data path: config -> models, data source, and per-step global batches.
+
+Every analysis consumes steps of `device_count` minibatches: each device holds
+one whole minibatch (so per-minibatch statistics such as HSIC need no
+communication), and each process loads only the minibatches of its own devices.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from vitcnn_jax import checkpoints
+from vitcnn_jax import data
+from vitcnn_jax import fileio
+from vitcnn_jax import parallel
+from vitcnn_jax import preprocess
+from vitcnn_jax import representations
+from vitcnn_jax.models import common
+
+
+@dataclasses.dataclass
+class Loaded:
+  key: str  # config field, e.g. "model_x"
+  label: str
+  model: Any
+  params: Any
+  names: list[str]
+  policy: str
+
+  @property
+  def size(self) -> int:
+    size = common.to_pair(self.model.image_size)
+    if size[0] != size[1]:
+      raise ValueError(f"config.{self.key}: non-square inputs {size} are not supported here.")
+    return size[0]
+
+
+def _reachable(path: str, key: str, hint: str) -> None:
+  try:
+    ok = fileio.exists(path)
+    why = "no such file"
+  except ImportError as e:
+    ok, why = False, str(e)
+  except Exception as e:  # network or credential errors of remote filesystems
+    ok, why = False, f"{type(e).__name__}: {e}"
+  if not ok:
+    raise FileNotFoundError(
+        f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
+        f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
+
+
+def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
+  spec = config[key]
+  if not spec.get("checkpoint"):
+    raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
+  _reachable(spec.checkpoint, key, hint)
+  model, params = checkpoints.load_model(spec.checkpoint, **dict(spec.get("overrides", {})))
+  patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
+  names = list(representations.point_shapes(model, params, patterns))
+  if not names:
+    raise ValueError(f"config.{key}.capture={patterns} matches no representation point of "
+                     f"{spec.checkpoint}; list them with configs/inspect.py.")
+  policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
+  if policy not in preprocess.POLICIES:
+    raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")
+  return Loaded(key, spec.get("label") or model.family, model, params, names, policy)
+
+
+def make_source(cfg: ml_collections.ConfigDict) -> data.Source:
+  kind = cfg.get("source")
+  if kind == "tfds":
+    return data.TfdsSource(cfg.name, cfg.split, cfg.get("data_dir") or None, cfg.get("image_key", "image"))
+  if kind == "synthetic":
+    return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
+  raise ValueError(f"config.data.source={kind!r} is not one of ('tfds', 'synthetic').")
+
+
+def check_batching(num_examples: int, batch_size: int) -> None:
+  if batch_size < 4:
+    raise ValueError(f"config.batch_size={batch_size}: the unbiased HSIC needs minibatches of at least 4.")
+  rest = num_examples % batch_size
+  if 0 < rest < 4:
+    raise ValueError(
+        f"config.num_examples={num_examples} leaves a last minibatch of {rest} (< 4) with "
+        f"batch_size={batch_size}; choose num_examples so that the remainder is 0 or >= 4.")
+
+
+def num_steps(num_examples: int, batch_size: int) -> int:
+  minibatches = -(-num_examples // batch_size)
+  return -(-minibatches // jax.device_count())
+
+
+@dataclasses.dataclass
+class Step:
+  images: list[jax.Array]  # one global (devices * batch, H, W, 3) uint8 array per model
+  mask: jax.Array  # (devices * batch,) 1 for real examples
+  examples: int  # real examples in this step, all hosts together
+
+
+def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
+                batch_size: int, step: int) -> tuple[list[np.ndarray], np.ndarray, int]:
+  """Rows of this process's devices for one step (padding rows masked out)."""
+  ld, d = jax.local_device_count(), jax.device_count()
+  first = step * d + jax.process_index() * ld
+  images = [np.zeros((ld * batch_size, m.size, m.size, 3), np.uint8) for m in models]
+  mask = np.zeros((ld * batch_size,), np.float32)
+  for j in range(ld):
+    chunk = indices[(first + j) * batch_size:(first + j + 1) * batch_size]
+    if not len(chunk):
+      continue
+    raw = source.images(chunk)
+    for dst, m in zip(images, models):
+      for r, img in enumerate(raw):
+        dst[j * batch_size + r] = preprocess.preprocess_image(img, m.size, m.policy)
+    mask[j * batch_size:j * batch_size + len(chunk)] = 1
+  total = int(min(len(indices), (step + 1) * d * batch_size) - min(len(indices), step * d * batch_size))
+  return images, mask, total
+
+
+def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
+          batch_size: int, start: int = 0) -> Iterator[Step]:
+  """Global batches for steps start.., loading the next step while this one runs."""
+  n = num_steps(len(indices), batch_size)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pending = pool.submit(_local_step, source, indices, models, batch_size, start) if start < n else None
+    for step in range(start, n):
+      images, mask, total = pending.result()
+      if step + 1 < n:
+        pending = pool.submit(_local_step, source, indices, models, batch_size, step + 1)
+      yield Step([parallel.global_batch(mesh, x) for x in images],
+                 parallel.global_batch(mesh, mask), total)
