@@ -28,9 +28,20 @@ HIGHEST = jax.lax.Precision.HIGHEST
 MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 
-def gram_linear(x: jax.Array) -> jax.Array:
-  """K = X X^T over examples, any trailing shape flattened (tokens x channels)."""
+def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """K = X X^T over examples, any trailing shape flattened (tokens x channels).
+
+  Features are centred over the (valid) examples first. Both the biased and
+  the unbiased centring of K are exactly invariant to that shift, and without
+  it float32 Grams of features with a large common offset lose most of their
+  digits to cancellation.
+  """
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+  if mask is None:
+    x = x - x.mean(axis=0)
+  else:
+    m = mask.astype(jnp.float32)[:, None]
+    x = (x - (x * m).sum(axis=0) / jnp.maximum(m.sum(), 1.0)) * m
   return jnp.matmul(x, x.T, precision=HIGHEST)
 
 
@@ -83,7 +94,7 @@ def hsic_matrix(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax
   """
   n_all = acts[0].shape[0]
   n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
-  g = jnp.stack([center_unbiased(gram_linear(a), mask).ravel() for a in acts])
+  g = jnp.stack([center_unbiased(gram_linear(a, mask), mask).ravel() for a in acts])
   hs = jnp.matmul(g, g.T, precision=HIGHEST)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 

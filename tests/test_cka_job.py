@@ -1,0 +1,145 @@
+"""The CKA job end to end: files, independent check, 8 devices, 2 processes, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from test_cka import np_minibatch_cka
+from vitcnn_jax import checkpoints, data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+  d = tmp_path_factory.mktemp("ckpt")
+  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  return vit, bit
+
+
+def _flags(ckpts, workdir, *extra):
+  vit, bit = ckpts
+  return [f"--config={ROOT}/configs/cka_vit_resnet.py:examples={EXAMPLES},batch={BATCH},repeats={REPEATS}",
+          f"--workdir={workdir}", f"--config.model_x.checkpoint={vit}",
+          f"--config.model_y.checkpoint={bit}", "--config.model_y.overrides.resolution=32",
+          "--config.data.source=synthetic", "--config.data.num_examples=64", *extra]
+
+
+def _run(args, devices=1, timeout=300, check=True):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=timeout)
+  if check:
+    assert r.returncode == 0, r.stderr[-3000:]
+  return r
+
+
+@pytest.fixture(scope="module")
+def one_device(ckpts, tmp_path_factory):
+  wd = tmp_path_factory.mktemp("one")
+  _run(_flags(ckpts, wd))
+  return wd
+
+
+def test_writes_results_and_figures(one_device):
+  wd = one_device
+  summary = json.loads((wd / "cka.json").read_text())
+  assert summary["num_examples"] == EXAMPLES and summary["repeats"] == REPEATS
+  z = np.load(wd / "cka.npz")
+  nx, ny = len(z["names_x"]), len(z["names_y"])
+  assert nx == 12 and ny == 31  # 6 per ViT block; root 2 + 4 units x 7 + head
+  assert z["cka_xx"].shape == (nx, nx) and z["cka_yy"].shape == (ny, ny) and z["cka_xy"].shape == (nx, ny)
+  assert z["per_repeat"].shape == (REPEATS, nx + ny, nx + ny)
+  np.testing.assert_allclose(np.diag(z["cka_xx"]), 1, atol=1e-6)
+  assert (z["std_xy"] > 0).any()  # repeats use different samples
+  for tag in ("xx", "yy", "xy"):
+    assert (wd / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_matches_an_independent_float64_computation(one_device, ckpts):
+  """Same samples through the models in-process, CKA in float64 NumPy."""
+  z = np.load(one_device / "cka.npz")
+  source = data.SyntheticSource(64, 32, 0)
+  vit, bit = ckpts
+  mx, px = checkpoints.load_model(vit)
+  my, py = checkpoints.load_model(bit, resolution=32)
+  pairs = [("block00/ln1", "root/conv"), ("block01/out", "block3/unit01/conv2"),
+           ("block01/mlp/hidden", "head/preact")]
+  names_x, names_y = list(z["names_x"]), list(z["names_y"])
+  for repeat in range(REPEATS):
+    idx = data.sample(64, EXAMPLES, 0, repeat)
+    xs, ys = {}, {}
+    for start in range(0, EXAMPLES, BATCH):
+      imgs = (np.stack(source.images(idx[start:start + BATCH])).astype(np.float32) - 127.5) / 127.5
+      _, ox = mx.apply({"params": px}, imgs)
+      _, oy = my.apply({"params": py}, imgs)
+      for a, b in pairs:
+        xs.setdefault(a, []).append(np.asarray(ox[a]))
+        ys.setdefault(b, []).append(np.asarray(oy[b]))
+    for a, b in pairs:
+      ref = np_minibatch_cka(xs[a], ys[b])
+      ours = z["per_repeat"][repeat, names_x.index(a), len(names_x) + names_y.index(b)]
+      assert abs(ours - ref) < 1e-5, (repeat, a, b, ours, ref)
+
+
+def test_eight_devices_equal_one_device(one_device, ckpts, tmp_path):
+  _run(_flags(ckpts, tmp_path), devices=8)
+  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+  np.testing.assert_allclose(b["per_repeat"], a["per_repeat"], atol=1e-6)
+  assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
+
+
+def test_two_processes_equal_one_process(one_device, ckpts, tmp_path):
+  """Two processes x 4 CPU devices over loopback (gloo), each loading its own minibatches."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(ckpts, tmp_path),
+       "--distributed", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+       f"--process_id={i}", "--cpu_collectives=gloo"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+  np.testing.assert_allclose(b["per_repeat"], a["per_repeat"], atol=1e-6)
+  assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
+
+
+def test_interrupted_run_resumes_to_the_same_result(one_device, ckpts, tmp_path):
+  r = _run(_flags(ckpts, tmp_path, "--config.stop_after=4"))
+  assert "Stopped after 4 steps" in r.stdout
+  assert (tmp_path / "cka_state.npz").exists() and not (tmp_path / "cka.npz").exists()
+  state = np.load(tmp_path / "cka_state.npz")
+  assert (int(state["repeat"]), int(state["step"])) == (0, 4)
+  _run(_flags(ckpts, tmp_path))
+  np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"],
+                                np.load(one_device / "cka.npz")["per_repeat"])
+
+
+def test_bad_config_fields_are_named(ckpts, tmp_path):
+  r = _run(_flags(ckpts, tmp_path, "--config.batch_size=3"), check=False)
+  assert r.returncode != 0 and "config.batch_size=3" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.num_examples=42"), check=False)
+  assert r.returncode != 0 and "last minibatch of 2" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.num_examples=100"), check=False)
+  assert r.returncode != 0 and "source has 64" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.model_x.capture=block*/nothing"), check=False)
+  assert r.returncode != 0 and "config.model_x.capture" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.model_x.checkpoint=gs://nowhere/x.npz"), check=False)
+  assert r.returncode != 0 and "--config.model_x.checkpoint=" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)
+  assert r.returncode != 0 and "config.data.source='csv'" in r.stderr
