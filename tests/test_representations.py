@@ -1,0 +1,40 @@
+"""Sharded capture over 8 fake CPU devices (run in a subprocess to set XLA_FLAGS)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import jax, numpy as np
+    from vitcnn_jax import parallel, representations
+    from vitcnn_jax.models import ViT
+    assert jax.device_count() == 8
+    model = ViT(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
+    x = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    params = model.init(jax.random.PRNGKey(0), x.astype(np.float32))["params"]
+    mesh = parallel.mesh()
+    f = representations.capture_fn(model, ["block*/out", "**/attn/weights"], mesh)
+    out = f(parallel.replicate(mesh, params), parallel.global_batch(mesh, x))
+    assert sorted(out) == ["block00/attn/weights", "block00/out", "block01/attn/weights", "block01/out"], sorted(out)
+    assert len(out["block01/out"].sharding.device_set) == 8
+    assert out["block01/out"].addressable_shards[0].data.shape == (2, 17, 32)
+    _, ref = model.apply({"params": params}, (x.astype(np.float32) - 127.5) / 127.5)
+    for k, v in out.items():
+      np.testing.assert_allclose(np.asarray(v), np.asarray(ref[k]), atol=1e-5, err_msg=k)
+    names = list(representations.point_shapes(model, params, "block01/**"))
+    assert names[:3] == ["block01/in", "block01/ln1", "block01/attn/weights"], names
+    print("OK")
+""")
+
+
+def test_capture_fn_on_eight_devices():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+             PYTHONPATH=ROOT)
+  r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
