@@ -37,11 +37,10 @@ def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   digits to cancellation.
   """
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
-  if mask is None:
-    x = x - x.mean(axis=0)
-  else:
-    m = mask.astype(jnp.float32)[:, None]
-    x = (x - (x * m).sum(axis=0) / jnp.maximum(m.sum(), 1.0)) * m
+  m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
+  # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
+  mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
+  x = (x - mean) * m[:, None] if mask is not None else x - mean
   return jnp.matmul(x, x.T, precision=HIGHEST)
 
 

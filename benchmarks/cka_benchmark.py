@@ -1,0 +1,232 @@
+r"""Workload W: cross-model minibatch CKA, ViT-B/16 x BiT-R50x1, measured side by side.
+
+  .venv/bin/pip install -r benchmarks/requirements.txt
+  .venv/bin/python benchmarks/cka_benchmark.py [--images 256 --batch 32]
+
+256 images of 224x224 in minibatches of 32; 72 ViT points (per block: LN1,
+attention output, LN2, MLP hidden, MLP output, block output) x every ResNet-v2
+unit sublayer; random weights. Each part runs in its own process so peak
+memory (ru_maxrss) is its own. Prints, in one run:
+  - our time vs the lower bound (forward + Gram FLOPs / measured fp32 matmul rate)
+  - our CKA overhead (time beyond the forward passes) vs torch-cka's
+  - peak memory of each
+  - max |CKA - float64 reference| for ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _peak_gib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _images(n: int) -> np.ndarray:
+  return np.random.default_rng(0).integers(0, 256, (n, 224, 224, 3), dtype=np.uint8)
+
+
+def _jax_models():
+  import jax
+  from configs import common
+  from vitcnn_jax import pipeline, representations
+  from vitcnn_jax.models import BiT, ViT, vit
+  out = []
+  for key, model, capture in (("model_x", ViT(num_classes=1000, **vit.decode_variant("B/16")), common.VIT_LAYERS),
+                              ("model_y", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
+    params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
+    names = list(representations.point_shapes(model, params, list(capture)))
+    out.append(pipeline.Loaded(key, key, model, params, names, "resize"))
+  return out
+
+
+def part_ours(n_images: int, batch: int) -> dict:
+  """Our sharded CKA step over all minibatches; plus forward-only and FLOP counts."""
+  import jax
+  import jax.numpy as jnp
+  from vitcnn_jax import cka, parallel, preprocess, representations
+  from vitcnn_jax.analyses import cka as cka_job
+
+  models = _jax_models()
+  mesh = parallel.mesh()
+  step = cka_job.make_step(mesh, models)
+  params = [parallel.replicate(mesh, m.params) for m in models]
+  images = _images(n_images)
+  mask = np.ones((batch,), np.float32)
+  batches = [(parallel.global_batch(mesh, images[i:i + batch]), parallel.global_batch(mesh, mask))
+             for i in range(0, n_images, batch)]
+
+  t = time.perf_counter()
+  step(params, [batches[0][0]] * 2, batches[0][1]).block_until_ready()
+  compile_s = time.perf_counter() - t
+  t = time.perf_counter()
+  hsic = sum(np.asarray(step(params, [x, x], m), np.float64) for x, m in batches)
+  ours_s = time.perf_counter() - t
+
+  def forward(ps, x):
+    x = preprocess.to_model_range(x)
+    return [m.model.apply({"params": p}, x, capture=())[0] for m, p in zip(models, ps)]
+
+  fwd = jax.jit(forward)
+  jax.block_until_ready(fwd(params, batches[0][0]))
+  t = time.perf_counter()
+  for x, _ in batches:
+    jax.block_until_ready(fwd(params, x))
+  forward_s = time.perf_counter() - t
+
+  fwd_flops = fwd.lower(params, batches[0][0]).compile().cost_analysis()["flops"] * len(batches)
+  shapes = [v for m in models
+            for v in representations.point_shapes(m.model, m.params, m.names, batch).values()]
+  dims = [int(np.prod(s.shape[1:])) for s in shapes]
+  layers = len(dims)
+  gram_flops = len(batches) * (sum(2 * batch * batch * d for d in dims) + 2 * layers * layers * batch * batch)
+
+  a = jnp.ones((2048, 2048), jnp.float32)
+  mm = jax.jit(lambda a: jnp.matmul(a, a, precision=jax.lax.Precision.HIGHEST))
+  mm(a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(5):
+    mm(a).block_until_ready()
+  rate = 5 * 2 * 2048**3 / (time.perf_counter() - t)
+
+  names = [n for m in models for n in m.names]
+  ours_cka = cka.cka_from_hsic(hsic, names)
+  np.save("/tmp/cka_bench_ours.npy", ours_cka)
+  return dict(ours_s=ours_s, compile_s=compile_s, forward_s=forward_s, fwd_flops=fwd_flops,
+              gram_flops=gram_flops, matmul_flops_per_s=rate, layers_x=len(models[0].names),
+              layers_y=len(models[1].names), peak_gib=_peak_gib())
+
+
+def part_reference(n_images: int, batch: int) -> dict:
+  """float64 CKA from the same activations, a few layers at a time (not timed)."""
+  import jax
+  from vitcnn_jax import preprocess
+
+  models = _jax_models()
+  images = _images(n_images)
+  chunks = []
+  for m in models:
+    for i in range(0, len(m.names), 12):
+      chunks.append((m, m.names[i:i + 12]))
+  vec_rows = []
+  for m, names in chunks:
+    f = jax.jit(lambda p, x, m=m, names=names: m.model.apply(
+        {"params": p}, preprocess.to_model_range(x), capture=names)[1])
+    per_layer = {n: [] for n in names}
+    for i in range(0, n_images, batch):
+      out = f(m.params, images[i:i + batch])
+      for n in names:
+        x = np.asarray(out[n], np.float64).reshape(batch, -1)
+        k = x @ x.T
+        np.fill_diagonal(k, 0)
+        means = k.sum(0) / (batch - 2)
+        means -= means.sum() / (2 * (batch - 1))
+        k = k - means[:, None] - means[None, :]
+        np.fill_diagonal(k, 0)
+        per_layer[n].append(k.ravel() / np.sqrt(batch * (batch - 3)))
+    vec_rows += [np.concatenate(per_layer[n]) for n in names]
+  g = np.stack(vec_rows)
+  hsic = g @ g.T
+  d = np.sqrt(np.diag(hsic))
+  ref = hsic / np.outer(d, d)
+  ours = np.load("/tmp/cka_bench_ours.npy")
+  return dict(max_abs_err=float(np.abs(ours - ref).max()), peak_gib=_peak_gib())
+
+
+def _timm_models():
+  import timm
+  import torch
+  torch.manual_seed(0)
+  vit = timm.create_model("vit_base_patch16_224", act_layer="gelu_tanh").eval()
+  r50 = timm.create_model("resnetv2_50x1_bit").eval()
+  vit_layers = []
+  for i in range(12):
+    vit_layers += [f"blocks.{i}.norm1", f"blocks.{i}.attn", f"blocks.{i}.norm2",
+                   f"blocks.{i}.mlp.act", f"blocks.{i}.mlp", f"blocks.{i}"]
+  r50_layers = ["stem.conv", "stem.pool"]
+  for s, n in enumerate((3, 4, 6, 3)):
+    for b in range(n):
+      p = f"stages.{s}.blocks.{b}"
+      r50_layers += [f"{p}.norm1", f"{p}.conv1", f"{p}.norm2", f"{p}.conv2", f"{p}.norm3",
+                     f"{p}.conv3", p]
+  r50_layers += ["norm"]
+  return vit, r50, vit_layers, r50_layers
+
+
+def part_torch_cka(n_images: int, batch: int) -> dict:
+  import torch
+  from torch.utils.data import DataLoader, TensorDataset
+  from torch_cka import CKA
+  torch.set_num_threads(os.cpu_count())
+  vit, r50, vit_layers, r50_layers = _timm_models()
+  x = torch.from_numpy((_images(n_images).astype(np.float32) - 127.5) / 127.5).permute(0, 3, 1, 2)
+  loader = DataLoader(TensorDataset(x), batch_size=batch)
+  with torch.no_grad():
+    t = time.perf_counter()
+    for (xb,) in loader:
+      vit(xb)
+      r50(xb)
+    forward_s = time.perf_counter() - t
+    cka = CKA(vit, r50, "vit", "r50", vit_layers, r50_layers)
+    t = time.perf_counter()
+    cka.compare(loader)
+    total_s = time.perf_counter() - t
+  return dict(torch_cka_s=total_s, torch_forward_s=forward_s, layers_x=len(vit_layers),
+              layers_y=len(r50_layers), peak_gib=_peak_gib())
+
+
+def _run_part(name: str, args) -> dict:
+  r = subprocess.run([sys.executable, __file__, "--part", name, "--images", str(args.images),
+                      "--batch", str(args.batch)], capture_output=True, text=True, cwd=ROOT)
+  if r.returncode:
+    raise RuntimeError(f"part {name} failed:\n{r.stderr[-4000:]}")
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--part", default="")
+  ap.add_argument("--images", type=int, default=256)
+  ap.add_argument("--batch", type=int, default=32)
+  ap.add_argument("--skip_torch_cka", action="store_true")
+  args = ap.parse_args()
+  parts = {"ours": part_ours, "reference": part_reference, "torch_cka": part_torch_cka}
+  if args.part:
+    print(json.dumps(parts[args.part](args.images, args.batch)))
+    return
+
+  ours = _run_part("ours", args)
+  ref = _run_part("reference", args)
+  bound = (ours["fwd_flops"] + ours["gram_flops"]) / ours["matmul_flops_per_s"]
+  print(f"W: {args.images} images, batch {args.batch}, {ours['layers_x']} ViT x {ours['layers_y']} ResNet layers")
+  print(f"ours: {ours['ours_s']:.1f} s (compile {ours['compile_s']:.1f} s not included); "
+        f"forward only {ours['forward_s']:.1f} s; peak {ours['peak_gib']:.2f} GiB")
+  print(f"lower bound: {bound:.1f} s = ({ours['fwd_flops'] / 1e9:.0f} forward + "
+        f"{ours['gram_flops'] / 1e9:.0f} Gram GFLOP) / {ours['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s "
+        f"-> ours / bound = {ours['ours_s'] / bound:.2f}x (target <= 1.15x)")
+  print(f"accuracy: max |CKA - float64 reference| = {ref['max_abs_err']:.2e} (target <= 1e-5)")
+  if args.skip_torch_cka:
+    return
+  tc = _run_part("torch_cka", args)
+  ours_over = ours["ours_s"] - ours["forward_s"]
+  tc_over = tc["torch_cka_s"] - tc["torch_forward_s"]
+  print(f"torch-cka: {tc['torch_cka_s']:.1f} s ({tc['layers_x']} x {tc['layers_y']} layers), "
+        f"forward only {tc['torch_forward_s']:.1f} s; peak {tc['peak_gib']:.2f} GiB")
+  print(f"CKA overhead beyond the forward passes: ours {ours_over:.1f} s vs torch-cka {tc_over:.1f} s "
+        f"-> {tc_over / max(ours_over, 1e-9):.1f}x less (target >= 40x)")
+  print(f"end to end: {tc['torch_cka_s'] / ours['ours_s']:.1f}x faster (target >= 5x)")
+
+
+if __name__ == "__main__":
+  main()
