@@ -4,8 +4,12 @@ r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1)
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
-`l16_r152`, `h14_r152`, then `examples=`, `batch=`, `repeats=`, `seed=`, e.g.
-`configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
+`l16_r152`, `h14_r152`, or `demo`; then `examples=`, `batch=`, `repeats=`,
+`seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
+
+`demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
+Fashion-MNIST (once; cached in `cache_dir`), reloads them through load_model
+and runs the same CKA job on the held-out test images.
 
 The JFT-300M models of the paper were never released; the defaults are the
 public ImageNet-21k checkpoints of the same architectures (both at 224 px).
@@ -14,6 +18,7 @@ public ImageNet-21k checkpoints of the same architectures (both at 224 px).
 import ml_collections
 
 from configs import common
+from configs import train as train_configs
 
 VIT = "gs://vit_models/imagenet21k/ViT-{}.npz"
 BIT = "gs://bit_models/BiT-M-{}.npz"
@@ -25,16 +30,34 @@ PAIRS = {
 }
 
 
+def demo_models(config: ml_collections.ConfigDict, steps_scale: float = 1.0) -> None:
+  """Tiny Fashion-MNIST models trained on first use (cached in config.cache_dir)."""
+  for key, variant, layers, label in (("model_x", "vit_demo", common.VIT_LAYERS, "ViT (demo)"),
+                                      ("model_y", "bit_demo", common.BIT_LAYERS, "BiT (demo)")):
+    config[key] = common.model("", layers, label)
+    train = train_configs.train_config(variant)
+    train.steps = max(1, int(train.steps * steps_scale))
+    config[key].train = train
+  config.data = common.fashion_mnist("t10k")
+  config.cache_dir = "~/.cache/vitcnn_jax"
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = common.parse_arg(arg, variant="b16_r50", examples=10240, batch=1024, repeats=20, seed=0)
-  if arg.variant not in PAIRS:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS)}.")
-  (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else 10240,
+                         batch=256 if demo else 1024, repeats=3 if demo else 20, seed=0)
   config = ml_collections.ConfigDict()
   config.analysis = "cka"
-  config.model_x = common.model(VIT.format(vit), common.VIT_LAYERS, vit_label)
-  config.model_y = common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224)
-  config.data = common.imagenet_validation()
+  if demo:
+    demo_models(config)
+  elif arg.variant in PAIRS:
+    (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
+    config.model_x = common.model(VIT.format(vit), common.VIT_LAYERS, vit_label)
+    config.model_y = common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
   config.num_examples = arg.examples  # paper: 10,240 ...
   config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
   config.repeats = arg.repeats  # paper: mean of 20 repeats

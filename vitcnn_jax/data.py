@@ -1,29 +1,47 @@
-"""Image sources (uint8 images by index) and sampling without replacement.
+"""Image sources (uint8 images and labels by index) and sampling without replacement.
 
-A source is random-access: `len(source)` and `source.images(indices)` (a list
-of HxWxC uint8 arrays, sizes may differ). Sampling and host sharding work on
-indices, so each host reads only the examples its devices process.
+A source is random-access: `len(source)`, `source.images(indices)` (a list of
+HxW or HxWxC uint8 arrays, sizes may differ) and `source.labels(indices)`.
+Sampling and host sharding work on indices, so each host reads only the
+examples its devices process.
+
+Sources: tfds (`tfds.data_source`, array_record, no TensorFlow), image folders
+(PIL), MNIST-format IDX files (Debian's dataset-fashion-mnist), synthetic.
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 from typing import Protocol, Sequence
 
 import numpy as np
 
+from vitcnn_jax import fileio
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
 
 class Source(Protocol):
   name: str
+  num_classes: int
 
   def __len__(self) -> int: ...
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]: ...
 
+  def labels(self, indices: Sequence[int]) -> np.ndarray: ...
+
 
 class SyntheticSource:
   """Deterministic random images (each a function of its index): tests, benchmarks."""
 
+  num_classes = 10
+
   def __init__(self, num_examples: int, size: int = 32, seed: int = 0):
+    if num_examples < 1:
+      raise ValueError(f"config.data.num_examples={num_examples}: a synthetic source needs >= 1.")
     self.name = f"synthetic({num_examples}, {size}px)"
     self.n, self.size, self.seed = num_examples, size, seed
 
@@ -43,12 +61,15 @@ class SyntheticSource:
       out.append(np.clip(img, 0, 255).astype(np.uint8))
     return out
 
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    return np.asarray(indices) % self.num_classes
+
 
 class TfdsSource:
   """A tfds dataset split via `tfds.data_source` (array_record; no TensorFlow)."""
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
-               image_key: str = "image"):
+               image_key: str = "image", label_key: str = "label"):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     self.name = f"tfds:{name}[{split}]"
     try:
@@ -59,14 +80,121 @@ class TfdsSource:
           f"Prepare it once as array_record, e.g. `tfds build {name} "
           f"--file_format=array_record --data_dir=DIR` (ImageNet needs the manual "
           "download in DIR/downloads/manual), then pass --config.data.data_dir=DIR.") from e
-    self.image_key = image_key
+    self.image_key, self.label_key = image_key, label_key
+    features = self.ds.dataset_info.features
+    if image_key not in features:
+      raise KeyError(f"{self.name}: no feature {image_key!r}; it has {sorted(features)}. "
+                     "Set --config.data.image_key.")
+    label = features[label_key] if label_key in features else None
+    self.num_classes = getattr(label, "num_classes", 0) or 0
 
   def __len__(self) -> int:
     return len(self.ds)
 
+  def _records(self, indices: Sequence[int]) -> list[dict]:
+    return [self.ds[int(i)] for i in indices]
+
   def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-    records = self.ds.__getitems__(list(indices))
-    return [np.asarray(r[self.image_key]) for r in records]
+    return [np.asarray(r[self.image_key]) for r in self._records(indices)]
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    if not self.num_classes:
+      raise KeyError(f"{self.name}: no class label feature {self.label_key!r}.")
+    return np.asarray([r[self.label_key] for r in self._records(indices)])
+
+
+class FolderSource:
+  """Images under a directory: class sub-folders (labels by sorted name) or flat."""
+
+  def __init__(self, root: str):
+    self.name = f"folder:{root}"
+    if not os.path.isdir(root):
+      raise FileNotFoundError(f"config.data.path={root!r} is not a directory.")
+    entries = sorted(os.listdir(root))
+    classes = [e for e in entries if os.path.isdir(os.path.join(root, e))]
+    files: list[tuple[str, int]] = []
+    if classes:
+      for label, c in enumerate(classes):
+        for f in sorted(os.listdir(os.path.join(root, c))):
+          if f.lower().endswith(IMAGE_EXTENSIONS):
+            files.append((os.path.join(root, c, f), label))
+    else:
+      files = [(os.path.join(root, f), 0) for f in entries if f.lower().endswith(IMAGE_EXTENSIONS)]
+    if not files:
+      raise FileNotFoundError(
+          f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) found, neither directly nor in "
+          "class sub-folders.")
+    self.files = files
+    self.num_classes = len(classes) if classes else 1
+
+  def __len__(self) -> int:
+    return len(self.files)
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+    from PIL import Image  # pylint: disable=g-import-not-at-top  (pillow comes with matplotlib)
+    out = []
+    for i in indices:
+      path = self.files[int(i)][0]
+      try:
+        with Image.open(path) as im:
+          out.append(np.asarray(im.convert("RGB")))
+      except Exception as e:  # PIL raises many types for bad files
+        raise ValueError(f"{path}: unreadable image ({type(e).__name__}: {e}).") from e
+    return out
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    return np.asarray([self.files[int(i)][1] for i in indices])
+
+
+def read_idx(path: str) -> np.ndarray:
+  """An MNIST-format IDX file (optionally gzipped) as a uint8 array."""
+  raw = fileio.read_bytes(path)
+  if raw[:2] == b"\x1f\x8b":
+    try:
+      raw = gzip.decompress(raw)
+    except (OSError, EOFError) as e:
+      raise ValueError(f"{path}: corrupt gzip data ({e}).") from e
+  if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+    raise ValueError(f"{path}: not a uint8 IDX file (magic {raw[:4]!r}).")
+  ndim = raw[3]
+  dims = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+  data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+  if data.size != int(np.prod(dims)):
+    raise ValueError(f"{path}: header says {dims} ({int(np.prod(dims))} bytes) but holds "
+                     f"{data.size}; the file is truncated.")
+  return data.reshape(dims)
+
+
+class IdxSource:
+  """MNIST-format files `{split}-images-idx3-ubyte[.gz]` / `-labels-idx1-...`."""
+
+  def __init__(self, directory: str, split: str):
+    self.name = f"idx:{directory}[{split}]"
+    paths = {}
+    for kind, idx in (("images", 3), ("labels", 1)):
+      base = os.path.join(directory, f"{split}-{kind}-idx{idx}-ubyte")
+      found = [p for p in (base, base + ".gz") if fileio.exists(p)]
+      if not found:
+        hint = (" Install it with `apt-get install dataset-fashion-mnist`."
+                if os.path.abspath(directory) == FASHION_MNIST_DIR else "")
+        raise FileNotFoundError(f"{base}[.gz] not found (split {split!r}; MNIST-format "
+                                f"splits are 'train' and 't10k').{hint}")
+      paths[kind] = found[0]
+    self.x = read_idx(paths["images"])
+    self.y = read_idx(paths["labels"]).astype(np.int64)
+    if self.x.ndim != 3 or len(self.x) != len(self.y):
+      raise ValueError(f"{paths['images']}: images {self.x.shape} do not match labels "
+                       f"{self.y.shape} in {paths['labels']}.")
+    self.num_classes = int(self.y.max()) + 1
+
+  def __len__(self) -> int:
+    return len(self.x)
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return [self.x[int(i)] for i in indices]
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    return self.y[np.asarray(indices, int)]
 
 
 def sample(num_available: int, num_examples: int, seed: int, repeat: int) -> np.ndarray:

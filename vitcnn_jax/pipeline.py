@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -21,12 +22,14 @@ from vitcnn_jax import fileio
 from vitcnn_jax import parallel
 from vitcnn_jax import preprocess
 from vitcnn_jax import representations
+from vitcnn_jax import results
 from vitcnn_jax.models import common
 
 
 @dataclasses.dataclass
 class Loaded:
   key: str  # config field, e.g. "model_x"
+  path: str  # the checkpoint read
   label: str
   model: Any
   params: Any
@@ -55,30 +58,53 @@ def _reachable(path: str, key: str, hint: str) -> None:
         f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
 
 
+def trained_checkpoint(spec: ml_collections.ConfigDict, cache_dir: str) -> str:
+  """Path of the model `spec.train` describes, training it first if not cached."""
+  from vitcnn_jax import train  # pylint: disable=g-import-not-at-top  (optax only when training)
+  cache_dir = os.path.expanduser(cache_dir)
+  tag = results.fingerprint(spec.train.to_dict())
+  path = os.path.join(cache_dir, f"{spec.train.name}-{tag}.npz")
+  if not fileio.exists(path):
+    train.train(spec.train, path, cache_dir)
+  return path
+
+
 def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
   spec = config[key]
-  if not spec.get("checkpoint"):
+  path = spec.get("checkpoint")
+  if not path and spec.get("train"):
+    path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")
+  if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
-  _reachable(spec.checkpoint, key, hint)
-  model, params = checkpoints.load_model(spec.checkpoint, **dict(spec.get("overrides", {})))
+  _reachable(path, key, hint)
+  model, params = checkpoints.load_model(path, **dict(spec.get("overrides", {})))
   patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
   names = list(representations.point_shapes(model, params, patterns))
   if not names:
     raise ValueError(f"config.{key}.capture={patterns} matches no representation point of "
-                     f"{spec.checkpoint}; list them with configs/inspect.py.")
+                     f"{path}; list them with configs/inspect.py.")
   policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
   if policy not in preprocess.POLICIES:
     raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")
-  return Loaded(key, spec.get("label") or model.family, model, params, names, policy)
+  return Loaded(key, path, spec.get("label") or model.family, model, params, names, policy)
 
 
-def make_source(cfg: ml_collections.ConfigDict) -> data.Source:
-  kind = cfg.get("source")
+SOURCES = ("tfds", "folder", "idx", "synthetic")
+
+
+def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> data.Source:
+  """The configured source; `split` overrides cfg.split (e.g. train vs test)."""
+  kind, split = cfg.get("source"), split or cfg.get("split")
   if kind == "tfds":
-    return data.TfdsSource(cfg.name, cfg.split, cfg.get("data_dir") or None, cfg.get("image_key", "image"))
+    return data.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
+                           cfg.get("image_key", "image"), cfg.get("label_key", "label"))
+  if kind == "folder":
+    return data.FolderSource(cfg.path)
+  if kind == "idx":
+    return data.IdxSource(cfg.path, split)
   if kind == "synthetic":
     return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
-  raise ValueError(f"config.data.source={kind!r} is not one of ('tfds', 'synthetic').")
+  raise ValueError(f"config.data.source={kind!r} is not one of {SOURCES}.")
 
 
 def check_batching(num_examples: int, batch_size: int) -> None:

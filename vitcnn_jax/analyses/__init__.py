@@ -6,7 +6,7 @@ import importlib
 
 import ml_collections
 
-ANALYSES = ("cka", "inspect")
+ANALYSES = ("cka", "inspect", "train")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):

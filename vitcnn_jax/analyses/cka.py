@@ -47,7 +47,7 @@ def make_step(mesh, models: Sequence[pipeline.Loaded]):
 
 def _fingerprint(config: ml_collections.ConfigDict, models, source) -> str:
   return results.fingerprint({
-      "models": [(m.key, config[m.key].checkpoint, m.names, m.policy, m.size) for m in models],
+      "models": [(m.key, m.path, m.names, m.policy, m.size) for m in models],
       "data": source.name, "num_examples": config.num_examples,
       "batch_size": config.batch_size, "repeats": config.repeats, "seed": config.seed,
       "devices": jax.device_count()})
@@ -57,7 +57,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   pipeline.check_batching(config.num_examples, config.batch_size)
   if config.repeats < 1:
     raise ValueError(f"config.repeats={config.repeats} must be >= 1.")
-  keys = ["model_x"] + (["model_y"] if config.get("model_y") and config.model_y.get("checkpoint") else [])
+  keys = ["model_x"] + (["model_y"] if config.get("model_y") else [])
   models = [pipeline.load_model(config, k, DEMO_HINT) for k in keys]
   source = pipeline.make_source(config.data)
   mesh = parallel.mesh()
@@ -118,8 +118,8 @@ def _write(config, workdir: str, models, per_repeat: np.ndarray, is_main: bool) 
         blocks[tag] = (a, b, mean[spans[a.key], spans[b.key]], std[spans[a.key], spans[b.key]])
   summary = {
       "analysis": "cka",
-      "models": {m.key: {"label": m.label, "checkpoint": config[m.key].checkpoint,
-                         "layers": m.names} for m in models},
+      "models": {m.key: {"label": m.label, "checkpoint": m.path, "layers": m.names}
+                 for m in models},
       "num_examples": config.num_examples, "batch_size": config.batch_size,
       "repeats": config.repeats, "devices": jax.device_count(),
       "files": {"npz": "cka.npz", **{f"heatmap_{t}": f"cka_{t}.png" for t in blocks}},

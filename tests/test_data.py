@@ -1,0 +1,170 @@
+"""Data sources on tiny data made here: tfds (mock), image folders, IDX files."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+from vitcnn_jax import data, pipeline
+from vitcnn_jax.data import FolderSource, IdxSource, SyntheticSource
+
+
+def write_idx(directory, split: str, images: np.ndarray, labels: np.ndarray, gz: bool = True):
+  """MNIST IDX format: magic 0x0000 08 ndim, big-endian dims, then uint8 data."""
+  os.makedirs(directory, exist_ok=True)
+  for kind, arr, code in (("images", images, 3), ("labels", labels, 1)):
+    head = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    blob = head + arr.astype(np.uint8).tobytes()
+    path = os.path.join(directory, f"{split}-{kind}-idx{code}-ubyte")
+    if gz:
+      with gzip.open(path + ".gz", "wb") as f:
+        f.write(blob)
+    else:
+      with open(path, "wb") as f:
+        f.write(blob)
+
+
+def striped(n: int, seed: int = 0, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+  """A learnable toy task: class k has a bright horizontal band at rows 2k..2k+2."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, 10, n)
+  images = rng.integers(0, 60, (n, size, size)).astype(np.uint8)
+  for i, k in enumerate(labels):
+    images[i, 2 * k + 3:2 * k + 6] = 230
+  return images, labels
+
+
+def test_idx_source_shapes_labels_and_gzip(tmp_path):
+  images, labels = striped(30)
+  write_idx(tmp_path, "train", images, labels)
+  write_idx(tmp_path, "t10k", images[:5], labels[:5], gz=False)
+  src = IdxSource(str(tmp_path), "train")
+  assert len(src) == 30 and src.num_classes == int(labels.max()) + 1
+  got = src.images([3, 7])
+  assert got[0].shape == (28, 28) and got[0].dtype == np.uint8
+  np.testing.assert_array_equal(got[1], images[7])
+  np.testing.assert_array_equal(src.labels([3, 7]), labels[[3, 7]])
+  assert len(IdxSource(str(tmp_path), "t10k")) == 5
+
+
+def test_idx_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte.*'t10k'"):
+    IdxSource(str(tmp_path), "train")
+  with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+    IdxSource(data.FASHION_MNIST_DIR, "nosplit")
+  images, labels = striped(10)
+  write_idx(tmp_path, "train", images, labels, gz=False)
+  path = tmp_path / "train-images-idx3-ubyte"
+  path.write_bytes(path.read_bytes()[:-100])
+  with pytest.raises(ValueError, match="truncated"):
+    IdxSource(str(tmp_path), "train")
+  path.write_bytes(b"garbage!" * 4)
+  with pytest.raises(ValueError, match="not a uint8 IDX file"):
+    IdxSource(str(tmp_path), "train")
+
+
+def test_folder_source_class_subfolders_and_flat(tmp_path):
+  from PIL import Image
+  rng = np.random.default_rng(0)
+  for c in ("cat", "dog"):
+    os.makedirs(tmp_path / "cls" / c)
+    for i in range(3):
+      Image.fromarray(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)).save(tmp_path / "cls" / c / f"{i}.png")
+  src = FolderSource(str(tmp_path / "cls"))
+  assert len(src) == 6 and src.num_classes == 2
+  assert list(src.labels(range(6))) == [0, 0, 0, 1, 1, 1]
+  imgs = src.images([0, 2])
+  assert imgs[0].shape == (20, 30, 3) and imgs[1].shape == (22, 30, 3) and imgs[0].dtype == np.uint8
+  os.makedirs(tmp_path / "flat")
+  Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / "flat" / "g.png")
+  flat = FolderSource(str(tmp_path / "flat"))
+  assert len(flat) == 1 and flat.images([0])[0].shape == (8, 8, 3)
+
+
+def test_folder_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="is not a directory"):
+    FolderSource(str(tmp_path / "missing"))
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(FileNotFoundError, match="no images"):
+    FolderSource(str(tmp_path / "empty"))
+  os.makedirs(tmp_path / "bad")
+  (tmp_path / "bad" / "x.png").write_bytes(b"not a png")
+  src = FolderSource(str(tmp_path / "bad"))
+  with pytest.raises(ValueError, match=r"x\.png: unreadable image"):
+    src.images([0])
+
+
+def test_tfds_data_source_with_mock_data():
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=12):
+    src = pipeline.make_source(__import__("ml_collections").ConfigDict(
+        dict(source="tfds", name="cifar10", split="train", data_dir="", image_key="image",
+             label_key="label")))
+    assert len(src) == 12 and src.num_classes == 10
+    imgs = src.images([0, 5])
+    assert imgs[0].shape == (32, 32, 3) and imgs[0].dtype == np.uint8
+    assert src.labels([0, 5]).shape == (2,)
+
+
+def test_tfds_missing_dataset_says_how_to_prepare(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"tfds build imagenet2012 --file_format=array_record"):
+    data.TfdsSource("imagenet2012", "validation", str(tmp_path))
+
+
+def test_sampling_without_replacement_deterministic_and_per_repeat():
+  a = data.sample(100, 40, seed=3, repeat=0)
+  assert len(set(a)) == 40 and a.max() < 100
+  np.testing.assert_array_equal(a, data.sample(100, 40, seed=3, repeat=0))
+  assert not np.array_equal(a, data.sample(100, 40, seed=3, repeat=1))
+  with pytest.raises(ValueError, match="source has 100"):
+    data.sample(100, 101, 0, 0)
+
+
+def test_synthetic_is_deterministic_per_index():
+  s = SyntheticSource(10, 16, seed=1)
+  np.testing.assert_array_equal(s.images([4])[0], SyntheticSource(10, 16, seed=1).images([4])[0])
+  assert not np.array_equal(s.images([4])[0], s.images([5])[0])
+
+
+class _Recorder:
+  """A source that records which indices it was asked for."""
+  name, num_classes = "recorder", 10
+
+  def __init__(self, n):
+    self.n, self.asked = n, []
+
+  def __len__(self):
+    return self.n
+
+  def images(self, indices):
+    self.asked += [int(i) for i in indices]
+    return [np.full((8, 8, 3), int(i) % 256, np.uint8) for i in indices]
+
+  def labels(self, indices):
+    return np.zeros(len(indices), int)
+
+
+def test_each_process_loads_only_its_devices_minibatches(monkeypatch):
+  """2 processes x 2 local devices, minibatches of 4: step 0 covers minibatches 0-3."""
+  indices = np.arange(100, 130)  # 30 examples: 7 minibatches of 4 and one of 2
+  model = pipeline.Loaded("model_x", "", "m", type("M", (), {"image_size": 8})(), None, [], "resize")
+  monkeypatch.setattr(pipeline.jax, "local_device_count", lambda: 2)
+  monkeypatch.setattr(pipeline.jax, "device_count", lambda: 4)
+  seen = {}
+  for p in (0, 1):
+    monkeypatch.setattr(pipeline.jax, "process_index", lambda p=p: p)
+    src = _Recorder(200)
+    for step in (0, 1):
+      imgs, mask, total = pipeline._local_step(src, indices, [model], 4, step)
+      assert imgs[0].shape == (8, 8, 8, 3)
+      seen[(p, step)] = (list(src.asked), mask.tolist(), total)
+      src.asked.clear()
+  assert seen[(0, 0)][0] == list(range(100, 108))  # minibatches 0, 1
+  assert seen[(1, 0)][0] == list(range(108, 116))  # minibatches 2, 3
+  assert seen[(0, 1)][0] == list(range(116, 124))  # minibatches 4, 5
+  assert seen[(1, 1)][0] == list(range(124, 130))  # minibatch 6 and the partial 7th (2 rows)
+  assert seen[(1, 1)][1] == [1.0] * 6 + [0.0] * 2
+  assert seen[(0, 0)][2] == 16 and seen[(1, 1)][2] == 14

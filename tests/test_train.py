@@ -1,0 +1,121 @@
+"""Training: the loss falls, resuming continues exactly, the export reloads identically."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test_data import striped, write_idx
+from vitcnn_jax import checkpoints, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configs import train as train_configs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("idx")
+  images, labels = striped(512, seed=0)
+  write_idx(d, "train", images, labels)
+  images, labels = striped(128, seed=1)
+  write_idx(d, "t10k", images, labels)
+  return str(d)
+
+
+def _config(idx_dir, variant="vit_demo", steps=40):
+  c = train_configs.train_config(variant, steps=steps, batch=32, data=idx_dir)
+  c.warmup_steps = 5
+  if variant.startswith("vit"):
+    c.model.image_size, c.model.patch_size, c.model.width, c.model.depth = 16, 4, 32, 2
+  else:
+    c.model.image_size = 32
+  return c
+
+
+@pytest.fixture(scope="module")
+def vit_run(idx_dir, tmp_path_factory):
+  wd = tmp_path_factory.mktemp("train")
+  out = train.train(_config(idx_dir), str(wd / "vit.npz"), str(wd))
+  return wd, out
+
+
+def test_loss_falls_and_model_learns(vit_run):
+  _, out = vit_run
+  losses = out["losses"]
+  assert len(losses) == 40
+  assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5])  # from ln(10) = 2.30
+  assert out["test_accuracy"] > 0.5  # chance is 0.1
+
+
+def test_export_reloads_with_identical_logits(vit_run, idx_dir):
+  wd, out = vit_run
+  summary = json.loads((wd / "vit.json").read_text())
+  assert summary["test_accuracy"] == out["test_accuracy"]
+  model, params = checkpoints.load_model(str(wd / "vit.npz"))
+  assert (model.width, model.depth, model.image_size, model.num_classes) == (32, 2, 16, 10)
+  trained = train.build_model(_config(idx_dir), 10)
+  assert model == trained
+  from vitcnn_jax import pipeline, parallel
+  acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"), 16,
+                       "resize", parallel.mesh())
+  assert acc == out["test_accuracy"]
+
+
+def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_path):
+  wd, _ = vit_run
+  cfg = _config(idx_dir)
+  cfg.stop_after = 15
+  first = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
+  assert first["stopped_at"] == 15 and not (tmp_path / "vit.npz").exists()
+  cfg.stop_after = 0
+  rest = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
+  assert len(rest["losses"]) == 25
+  a = checkpoints.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
+  b = checkpoints.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
+  for k in a:
+    np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), atol=1e-6, err_msg=k)
+
+
+def test_bit_and_gap_and_noskip_variants_train(idx_dir, tmp_path):
+  for variant in ("bit_demo", "vit_gap_demo", "vit_noskip_demo"):
+    cfg = _config(idx_dir, variant, steps=3)
+    cfg.warmup_steps = 1
+    out = train.train(cfg, str(tmp_path / f"{variant}.npz"), str(tmp_path))
+    assert np.isfinite(out["losses"]).all()
+  model, _ = checkpoints.load_model(str(tmp_path / "vit_gap_demo.npz"))
+  assert model.pool == "gap"
+  cfg.warmup_steps = 3
+  with pytest.raises(ValueError, match=r"config.warmup_steps=3 must be in \[0, config.steps=3\)"):
+    train.train(cfg, str(tmp_path / "x.npz"), str(tmp_path))
+
+
+def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
+  """The :demo config path: train both tiny models, reload, CKA on held-out images."""
+  flags = [f"--config={ROOT}/configs/cka_vit_resnet.py:demo,examples=64,batch=16,repeats=1",
+           f"--workdir={tmp_path / 'wd'}", f"--config.cache_dir={tmp_path / 'cache'}",
+           f"--config.data.path={idx_dir}"]
+  for key in ("model_x", "model_y"):
+    flags += [f"--config.{key}.train.steps=4", f"--config.{key}.train.data.path={idx_dir}",
+              f"--config.{key}.train.warmup_steps=1"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *flags], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "test accuracy" in r.stdout
+  wd = tmp_path / "wd"
+  for f in ("cka.npz", "cka.json", "cka_xx.png", "cka_yy.png", "cka_xy.png"):
+    assert (wd / f).exists(), f
+  cached = sorted(os.listdir(tmp_path / "cache"))
+  assert any(f.startswith("vit_demo-") and f.endswith(".npz") for f in cached)
+  assert any(f.startswith("bit_demo-") and f.endswith(".npz") for f in cached)
+  # Second run reuses the cached models: no training output.
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *flags,
+                      f"--workdir={tmp_path / 'wd2'}"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0 and "test accuracy" not in r.stdout, r.stderr[-2000:]

@@ -1,0 +1,168 @@
+"""Supervised training of our models (demo models, training ablations).
+
+Data-parallel over the mesh (params replicated, batch sharded; each process
+loads its own rows), AdamW with warmup + cosine decay, periodic resumable
+checkpoints, test accuracy, and the final params exported in the upstream npz
+format so that `checkpoints.load_model` reads them like an official file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from typing import Any
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from vitcnn_jax import checkpoints
+from vitcnn_jax import data
+from vitcnn_jax import fileio
+from vitcnn_jax import parallel
+from vitcnn_jax import pipeline
+from vitcnn_jax import preprocess
+from vitcnn_jax import progress
+from vitcnn_jax import results
+from vitcnn_jax.models import common, get_model
+
+
+def build_model(config: ml_collections.ConfigDict, num_classes: int):
+  kwargs = dict(config.model.to_dict())
+  family = kwargs.pop("family")
+  if "no_skip" in kwargs:
+    kwargs["no_skip"] = tuple(kwargs["no_skip"])
+  if "depth" in kwargs and isinstance(kwargs["depth"], list):
+    kwargs["depth"] = tuple(kwargs["depth"])
+  return get_model(family, num_classes=num_classes, **kwargs)
+
+
+def _batch_indices(step: int, batch: int, n: int, seed: int, cache: dict) -> np.ndarray:
+  """Global batch `step` of an endless stream of per-epoch permutations."""
+  pos = step * batch + np.arange(batch)
+  out = np.empty(batch, np.int64)
+  for epoch in np.unique(pos // n):
+    if epoch not in cache:
+      cache.clear()
+      cache[epoch] = np.random.default_rng((seed, int(epoch))).permutation(n)
+    sel = pos // n == epoch
+    out[sel] = cache[epoch][pos[sel] % n]
+  return out
+
+
+def _load_rows(source: data.Source, indices: np.ndarray, size: int, policy: str):
+  images = np.stack([preprocess.preprocess_image(im, size, policy) for im in source.images(indices)])
+  return images, source.labels(indices).astype(np.int32)
+
+
+def evaluate(model, params, source: data.Source, size: int, policy: str, mesh,
+             batch: int = 512) -> float:
+  """Top-1 accuracy over the whole source (last batch padded and masked)."""
+  batch = -(-batch // jax.device_count()) * jax.device_count()
+  local = batch // jax.process_count()
+
+  @jax.jit
+  def correct(params, images, labels, mask):
+    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=())
+    return ((logits.argmax(-1) == labels) * mask).sum()
+
+  hits, n = 0.0, len(source)
+  for start in range(0, n, batch):
+    rows = np.arange(start, start + batch)[jax.process_index() * local:][:local]
+    valid = rows < n
+    images, labels = _load_rows(source, np.where(valid, rows, 0), size, policy)
+    hits += float(correct(params, parallel.global_batch(mesh, images),
+                          parallel.global_batch(mesh, labels),
+                          parallel.global_batch(mesh, valid.astype(np.float32))))
+  return hits / n
+
+
+def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> dict[str, Any]:
+  """Trains `config.model` on `config.data` and writes `export_path` (npz) + .json."""
+  train_src = pipeline.make_source(config.data, config.data.split)
+  test_src = pipeline.make_source(config.data, config.data.test_split)
+  if not train_src.num_classes:
+    raise ValueError(f"{train_src.name} has no class labels to train on.")
+  model = build_model(config, train_src.num_classes)
+  size = common.to_pair(model.image_size)[0]
+  policy = config.get("policy") or preprocess.DEFAULT_POLICY[model.family]
+  mesh = parallel.mesh()
+  b = config.batch_size
+  if b % jax.device_count():
+    raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
+  local = b // jax.process_count()
+
+  if not 0 <= config.warmup_steps < config.steps:
+    raise ValueError(f"config.warmup_steps={config.warmup_steps} must be in [0, "
+                     f"config.steps={config.steps}).")
+  sched = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.steps,
+                                             config.lr * 0.01)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
+  params = jax.jit(model.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
+  state = {"params": params, "opt_state": tx.init(params), "step": 0}
+
+  ckpt_path = os.path.join(workdir, f"{os.path.basename(export_path)}.train_state")
+  if fileio.exists(ckpt_path):
+    state = flax.serialization.from_bytes(state, fileio.read_bytes(ckpt_path))
+  state = parallel.replicate(mesh, state)
+
+  def loss_fn(params, images, labels):
+    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=(), train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  @jax.jit
+  def train_step(state, images, labels):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, labels)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+            "step": state["step"] + 1}, loss
+
+  def save(state) -> None:
+    if jax.process_index() == 0:
+      blob = flax.serialization.to_bytes(jax.device_get(state))
+      fileio.atomic_write(ckpt_path, lambda f: f.write(blob))
+
+  perms: dict = {}
+
+  def rows(step: int):
+    idx = _batch_indices(step, b, len(train_src), config.seed, perms)
+    return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
+
+  start = int(jax.device_get(state["step"]))
+  bar = progress.Bar(config.steps, f"train {model.family}", enabled=jax.process_index() == 0,
+                     initial=start)
+  losses, last_save = [], time.time()
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pending = pool.submit(rows, start) if start < config.steps else None
+    for step in range(start, config.steps):
+      images, labels = pending.result()
+      if step + 1 < config.steps:
+        pending = pool.submit(rows, step + 1)
+      state, loss = train_step(state, parallel.global_batch(mesh, images),
+                               parallel.global_batch(mesh, labels))
+      losses.append(float(loss))
+      bar.update(1, b)
+      bar.bar.set_description(f"train {model.family} loss {np.mean(losses[-20:]):.3f}")
+      if time.time() - last_save > config.get("save_every_seconds", 60):
+        save(state)
+        last_save = time.time()
+      if config.get("stop_after") and step + 1 - start >= config.stop_after:
+        save(state)
+        bar.close()
+        return {"stopped_at": step + 1, "losses": losses}
+  bar.close()
+  save(state)
+  params = jax.device_get(state["params"])
+  acc = evaluate(model, state["params"], test_src, size, policy, mesh)
+  summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
+             "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
+             "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes}
+  if jax.process_index() == 0:
+    checkpoints.save(export_path, model, params)
+    results.write_json(export_path[:-len(".npz")] + ".json", summary)
+  print(f"{model.family}: test accuracy {acc:.4f} on {test_src.name}; exported {export_path}")
+  return {**summary, "losses": losses}
