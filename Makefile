@@ -1,16 +1,36 @@
-# Set-up and tests on a fresh machine: `make test`. Everything lives in .venv.
+# `make demo`: set up .venv (runtime deps) and the offline dataset, then run the main job.
+# `make test`: set up .venv with the test deps too (torch/timm), then run the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+WORKDIR ?= workdir/cka_demo
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) apt-get
 
-.PHONY: install test
+.PHONY: install install-test dataset demo test
 
-install: $(VENV)/.installed
-
-$(VENV)/.installed: requirements.txt tests/requirements.txt
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+
+$(VENV)/.runtime: requirements.txt | $(VENV)/bin/python
+	$(PIP) -r requirements.txt
 	touch $@
 
-test: install
+$(VENV)/.test: requirements.txt tests/requirements.txt | $(VENV)/bin/python
+	$(PIP) -r tests/requirements.txt
+	touch $(VENV)/.runtime $@
+
+install: $(VENV)/.runtime
+
+install-test: $(VENV)/.test
+
+dataset:
+	@test -f $(FASHION_MNIST)/t10k-images-idx3-ubyte.gz || \
+	  ($(APT) update -qq && $(APT) install -y -qq dataset-fashion-mnist)
+
+demo: install dataset
+	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
+
+test: install-test dataset
 	$(PY) -m pytest -q tests

@@ -34,8 +34,9 @@ def demo_models(config: ml_collections.ConfigDict, steps_scale: float = 1.0) -> 
   """Tiny Fashion-MNIST models trained on first use (cached in config.cache_dir)."""
   for key, variant, layers, label in (("model_x", "vit_demo", common.VIT_LAYERS, "ViT (demo)"),
                                       ("model_y", "bit_demo", common.BIT_LAYERS, "BiT (demo)")):
-    config[key] = common.model("", layers, label)
     train = train_configs.train_config(variant)
+    # npz files do not record a BiT's input size: run at the training resolution.
+    config[key] = common.model("", layers, label, resolution=train.model.image_size)
     train.steps = max(1, int(train.steps * steps_scale))
     config[key].train = train
   config.data = common.fashion_mnist("t10k")

@@ -168,3 +168,13 @@ def test_each_process_loads_only_its_devices_minibatches(monkeypatch):
   assert seen[(1, 1)][0] == list(range(124, 130))  # minibatch 6 and the partial 7th (2 rows)
   assert seen[(1, 1)][1] == [1.0] * 6 + [0.0] * 2
   assert seen[(0, 0)][2] == 16 and seen[(1, 1)][2] == 14
+
+
+def test_real_fashion_mnist_from_debian():
+  """The offline dataset the demo uses (installed by `make test` / `make demo`)."""
+  if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
+    pytest.skip("dataset-fashion-mnist is not installed")
+  train, test = IdxSource(data.FASHION_MNIST_DIR, "train"), IdxSource(data.FASHION_MNIST_DIR, "t10k")
+  assert (len(train), len(test), train.num_classes) == (60000, 10000, 10)
+  assert np.bincount(train.labels(range(60000))).tolist() == [6000] * 10
+  assert train.images([0])[0].shape == (28, 28)

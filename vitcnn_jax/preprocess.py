@@ -13,6 +13,8 @@ Policies (`policy` config field):
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,6 +33,7 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
   return image[..., :3]
 
 
+@functools.lru_cache(maxsize=64)
 def _bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) interpolation matrix, half-pixel centres (tf.image.resize)."""
   pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
@@ -44,6 +47,7 @@ def _bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
   return w
 
 
+@functools.lru_cache(maxsize=64)
 def _area_weights(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) box-overlap averaging matrix (tf.image.resize 'area')."""
   edges = np.arange(n_out + 1) * n_in / n_out
