@@ -47,7 +47,7 @@ def _jax_models():
                               ("model_y", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
     params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
     names = list(representations.point_shapes(model, params, list(capture)))
-    out.append(pipeline.Loaded(key, key, model, params, names, "resize"))
+    out.append(pipeline.Loaded(key, "<random init>", key, model, params, names, "resize"))
   return out
 
 

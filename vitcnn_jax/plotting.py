@@ -42,3 +42,109 @@ def cka_heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
   ax.set_ylabel(f"{row_label} layers")
   ax.set_title(title)
   save_figure(fig, path)
+
+
+def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Sequence[int] | None,
+                       label: str, ceiling: float, path: str) -> None:
+  """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block."""
+  chosen = list(plot_blocks) if plot_blocks else sorted({blocks[0], blocks[min(1, len(blocks) - 1)],
+                                                         blocks[-2] if len(blocks) > 1 else blocks[0],
+                                                         blocks[-1]})
+  missing = [b for b in chosen if b not in blocks]
+  if missing:
+    raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  for b in chosen:
+    ax1.plot(np.sort(mean[list(blocks).index(b)]), "o-", ms=4, label=f"block {b}")
+  ax1.set_xlabel("head (sorted by distance)")
+  ax1.set_ylabel("mean attention distance (px)")
+  ax1.legend(fontsize=8)
+  for i, b in enumerate(blocks):
+    ax2.scatter(np.full(mean.shape[1], b), mean[i], s=10, c="C0")
+  ax2.set_xlabel("block")
+  ax2.set_ylabel("mean attention distance (px)")
+  for ax in (ax1, ax2):
+    ax.axhline(ceiling, color="grey", ls="--", lw=0.8, label="uniform attention")
+    ax.set_ylim(0, max(ceiling, float(mean.max())) * 1.08)
+  fig.suptitle(f"Mean attention distance: {label}")
+  save_figure(fig, path)
+
+
+def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
+               resnet: tuple[np.ndarray, str] | None, path: str) -> None:
+  """Fig 7 (tokens x sublayers heatmap; CLS vs spatial vs ResNet) and Fig E.2 (cosine)."""
+  depth = ratio.shape[0]
+  flat = ratio.reshape(2 * depth, -1)  # rows: attn 0, mlp 0, attn 1, ...
+  finite = np.where(np.isfinite(flat), flat, np.nan)
+  top = np.nanmax(finite) if np.isfinite(finite).any() else 1.0
+  shown = np.where(np.isfinite(flat), flat, top)  # an infinite ratio (zero branch) shows as the max
+  rows = [f"{s} {b}" for b in range(depth) for s in ("attn", "mlp")]
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+  k = min(plot_tokens, flat.shape[1])
+  im = axes[0].imshow(shown[:, :k].T, aspect="auto", origin="lower", cmap="viridis")
+  fig.colorbar(im, ax=axes[0], label="||z|| / ||f(z)||")
+  axes[0].set_xticks(range(len(rows)), rows, rotation=90, fontsize=6)
+  axes[0].set_ylabel("token" + (" (0 = CLS)" if prefix else ""))
+  x = np.linspace(0, 1, 2 * depth)
+  if prefix:
+    axes[1].plot(x, shown[:, 0], "o-", ms=3, label=f"{label} CLS token")
+  axes[1].plot(x, shown[:, prefix:].mean(axis=1), "o-", ms=3, label=f"{label} spatial tokens")
+  if resnet is not None:
+    r, rlabel = resnet
+    axes[1].plot(np.linspace(0, 1, len(r)), np.where(np.isfinite(r), r, top), "s-", ms=3,
+                 label=rlabel)
+  axes[1].set_xlabel("relative depth")
+  axes[1].set_ylabel("||z|| / ||f(z)||")
+  axes[1].legend(fontsize=8)
+  im = axes[2].imshow(cos.reshape(2 * depth, -1)[:, :k].T, aspect="auto", origin="lower",
+                      cmap="coolwarm", vmin=-1, vmax=1)
+  fig.colorbar(im, ax=axes[2], label="cos(f(z), z + f(z))")
+  axes[2].set_xticks(range(len(rows)), rows, rotation=90, fontsize=6)
+  fig.suptitle(f"Skip-connection norm ratio: {label}")
+  save_figure(fig, path)
+
+
+def receptive_fields(models: Sequence[tuple[str, Sequence[str], np.ndarray]], path: str,
+                     per_row: int = 12) -> None:
+  """One image per layer, each normalised to its own maximum (Figs 6, C.1-C.4)."""
+  rows = sum(-(-len(names) // per_row) for _, names, _ in models)
+  fig, axes = plt.subplots(rows, per_row, figsize=(per_row * 1.3, rows * 1.5), squeeze=False)
+  for ax in axes.ravel():
+    ax.axis("off")
+  r = 0
+  for label, names, maps in models:
+    for i, (name, m) in enumerate(zip(names, maps)):
+      ax = axes[r + i // per_row, i % per_row]
+      ax.imshow(m / max(float(m.max()), 1e-30), cmap="viridis", vmin=0, vmax=1)
+      ax.set_title(f"{label}\n{name}" if i == 0 else name, fontsize=5)
+    r += -(-len(names) // per_row)
+  fig.suptitle("Effective receptive fields (|d centre / d input|, per-layer normalised)")
+  save_figure(fig, path)
+
+
+def localization(tok_patch: np.ndarray, grid: Sequence[int], tokens: Sequence[int], title: str,
+                 path: str) -> None:
+  """For each chosen token, CKA with every input patch on the image grid (Figs 9, 10)."""
+  fig, axes = plt.subplots(1, len(tokens), figsize=(3.2 * len(tokens), 3), squeeze=False)
+  for ax, t in zip(axes[0], tokens):
+    im = ax.imshow(tok_patch[t].reshape(grid), cmap="magma", vmin=0, vmax=1)
+    ty, tx = divmod(t, grid[1])
+    ax.plot(tx, ty, "c+", ms=10)
+    ax.set_title(f"token {t} ({ty},{tx})", fontsize=8)
+    ax.axis("off")
+  fig.colorbar(im, ax=list(axes[0]), label="CKA with input patch")
+  fig.suptitle(title, fontsize=9)
+  save_figure(fig, path)
+
+
+def head_subsets(distance: np.ndarray, cka: np.ndarray, layers: Sequence[str], vit_label: str,
+                 res_label: str, path: str) -> None:
+  """CKA of each head subset against each ResNet layer vs the subset's distance (Fig 5)."""
+  fig, ax = plt.subplots(figsize=(5.5, 4))
+  for j, name in enumerate(layers):
+    ax.plot(distance, cka[:, j], "o-", ms=4, label=f"{res_label} {name}")
+  ax.set_xlabel("mean attention distance of the head subset (px)")
+  ax.set_ylabel("CKA")
+  ax.set_title(f"Head subsets of {vit_label}", fontsize=9)
+  ax.legend(fontsize=6)
+  save_figure(fig, path)

@@ -6,7 +6,8 @@ import importlib
 
 import ml_collections
 
-ANALYSES = ("cka", "inspect", "train")
+ANALYSES = ("attention_distance", "cka", "head_subsets", "inspect", "localization",
+            "receptive_field", "skip_ratio", "train")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):

@@ -1,0 +1,44 @@
+r"""Mean attention distance per layer and head (paper Figs 3, 4, C.5, C.6).
+
+  python main.py --config=configs/attention_distance.py[:l16] --workdir=/tmp/attn \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants: `b16`, `b32`, `l16` (default; the paper's Fig 3 model family), `h14`,
+`demo` (the offline demo ViT on Fashion-MNIST); then `examples=`, `batch=`.
+"""
+
+import ml_collections
+
+from configs import common
+from configs import train as train_configs
+
+VIT = {"b16": ("B_16", "ViT-B/16"), "b32": ("B_32", "ViT-B/32"), "l16": ("L_16", "ViT-L/16"),
+       "h14": ("H_14", "ViT-H/14")}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else 5000,
+                         batch=256 if demo else 100)
+  config = ml_collections.ConfigDict()
+  config.analysis = "attention_distance"
+  capture = ["block*/attn/weights"]
+  if demo:
+    train = train_configs.train_config("vit_demo")
+    config.model = common.model("", capture, "ViT (demo)")
+    config.model.train = train
+    config.data = common.fashion_mnist("t10k")
+    config.cache_dir = "~/.cache/vitcnn_jax"
+  elif arg.variant in VIT:
+    name, label = VIT[arg.variant]
+    config.model = common.model(f"gs://vit_models/imagenet21k/ViT-{name}.npz", capture, label)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(VIT) + ['demo']}.")
+  config.num_examples = arg.examples  # paper: 5,000 ImageNet validation images
+  config.batch_size = arg.batch  # per device
+  config.seed = 0
+  config.cls = "drop"  # "drop" (authors' gist: no renormalisation) or "renormalize"
+  config.plot_blocks = []  # blocks for the sorted-heads panel; default first two and last two
+  return config

@@ -1,0 +1,51 @@
+r"""CKA between subsets of first-block ViT heads and lower ResNet layers (paper Fig 5).
+
+  python main.py --config=configs/head_subsets.py --workdir=/tmp/heads \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants: `l16_r50` (default; Fig 5 uses ViT-L/16 and R50), `h14_r152`, `demo`;
+then `examples=`, `batch=`. The paper does not give the subset size or the tap
+point; the defaults here are sliding windows of a quarter of the heads
+(stride 1) and the per-head outputs before the output projection.
+"""
+
+import ml_collections
+
+from configs import cka_vit_resnet
+from configs import common
+
+LOWER_RESNET = ["block1/unit01/out", "block1/unit02/out", "block1/unit03/out",
+                "block2/unit01/out", "block2/unit02/out"]
+PAIRS = {
+    "l16_r50": ("L_16", "ViT-L/16", "R50x1", "BiT-R50x1", 16),
+    "h14_r152": ("H_14", "ViT-H/14", "R152x2", "BiT-R152x2", 16),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="l16_r50", examples=2560 if demo else 10240,
+                         batch=256 if demo else 1024)
+  config = ml_collections.ConfigDict()
+  config.analysis = "head_subsets"
+  if demo:
+    cka_vit_resnet.demo_models(config)
+    config.model_y.capture = ["block1/unit01/out", "block2/unit01/out"]
+    heads = 4
+  elif arg.variant in PAIRS:
+    vit, vit_label, res, res_label, heads = PAIRS[arg.variant]
+    config.model_x = common.model(f"gs://vit_models/imagenet21k/ViT-{vit}.npz", ["**"], vit_label)
+    config.model_y = common.model(f"gs://bit_models/BiT-M-{res}.npz", LOWER_RESNET, res_label,
+                                  resolution=224)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
+  config.block = 0  # the paper uses the first block
+  config.subset_size = max(1, heads // 4)
+  config.subset_stride = 1
+  config.tap = "heads"  # "heads" (before the output projection) or "projected"
+  config.num_examples = arg.examples
+  config.batch_size = arg.batch  # per device (a CKA minibatch)
+  config.seed = 0
+  return config

@@ -1,0 +1,49 @@
+r"""Localization: CKA between each output token and each input patch (paper Figs 9, 10, D.1-D.3).
+
+  python main.py --config=configs/localization.py --workdir=/tmp/loc \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants: `l16` (default; Fig 9 uses ViT-L/16, final block), `b32`, `r50`
+(ResNet: every channel at one position of the last stage), `demo` (the demo
+ViT); then `examples=`, `batch=`. `--config.layer=` picks another point,
+`--config.tokens=...` the tokens plotted (row-major, CLS excluded).
+"""
+
+import ml_collections
+
+from configs import common
+from configs import train as train_configs
+
+MODELS = {
+    "l16": ("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-L/16", "block23/out"),
+    "b32": ("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32", "block11/out"),
+    "r50": ("gs://bit_models/BiT-M-R50x1.npz", "BiT-R50x1", "block4/unit03/out"),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else 10240,
+                         batch=256 if demo else 1024)
+  config = ml_collections.ConfigDict()
+  config.analysis = "localization"
+  if demo:
+    config.model = common.model("", ["**"], "ViT (demo)")
+    config.model.train = train_configs.train_config("vit_demo")
+    config.data = common.fashion_mnist("t10k")
+    config.cache_dir = "~/.cache/vitcnn_jax"
+    config.layer = "block03/out"
+  elif arg.variant in MODELS:
+    path, label, layer = MODELS[arg.variant]
+    overrides = {"resolution": 224} if arg.variant == "r50" else {}
+    config.model = common.model(path, ["**"], label, **overrides)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+    config.layer = layer
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(MODELS) + ['demo']}.")
+  config.num_examples = arg.examples
+  config.batch_size = arg.batch  # per device (a CKA minibatch)
+  config.seed = 0
+  config.tokens = []  # default: one off-centre token and the centre token
+  return config

@@ -1,0 +1,37 @@
+r"""Effective receptive fields of every ViT and ResNet layer (paper Figs 6, C.1-C.4).
+
+  python main.py --config=configs/receptive_field.py --workdir=/tmp/rf \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants: `b32_r50` (default; Fig 6 compares ViT-B/32 and ResNet-50), `demo`;
+then `examples=` (paper: 32), `batch=`. `--config.pre_residual=True` gives the
+before-the-skip-connection maps of Fig C.4.
+"""
+
+import ml_collections
+
+from configs import cka_vit_resnet
+from configs import common
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="b32_r50", examples=32, batch=8)
+  config = ml_collections.ConfigDict()
+  config.analysis = "receptive_field"
+  if demo:
+    cka_vit_resnet.demo_models(config)
+  elif arg.variant == "b32_r50":
+    config.model_x = common.model("gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz", ["**"],
+                                  "ViT-B/32", resolution=224)
+    config.model_y = common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
+                                  resolution=224)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected 'b32_r50' or 'demo'.")
+  config.num_examples = arg.examples  # paper: 32 randomly selected images
+  config.batch_size = arg.batch  # per device
+  config.seed = 0
+  config.pre_residual = False  # True: taps before the residual add (Fig C.4)
+  return config

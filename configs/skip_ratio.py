@@ -1,0 +1,41 @@
+r"""Skip-connection norm ratios ||z|| / ||f(z)|| for a ViT and a ResNet (paper Figs 7, E.1, E.2).
+
+  python main.py --config=configs/skip_ratio.py --workdir=/tmp/skip \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+
+Variants: `b16_r50` (default: ViT-B/16 fine-tuned on ImageNet, as in Fig 7, and
+BiT-M-R50x1), `b32_r50` (Fig E.1 uses ViT-B/32), `demo`; then `examples=`, `batch=`.
+"""
+
+import ml_collections
+
+from configs import cka_vit_resnet
+from configs import common
+
+PAIRS = {
+    "b16_r50": ("gs://vit_models/imagenet21k+imagenet2012/ViT-B_16-224.npz", "ViT-B/16"),
+    "b32_r50": ("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32"),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = (arg or "").split(",")[0] == "demo"
+  arg = common.parse_arg(arg, variant="b16_r50", examples=512 if demo else 2560, batch=128)
+  config = ml_collections.ConfigDict()
+  config.analysis = "skip_ratio"
+  if demo:
+    cka_vit_resnet.demo_models(config)
+  elif arg.variant in PAIRS:
+    path, label = PAIRS[arg.variant]
+    config.model_x = common.model(path, ["**"], label)
+    config.model_y = common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
+                                  resolution=224)
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
+  config.num_examples = arg.examples  # unspecified in the paper
+  config.batch_size = arg.batch  # per device
+  config.seed = 0
+  config.plot_tokens = 9  # tokens shown in the heatmap (Fig 7 shows 0-8)
+  return config

@@ -1,0 +1,79 @@
+"""Mean attention distance: analytic cases and the config end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from vitcnn_jax import checkpoints, data
+from vitcnn_jax.analyses import attention_distance as ad
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("grid,patch,expected", [(14, 16, 116.49), (7, 32, 115.50), (16, 14, 116.57)])
+def test_uniform_attention_gives_the_ceiling(grid, patch, expected):
+  n = grid * grid
+  dist = jnp.asarray(ad.distance_matrix((grid, grid), patch), jnp.float32)
+  w = jnp.full((2, 3, n, n), 1.0 / n)
+  got = np.asarray(ad.mean_distance(w, dist, 0))
+  np.testing.assert_allclose(got, expected, atol=0.005)
+
+
+def test_self_attention_only_gives_zero_and_neighbours_give_the_patch_size():
+  dist = jnp.asarray(ad.distance_matrix((5, 5), 16), jnp.float32)
+  eye = jnp.eye(25)[None, None]
+  assert float(np.abs(ad.mean_distance(eye, dist, 0)).max()) == 0.0
+  right = np.zeros((25, 25))
+  for q in range(25):
+    y, x = divmod(q, 5)
+    right[q, y * 5 + (x + 1 if x < 4 else x - 1)] = 1.0  # always one patch sideways
+  np.testing.assert_allclose(ad.mean_distance(jnp.asarray(right)[None, None], dist, 0), 16.0, atol=1e-5)
+
+
+def test_cls_conventions():
+  grid, patch = 14, 16
+  t = grid * grid + 1
+  dist = jnp.asarray(ad.distance_matrix((grid, grid), patch), jnp.float32)
+  w = jnp.full((1, 1, t, t), 1.0 / t)
+  dropped = float(ad.mean_distance(w, dist, 1, "drop")[0, 0])
+  renorm = float(ad.mean_distance(w, dist, 1, "renormalize")[0, 0])
+  assert abs(renorm - 116.49) < 0.005
+  assert abs(dropped - 116.49 * (t - 1) / t) < 0.005  # CLS mass counts as distance 0
+  with pytest.raises(ValueError, match="config.cls='keep'"):
+    ad.mean_distance(w, dist, 1, "keep")
+
+
+def test_config_end_to_end_matches_direct_computation(tmp_path):
+  ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  wd = tmp_path / "wd"
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config={ROOT}/configs/attention_distance.py:b16,examples=24,batch=8",
+       f"--workdir={wd}", f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
+       "--config.data.num_examples=40"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  summary = json.loads((wd / "attention_distance.json").read_text())
+  got = np.asarray(summary["mean_distance_px"])
+  assert got.shape == (2, 3) and summary["blocks"] == [0, 1]
+  assert (wd / "attention_distance.png").read_bytes()[:4] == b"\x89PNG"
+  # Independent: weights captured eagerly, distances in float64 NumPy.
+  model, params = checkpoints.load_model(ckpt)
+  idx = data.sample(40, 24, 0, 0)
+  imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
+  _, out = model.apply({"params": params}, imgs, capture="**/attn/weights")
+  d = ad.distance_matrix((4, 4), 8)
+  for i in range(2):
+    w = np.asarray(out[f"block{i:02d}/attn/weights"], np.float64)[:, :, 1:, 1:]
+    ref = (w * d).sum(-1).mean(-1).mean(0)
+    np.testing.assert_allclose(got[i], ref, atol=1e-4)
+  assert summary["uniform_ceiling_px"] == pytest.approx(d.mean())

@@ -1,0 +1,63 @@
+"""Head subsets: window construction and the config end to end against a direct computation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from test_cka import np_minibatch_cka
+from vitcnn_jax import checkpoints, data
+from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.analyses import head_subsets as hs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sliding_windows_over_sorted_heads():
+  assert hs.subsets(np.array([2, 0, 3, 1]), 2, 1) == [[2, 0], [0, 3], [3, 1]]
+  assert hs.subsets(np.array([2, 0, 3, 1]), 2, 2) == [[2, 0], [3, 1]]
+  with pytest.raises(ValueError, match="subset_size=5"):
+    hs.subsets(np.arange(4), 5, 1)
+
+
+def test_config_end_to_end_matches_direct_computation(tmp_path):
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=4, mlp=96, patch=8))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(2, 1, 1, 1)))
+  wd = tmp_path / "wd"
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config={ROOT}/configs/head_subsets.py:examples=32,batch=16", f"--workdir={wd}",
+       f"--config.model_x.checkpoint={vit}", f"--config.model_y.checkpoint={bit}",
+       "--config.model_y.overrides.resolution=32",
+       "--config.model_y.capture=block1/unit0[12]/out", "--config.subset_size=2",
+       "--config.data.source=synthetic", "--config.data.num_examples=40"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.loads((wd / "head_subsets.json").read_text())
+  assert s["resnet_layers"] == ["block1/unit01/out", "block1/unit02/out"]
+  assert len(s["subsets"]) == 3 and all(len(g) == 2 for g in s["subsets"])
+  assert np.all(np.diff(s["subset_distance_px"]) >= -1e-9)  # local -> global
+  assert (wd / "head_subsets.png").read_bytes()[:4] == b"\x89PNG"
+  # Direct computation in NumPy from eagerly captured activations.
+  mv, pv = checkpoints.load_model(vit)
+  mr, pr = checkpoints.load_model(bit, resolution=32)
+  idx = data.sample(40, 32, 0, 0)
+  imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
+  _, ov = mv.apply({"params": pv}, imgs, capture="block00/attn/*")
+  _, orr = mr.apply({"params": pr}, imgs, capture="block1/unit0[12]/out")
+  d = ad.distance_matrix((4, 4), 8)
+  w = np.asarray(ov["block00/attn/weights"], np.float64)[:, :, 1:, 1:]
+  np.testing.assert_allclose(s["head_distance_px"], (w * d).sum(-1).mean(-1).mean(0), atol=1e-4)
+  heads = np.asarray(ov["block00/attn/heads"])[:, 1:]
+  for i, g in enumerate(s["subsets"]):
+    for j, name in enumerate(s["resnet_layers"]):
+      x = heads[:, :, g]
+      y = np.asarray(orr[name])
+      ref = np_minibatch_cka([x[:16], x[16:]], [y[:16], y[16:]])
+      assert abs(s["cka"][i][j] - ref) < 1e-5

@@ -1,0 +1,65 @@
+"""Localization CKA: analytic token/patch cases and the config end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+import upstream_files as uf
+from vitcnn_jax import cka
+from vitcnn_jax.analyses import localization as loc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_patches_are_row_major_tiles():
+  img = jnp.arange(2 * 4 * 6 * 3, dtype=jnp.float32).reshape(2, 4, 6, 3)
+  p = np.asarray(loc.to_patches(img, (2, 3)))
+  assert p.shape == (2, 6, 2 * 2 * 3)
+  np.testing.assert_array_equal(p[1, 4].reshape(2, 2, 3), np.asarray(img)[1, 2:4, 2:4])
+
+
+def test_token_equal_to_transformed_own_patch_gives_one_and_independent_near_zero():
+  rng = np.random.default_rng(0)
+  n, grid = 64, (2, 2)
+  q, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+  hs = 0
+  for _ in range(8):
+    images = rng.standard_normal((n, 4, 4, 3)).astype(np.float32)
+    patches = np.asarray(loc.to_patches(jnp.asarray(images), grid))  # (n, 4, 12)
+    tokens = np.stack([patches[:, 0] @ q, 2.5 * patches[:, 1],
+                       rng.standard_normal((n, 12)), patches[:, 3] @ q], axis=1).astype(np.float32)
+    hs = hs + np.asarray(loc.token_patch_hsic(jnp.asarray(tokens), jnp.asarray(patches), jnp.ones(n)))
+  c = cka.cka_from_hsic(hs, [str(i) for i in range(8)])[:4, 4:]
+  np.testing.assert_allclose([c[0, 0], c[1, 1], c[3, 3]], 1.0, atol=1e-5)
+  assert abs(c[0, 1]) < 0.05 and abs(c[2, 2]) < 0.05  # other patch / independent token
+
+
+def test_config_end_to_end(tmp_path):
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  wd = tmp_path / "wd"
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config={ROOT}/configs/localization.py:b32,examples=32,batch=16", f"--workdir={wd}",
+       f"--config.model.checkpoint={vit}", "--config.layer=block01/out",
+       "--config.data.source=synthetic", "--config.data.num_examples=40"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  z = np.load(wd / "localization.npz")
+  assert z["cka"].shape == (16, 16) and list(z["grid"]) == [4, 4]
+  assert np.isfinite(z["cka"]).all() and (z["cka"] <= 1 + 1e-6).all()
+  summary = json.loads((wd / "localization.json").read_text())
+  assert summary["tokens"] == [5, 10]
+  assert (wd / "localization.png").read_bytes()[:4] == b"\x89PNG"
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config={ROOT}/configs/localization.py:b32", f"--workdir={wd}",
+       f"--config.model.checkpoint={vit}", "--config.layer=block09/out",
+       "--config.data.source=synthetic", "--config.data.num_examples=40"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode != 0 and "config.layer='block09/out'" in r.stderr

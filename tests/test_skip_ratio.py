@@ -1,0 +1,85 @@
+"""Skip-connection norm ratios: analytic cases, identity blocks, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+import upstream_files as uf
+from vitcnn_jax import checkpoints, data
+from vitcnn_jax.analyses import skip_ratio as sr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
+
+
+def test_ratio_and_cosine_analytic():
+  z = jnp.asarray([[3.0, 4.0], [1.0, 0.0], [0.0, 0.0], [2.0, 0.0]])
+  f = jnp.asarray([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [-1.0, 0.0]])
+  r, c = map(np.asarray, sr.ratio_and_cosine(z, f))
+  np.testing.assert_allclose(r[[0, 3]], [5.0, 2.0])
+  assert np.isinf(r[1]) and np.isinf(r[2])  # zero branch: infinite ratio, not NaN
+  np.testing.assert_allclose(c, [5 / (1 * np.sqrt(9 + 25)), 0.0, 0.0, -1.0], atol=1e-6)
+  assert not np.isnan(c).any()
+
+
+def _main(tmp_path, vit_path, bit_path, name):
+  wd = tmp_path / name
+  r = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "main.py"),
+       f"--config={ROOT}/configs/skip_ratio.py:examples=16,batch=8", f"--workdir={wd}",
+       f"--config.model_x.checkpoint={vit_path}", f"--config.model_y.checkpoint={bit_path}",
+       "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
+       "--config.data.num_examples=20"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  return wd
+
+
+def test_identity_blocks_give_infinite_ratios_without_nan(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  for b in range(2):
+    for k in ("MultiHeadDotProductAttention_1/out", "MlpBlock_3/Dense_1"):
+      for leaf in ("kernel", "bias"):
+        w[f"Transformer/encoderblock_{b}/{k}/{leaf}"][...] = 0
+  vit = uf.save(tmp_path / "vit_id.npz", w)
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  wd = _main(tmp_path, vit, bit, "identity")
+  z = np.load(wd / "skip_ratio.npz")
+  assert np.isinf(z["vit_ratio"]).all()
+  assert not np.isnan(z["vit_cosine"]).any() and (z["vit_cosine"] == 0).all()
+  summary = json.loads((wd / "skip_ratio.json").read_text())
+  assert summary["vit"]["cls_ratio"][0] == [float("inf")] * 2
+  assert (wd / "skip_ratio.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_matches_direct_computation(tmp_path):
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(1, **VIT))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(1, depth=(1, 1, 1, 1)))
+  wd = _main(tmp_path, vit, bit, "direct")
+  z = np.load(wd / "skip_ratio.npz")
+  idx = data.sample(20, 16, 0, 0)
+  imgs = (np.stack(data.SyntheticSource(20, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
+  model, params = checkpoints.load_model(vit)
+  _, out = model.apply({"params": params}, imgs)
+  for b in range(2):
+    for s, (zn, fn) in enumerate([("in", "attn/out"), ("attn/residual", "mlp/out")]):
+      zz = np.asarray(out[f"block{b:02d}/{zn}"], np.float64)
+      ff = np.asarray(out[f"block{b:02d}/{fn}"], np.float64)
+      ref = (np.linalg.norm(zz, axis=-1) / np.linalg.norm(ff, axis=-1)).mean(0)
+      np.testing.assert_allclose(z["vit_ratio"][b, s], ref, rtol=1e-4)
+      oo = zz + ff
+      cos = (ff * oo).sum(-1) / (np.linalg.norm(ff, axis=-1) * np.linalg.norm(oo, axis=-1))
+      np.testing.assert_allclose(z["vit_cosine"][b, s], cos.mean(0), atol=1e-5)
+  model, params = checkpoints.load_model(bit, resolution=32)
+  _, out = model.apply({"params": params}, imgs)
+  assert list(z["bit_units"]) == [f"block{i}/unit01" for i in range(1, 5)]
+  for i, u in enumerate(z["bit_units"]):
+    s, c = np.asarray(out[f"{u}/shortcut"], np.float64), np.asarray(out[f"{u}/conv3"], np.float64)
+    ref = (np.linalg.norm(s, axis=-1) / np.linalg.norm(c, axis=-1)).mean(axis=(1, 2)).mean(0)
+    np.testing.assert_allclose(z["bit_ratio"][i], ref, rtol=1e-4)
