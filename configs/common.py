@@ -36,7 +36,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 def model(checkpoint: str, capture, label: str, **overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
-      checkpoint=checkpoint, label=label, capture=list(capture), policy="",
+      checkpoint=checkpoint, label=label, capture=tuple(capture), policy="",
       overrides=ml_collections.ConfigDict(overrides)))
 
 

@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.analysis = "head_subsets"
   if demo:
     cka_vit_resnet.demo_models(config)
-    config.model_y.capture = ["block1/unit01/out", "block2/unit01/out"]
+    config.model_y.capture = ("block1/unit01/out", "block2/unit01/out")
     heads = 4
   elif arg.variant in PAIRS:
     vit, vit_label, res, res_label, heads = PAIRS[arg.variant]
