@@ -17,3 +17,18 @@ def require(module: str):
   if os.environ.get("CI"):
     return importlib.import_module(module)
   return pytest.importorskip(module)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(*args: str, devices: int = 1, check: bool = True, timeout: int = 300):
+  """`python main.py ARGS` in a fresh process with `devices` fake CPU devices."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=timeout)
+  if check:
+    assert r.returncode == 0, r.stderr[-3000:]
+  return r

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import attention_distance as ad
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("grid,patch,expected", [(14, 16, 116.49), (7, 32, 115.50), (16, 14, 116.57)])
@@ -54,14 +50,9 @@ def test_cls_conventions():
 def test_config_end_to_end_matches_direct_computation(tmp_path):
   ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   wd = tmp_path / "wd"
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/attention_distance.py:b16,examples=24,batch=8",
-       f"--workdir={wd}", f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
-       "--config.data.num_examples=40"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0, r.stderr[-3000:]
+  run_main(f"--config={ROOT}/configs/attention_distance.py:b16,examples=24,batch=8",
+           f"--workdir={wd}", f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
+           "--config.data.num_examples=40", devices=2)
   summary = json.loads((wd / "attention_distance.json").read_text())
   got = np.asarray(summary["mean_distance_px"])
   assert got.shape == (2, 3) and summary["blocks"] == [0, 1]

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
 
 
@@ -35,14 +35,8 @@ def _flags(ckpts, workdir, *extra):
           "--config.data.source=synthetic", "--config.data.num_examples=64", *extra]
 
 
-def _run(args, devices=1, timeout=300, check=True):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=timeout)
-  if check:
-    assert r.returncode == 0, r.stderr[-3000:]
-  return r
+def _run(args, devices=1, check=True):
+  return run_main(*args, devices=devices, check=check)
 
 
 @pytest.fixture(scope="module")

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import attention_distance as ad
 from vitcnn_jax.analyses import head_subsets as hs
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_sliding_windows_over_sorted_heads():
@@ -30,15 +26,11 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=4, mlp=96, patch=8))
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(2, 1, 1, 1)))
   wd = tmp_path / "wd"
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/head_subsets.py:examples=32,batch=16", f"--workdir={wd}",
-       f"--config.model_x.checkpoint={vit}", f"--config.model_y.checkpoint={bit}",
-       "--config.model_y.overrides.resolution=32",
-       "--config.model_y.capture=block1/unit0[12]/out", "--config.subset_size=2",
-       "--config.data.source=synthetic", "--config.data.num_examples=40"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0, r.stderr[-3000:]
+  run_main(f"--config={ROOT}/configs/head_subsets.py:examples=32,batch=16", f"--workdir={wd}",
+           f"--config.model_x.checkpoint={vit}", f"--config.model_y.checkpoint={bit}",
+           "--config.model_y.overrides.resolution=32",
+           "--config.model_y.capture=block1/unit0[12]/out", "--config.subset_size=2",
+           "--config.data.source=synthetic", "--config.data.num_examples=40")
   s = json.loads((wd / "head_subsets.json").read_text())
   assert s["resnet_layers"] == ["block1/unit01/out", "block1/unit02/out"]
   assert len(s["subsets"]) == 3 and all(len(g) == 2 for g in s["subsets"])

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from vitcnn_jax import cka
 from vitcnn_jax.analyses import localization as loc
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_patches_are_row_major_tiles():
@@ -43,23 +39,16 @@ def test_token_equal_to_transformed_own_patch_gives_one_and_independent_near_zer
 def test_config_end_to_end(tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   wd = tmp_path / "wd"
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/localization.py:b32,examples=32,batch=16", f"--workdir={wd}",
-       f"--config.model.checkpoint={vit}", "--config.layer=block01/out",
-       "--config.data.source=synthetic", "--config.data.num_examples=40"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0, r.stderr[-3000:]
+  run_main(f"--config={ROOT}/configs/localization.py:b32,examples=32,batch=16", f"--workdir={wd}",
+           f"--config.model.checkpoint={vit}", "--config.layer=block01/out",
+           "--config.data.source=synthetic", "--config.data.num_examples=40")
   z = np.load(wd / "localization.npz")
   assert z["cka"].shape == (16, 16) and list(z["grid"]) == [4, 4]
   assert np.isfinite(z["cka"]).all() and (z["cka"] <= 1 + 1e-6).all()
   summary = json.loads((wd / "localization.json").read_text())
   assert summary["tokens"] == [5, 10]
   assert (wd / "localization.png").read_bytes()[:4] == b"\x89PNG"
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/localization.py:b32", f"--workdir={wd}",
-       f"--config.model.checkpoint={vit}", "--config.layer=block09/out",
-       "--config.data.source=synthetic", "--config.data.num_examples=40"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  r = run_main(f"--config={ROOT}/configs/localization.py:b32", f"--workdir={wd}",
+               f"--config.model.checkpoint={vit}", "--config.layer=block09/out",
+               "--config.data.source=synthetic", "--config.data.num_examples=40", check=False)
   assert r.returncode != 0 and "config.layer='block09/out'" in r.stderr

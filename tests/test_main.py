@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _main(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+def _main(*args: str):
+  return run_main(*args, check=False)
 
 
 def test_inspect_writes_architecture_and_points(tmp_path):
@@ -38,5 +32,8 @@ def test_bad_config_field_is_named(tmp_path):
   assert r.returncode != 0 and "config.checkpoint is empty" in r.stderr
   r = _main(f"--config={ROOT}/configs/inspect.py:{tmp_path}/missing.npz", f"--workdir={tmp_path}")
   assert r.returncode != 0 and "missing.npz" in r.stderr
-  r = _main(f"--config={ROOT}/configs/inspect.py", f"--workdir={tmp_path}", "--config.analysis=cka")
-  assert r.returncode != 0 and "config.analysis='cka'" in r.stderr
+  r = _main(f"--config={ROOT}/configs/inspect.py", f"--workdir={tmp_path}", "--config.analysis=ckaa")
+  assert r.returncode != 0 and "config.analysis='ckaa' is not one of" in r.stderr
+  r = _main(f"--config={ROOT}/configs/inspect.py:{tmp_path}/x.npz", f"--workdir={tmp_path}",
+            "--config.analysis=cka")
+  assert r.returncode != 0 and "no field 'num_examples' that analysis 'cka' needs" in r.stderr

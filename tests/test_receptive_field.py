@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import receptive_field as rf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _conv(x, k):
@@ -46,14 +42,10 @@ def test_config_end_to_end_matches_direct_gradient(tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
   wd = tmp_path / "wd"
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/receptive_field.py:examples=6,batch=4", f"--workdir={wd}",
-       f"--config.model_x.checkpoint={vit}", "--config.model_x.overrides.resolution=32",
-       f"--config.model_y.checkpoint={bit}", "--config.model_y.overrides.resolution=32",
-       "--config.data.source=synthetic", "--config.data.num_examples=10"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0, r.stderr[-3000:]
+  run_main(f"--config={ROOT}/configs/receptive_field.py:examples=6,batch=4", f"--workdir={wd}",
+           f"--config.model_x.checkpoint={vit}", "--config.model_x.overrides.resolution=32",
+           f"--config.model_y.checkpoint={bit}", "--config.model_y.overrides.resolution=32",
+           "--config.data.source=synthetic", "--config.data.num_examples=10")
   z = np.load(wd / "receptive_field.npz")
   assert list(z["x_names"]) == ["block00/attn/residual", "block00/out", "block01/attn/residual", "block01/out"]
   assert list(z["y_names"])[:2] == ["root/conv", "block1/unit01/out"] and len(z["y_names"]) == 5

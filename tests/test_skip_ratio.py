@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
+from conftest import ROOT, run_main
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import skip_ratio as sr
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 
@@ -30,14 +26,10 @@ def test_ratio_and_cosine_analytic():
 
 def _main(tmp_path, vit_path, bit_path, name):
   wd = tmp_path / name
-  r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "main.py"),
-       f"--config={ROOT}/configs/skip_ratio.py:examples=16,batch=8", f"--workdir={wd}",
-       f"--config.model_x.checkpoint={vit_path}", f"--config.model_y.checkpoint={bit_path}",
-       "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
-       "--config.data.num_examples=20"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert r.returncode == 0, r.stderr[-3000:]
+  run_main(f"--config={ROOT}/configs/skip_ratio.py:examples=16,batch=8", f"--workdir={wd}",
+           f"--config.model_x.checkpoint={vit_path}", f"--config.model_y.checkpoint={bit_path}",
+           "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
+           "--config.data.num_examples=20")
   return wd
 
 

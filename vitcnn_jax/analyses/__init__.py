@@ -14,4 +14,13 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   name = config.get("analysis")
   if name not in ANALYSES:
     raise ValueError(f"config.analysis={name!r} is not one of {ANALYSES}.")
-  return importlib.import_module(f"vitcnn_jax.analyses.{name}").run(config, workdir)
+  module = importlib.import_module(f"vitcnn_jax.analyses.{name}")
+  try:
+    return module.run(config, workdir)
+  except AttributeError as e:
+    if isinstance(e.__context__, KeyError):  # how ConfigDict reports a missing field
+      config_file = {"cka": "cka_vit_resnet"}.get(name, name)
+      field = str(e.__context__.args[0]).strip("'\"")
+      raise ValueError(f"The config has no field {field!r} that analysis "
+                       f"{name!r} needs; start from configs/{config_file}.py.") from e
+    raise
