@@ -17,7 +17,7 @@ VIT = {"b16": ("B_16", "ViT-B/16"), "b32": ("B_32", "ViT-B/32"), "l16": ("L_16",
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = (arg or "").split(",")[0] == "demo"
+  demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else 5000,
                          batch=256 if demo else 100)
   config = ml_collections.ConfigDict()

@@ -44,7 +44,7 @@ def demo_models(config: ml_collections.ConfigDict, steps_scale: float = 1.0) -> 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = (arg or "").split(",")[0] == "demo"
+  demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else 10240,
                          batch=256 if demo else 1024, repeats=3 if demo else 20, seed=0)
   config = ml_collections.ConfigDict()

@@ -16,6 +16,11 @@ MIXER_LAYERS = ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/chan
                 "block*/channel_mlp/out", "block*/out")
 
 
+def is_demo(arg: str | None) -> bool:
+  """Whether `:arg` asks for the offline demo variant (its first word is `demo`)."""
+  return (arg or "").split(",")[0] == "demo"
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """'name' or 'name,key=value,...' -> ConfigDict over `defaults` (big_vision style).
 

@@ -22,7 +22,7 @@ MODELS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = (arg or "").split(",")[0] == "demo"
+  demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else 10240,
                          batch=256 if demo else 1024)
   config = ml_collections.ConfigDict()

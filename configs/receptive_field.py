@@ -15,7 +15,7 @@ from configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = (arg or "").split(",")[0] == "demo"
+  demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="b32_r50", examples=32, batch=8)
   config = ml_collections.ConfigDict()
   config.analysis = "receptive_field"

@@ -19,7 +19,7 @@ PAIRS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = (arg or "").split(",")[0] == "demo"
+  demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="b16_r50", examples=512 if demo else 2560, batch=128)
   config = ml_collections.ConfigDict()
   config.analysis = "skip_ratio"

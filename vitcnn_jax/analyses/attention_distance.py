@@ -58,7 +58,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not names:
     raise ValueError("config.model.capture selects no `blockNN/attn/weights`.")
   m.names = names
-  prefix = 1 if m.model.pool == "token" else 0
+  prefix = m.model.num_prefix_tokens
   dist = jnp.asarray(distance_matrix(m.model.grid, patch[0]), jnp.float32)
   mesh = parallel.mesh()
   params = parallel.replicate(mesh, m.params)

@@ -50,7 +50,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not 0 <= config.block < vit.model.depth:
     raise ValueError(f"config.block={config.block} is outside 0..{vit.model.depth - 1}.")
   blk = f"block{config.block:02d}"
-  prefix = 1 if vit.model.pool == "token" else 0
+  prefix = vit.model.num_prefix_tokens
   dist = jnp.asarray(ad.distance_matrix(vit.model.grid, int(np.ravel(vit.model.patch_size)[0])),
                      jnp.float32)
   mesh = parallel.mesh()

@@ -53,7 +53,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if layer not in m.names:
     raise ValueError(f"config.layer={layer!r} is not a representation point of {m.path}; "
                      f"e.g. {m.names[-3:]} (configs/inspect.py lists them).")
-  prefix = 1 if m.model.family == "vit" and m.model.pool == "token" else 0
+  prefix = m.model.num_prefix_tokens
   m.names = [layer]
   size = m.size
   probe = jax.eval_shape(lambda p, x: m.model.apply({"params": p}, x, capture=layer)[1][layer],

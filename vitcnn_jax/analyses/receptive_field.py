@@ -81,7 +81,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   for m in models:
     names = layer_names(m.model, config.pre_residual)
     grid = m.model.grid if m.model.family == "vit" else None
-    prefix = 1 if m.model.family == "vit" and m.model.pool == "token" else 0
+    prefix = m.model.num_prefix_tokens
 
     @jax.jit
     def step(params, images, mask, m=m, names=names, grid=grid, prefix=prefix):

@@ -97,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   n = config.num_examples
   ratio = sums[0].reshape(depth, 2, -1) / n  # (block, sublayer, token)
   cos = sums[1].reshape(depth, 2, -1) / n
-  prefix = 1 if vit.model.pool == "token" else 0
+  prefix = vit.model.num_prefix_tokens
   spatial = ratio[:, :, prefix:].mean(axis=-1)
   summary = {"analysis": "skip_ratio", "num_examples": n,
              "vit": {"checkpoint": vit.path, "label": vit.label, "sublayers": ["attn", "mlp"],

@@ -131,6 +131,7 @@ class BiT(nn.Module):
   image_size: int | Sequence[int] = 224  # a default for callers; any size runs
 
   family = "bit"
+  num_prefix_tokens = 0
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

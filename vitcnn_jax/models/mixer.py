@@ -70,6 +70,7 @@ class Mixer(nn.Module):
   gelu: str = "tanh"
 
   family = "mixer"
+  num_prefix_tokens = 0
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -154,6 +154,11 @@ class ViT(nn.Module):
   family = "vit"
 
   @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the spatial ones (the cls token of `token` pooling)."""
+    return 1 if self.pool == "token" else 0
+
+  @property
   def grid(self) -> tuple[int, int]:
     (ph, pw), (h, w) = common.to_pair(self.patch_size), common.to_pair(self.image_size)
     if h % ph or w % pw:
