@@ -32,3 +32,22 @@ def run_main(*args: str, devices: int = 1, check: bool = True, timeout: int = 30
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
   return r
+
+
+def pytest_addoption(parser):
+  parser.addoption("--tolerances", action="store_true",
+                   help="print the largest error/bound ratio of every float32 comparison")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if not config.getoption("--tolerances"):
+    return
+  import numerics  # pylint: disable=g-import-not-at-top
+  worst: dict[str, tuple[float, float, float, str]] = {}
+  for test, what, err, bound in numerics.RECORD:
+    ratio = err / bound if bound else float("inf")
+    if test not in worst or ratio > worst[test][0]:
+      worst[test] = (ratio, err, bound, what)
+  terminalreporter.section("float32 errors against their bounds (largest per test)")
+  for test, (ratio, err, bound, what) in sorted(worst.items(), key=lambda kv: -kv[1][0]):
+    terminalreporter.write_line(f"{ratio:8.3f}  err {err:.2e}  bound {bound:.2e}  {test}  {what}")

@@ -1,0 +1,80 @@
+"""Float32 tolerances derived from the arithmetic, and a record of how close each test came.
+
+CI runs on CPUs whose vector width, thread count and XLA reduction order differ
+from ours, so a bound set just above what one machine printed fails on the next.
+Every float32 comparison states its bound from the problem instead:
+
+- `worst(n, ...)`: Higham's worst case for float32 sums/dots of n terms, n*u
+  relative to the sum of the terms' magnitudes (u = 2**-24, the unit roundoff).
+  Holds for any summation order.
+- `likely(n, ...)`: the probabilistic bound of Higham & Mary (2019), lam*sqrt(n)*u
+  with lam = 8: rounding errors as independent mean-zero variables, exceeded
+  with probability below 2*exp(-lam**2/2) ~ 3e-14 per sum, in any order. Used
+  where the worst case would be too loose to catch the bug the test is about.
+
+`assert_close` records error/bound per test; `pytest --tolerances` (conftest)
+prints the largest ratios, which is how the closing notes report margins.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+U32 = 2.0 ** -24  # float32 unit roundoff
+LAM = 8.0
+
+RECORD: list[tuple[str, str, float, float]] = []  # (test, what, error, bound)
+
+
+def worst(*lengths: int) -> float:
+  """Relative worst-case error of a chain of float32 sums with these lengths."""
+  return U32 * sum(lengths)
+
+
+def likely(*lengths: int) -> float:
+  """Relative probabilistic error bound of a chain of float32 sums (Higham & Mary)."""
+  return LAM * U32 * sum(math.sqrt(n) for n in lengths)
+
+
+def assert_close(actual, desired, bound: float, what: str = "") -> float:
+  """max |actual - desired| <= bound (absolute); records the ratio for the report."""
+  actual = np.asarray(actual, np.float64)
+  desired = np.asarray(desired, np.float64)
+  assert actual.shape == desired.shape or desired.ndim == 0, (what, actual.shape, desired.shape)
+  err = float(np.max(np.abs(actual - desired))) if actual.size else 0.0
+  test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+  RECORD.append((test, what, err, bound))
+  assert err <= bound, f"{what}: max |error| = {err:.3g} exceeds the bound {bound:.3g}"
+  return err
+
+
+def cka_bound(n: int, d: int) -> float:
+  """Absolute float32 error of a (minibatch) linear CKA from minibatches of n
+  examples with d features: the feature mean (n terms), the Gram (d), the two
+  U-centring sums (2n) and the HSIC dot (n*n), in each of the three HSICs of the
+  ratio. Absolute because |sum k_ij l_ij| <= ||K|| ||L|| (Cauchy-Schwarz) makes
+  each relative HSIC error an absolute CKA error, whatever the CKA's value."""
+  return 3 * likely(n, d, 2 * n, n * n)
+
+
+def network(reductions: int, fan_in: int) -> float:
+  """Relative difference between two float32 evaluations of one network (another
+  implementation, fusion or summation order): each side makes `reductions`
+  sequential reductions (matmuls, norms, softmaxes) of at most `fan_in` terms."""
+  return 2 * reductions * likely(fan_in)
+
+
+def vit_reductions(depth: int) -> int:
+  """Sequential reductions of a ViT: the patch embedding, per block two LayerNorms,
+  q/k/v, the logits, the softmax, the weighted sum, the output projection and the
+  two MLP layers, then the final LayerNorm and the head (pre_logits counted too)."""
+  return 1 + 9 * depth + 3
+
+
+def bit_reductions(units: int) -> int:
+  """Sequential reductions of a BiT ResNet-v2: root conv, per unit three
+  (weight standardisation, GroupNorm, conv), then the head norm and the head."""
+  return 1 + 3 * 3 * units + 2
