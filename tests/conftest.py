@@ -22,11 +22,19 @@ def require(module: str):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def device_env(devices: int) -> dict[str, str]:
+  """The environment for a child process with `devices` fake CPU devices; other
+  XLA flags of ours (e.g. --xla_cpu_multi_thread_eigen=false) carry over."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  flags.append(f"--xla_force_host_platform_device_count={devices}")
+  return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+
+
 def run_main(*args: str, devices: int = 1, check: bool = True, timeout: int = 300):
   """`python main.py ARGS` in a fresh process with `devices` fake CPU devices."""
   import subprocess  # pylint: disable=g-import-not-at-top
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu")
+  env = device_env(devices)
   r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=timeout)
   if check:

@@ -60,21 +60,15 @@ def cka_bound(n: int, d: int) -> float:
   return 3 * likely(n, d, 2 * n, n * n)
 
 
-def network(reductions: int, fan_in: int) -> float:
+def network(roundings: int) -> float:
   """Relative difference between two float32 evaluations of one network (another
-  implementation, fusion or summation order): each side makes `reductions`
-  sequential reductions (matmuls, norms, softmaxes) of at most `fan_in` terms."""
-  return 2 * reductions * likely(fan_in)
+  implementation, fusion or summation order): each output collects about
+  `roundings` roundings on each side (the fan-ins along its path: embeddings,
+  norms, matmuls, convs), independent and so adding in quadrature."""
+  return likely(2 * roundings)
 
 
-def vit_reductions(depth: int) -> int:
-  """Sequential reductions of a ViT: the patch embedding, per block two LayerNorms,
-  q/k/v, the logits, the softmax, the weighted sum, the output projection and the
-  two MLP layers, then the final LayerNorm and the head (pre_logits counted too)."""
-  return 1 + 9 * depth + 3
-
-
-def bit_reductions(units: int) -> int:
-  """Sequential reductions of a BiT ResNet-v2: root conv, per unit three
-  (weight standardisation, GroupNorm, conv), then the head norm and the head."""
-  return 1 + 3 * 3 * units + 2
+# Roundings per output of the tiny test models (tests/upstream_files.py defaults).
+VIT_ROUNDINGS = 1_100   # ViT w48 d2: patch 192 + 2 x 386 per block + final norm and head 96
+MIXER_ROUNDINGS = 700   # Mixer w32: 192 + 2 x 184 + 80
+BIT_ROUNDINGS = 20_000  # BiT w0.5, up to 5 units at 64 px; GroupNorm sums over H W C/32

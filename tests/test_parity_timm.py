@@ -7,16 +7,14 @@ import pytest
 
 import timm_ref
 import upstream_files as uf
-from numerics import assert_close, likely, worst
+from numerics import BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints
 
-# Logit tolerances relative to the largest logit. Two float32 forwards of one network
-# differ by rounding alone: a logit collects about R roundings (the fan-ins along its
-# path: patch embedding, LayerNorm/GroupNorm and weight-standardisation sums, every
-# matmul and conv), each side, and in quadrature they stay below likely(2 R).
-VIT_TOL = likely(2 * 1_100)    # 192 (patch) + 2 x 386 (block) + 96 (norm, head): 2.2e-5
-MIXER_TOL = likely(2 * 700)    # 192 + 2 x 184 + 80: 1.8e-5
-BIT_TOL = likely(2 * 20_000)   # up to 5 units at 64 px, GroupNorm over HW C/32: 9.5e-5
+# Logit tolerances relative to the largest logit: ours and timm's float32 forwards
+# differ by rounding alone (numerics.network).
+VIT_TOL = network(VIT_ROUNDINGS)      # 2.2e-5
+MIXER_TOL = network(MIXER_ROUNDINGS)  # 1.8e-5
+BIT_TOL = network(BIT_ROUNDINGS)      # 9.5e-5
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 

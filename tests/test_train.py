@@ -78,8 +78,10 @@ def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_pa
   assert len(rest["losses"]) == 25
   a = checkpoints.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
   b = checkpoints.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
+  # The same compiled step on the same batches in one process: identical up to the
+  # npz round trip, which is exact for float32.
   for k in a:
-    np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), atol=1e-6, err_msg=k)
+    np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
 
 
 def test_bit_and_gap_and_noskip_variants_train(idx_dir, tmp_path):
