@@ -48,7 +48,7 @@ def model(checkpoint: str, capture, label: str, **overrides) -> ml_collections.C
 def data(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
   """Every data field exists for every source, so flags can switch sources."""
   fields = dict(source=source, name="", split="", test_split="", data_dir="", path="",
-                image_key="image", label_key="label", num_examples=0, size=32)
+                labels="", image_key="image", label_key="label", num_examples=0, size=32)
   fields.update(kw)
   return ml_collections.ConfigDict(fields)
 

@@ -84,6 +84,38 @@ def test_folder_source_class_subfolders_and_flat(tmp_path):
   assert len(flat) == 1 and flat.images([0])[0].shape == (8, 8, 3)
 
 
+def test_flat_folder_with_a_labels_file(tmp_path):
+  from PIL import Image
+  names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in (3, 1, 2)]
+  for n in names:
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / n, format="JPEG")
+  (tmp_path / "one_per_line.txt").write_text("n02\nn01\nn02\n")  # in sorted file order
+  (tmp_path / "pairs.txt").write_text("ILSVRC2012_val_00000002 7\nILSVRC2012_val_00000001.JPEG 3\n"
+                                      "ILSVRC2012_val_00000003 0\n")
+  src = FolderSource(str(tmp_path), str(tmp_path / "one_per_line.txt"))
+  assert [os.path.basename(f) for f, _ in src.files] == sorted(names)
+  assert list(src.labels([0, 1, 2])) == [1, 0, 1] and src.num_classes == 2  # n01 < n02
+  src = FolderSource(str(tmp_path), str(tmp_path / "pairs.txt"))
+  assert list(src.labels([0, 1, 2])) == [3, 7, 0] and src.num_classes == 8
+  (tmp_path / "short.txt").write_text("n01\nn02\n")
+  with pytest.raises(ValueError, match="2 labels for 3 images"):
+    FolderSource(str(tmp_path), str(tmp_path / "short.txt"))
+  (tmp_path / "partial.txt").write_text("ILSVRC2012_val_00000002 7\n")
+  with pytest.raises(ValueError, match=r"no label for 2 of 3 images.*00000001"):
+    FolderSource(str(tmp_path), str(tmp_path / "partial.txt"))
+
+
+def test_imagenet_validation_labels_bundled_with_tfds():
+  """The flat ILSVRC2012 validation folder gets tfds's own labels (no TensorFlow)."""
+  names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 50_001)]
+  text = data.read_labels(data.imagenet_validation_labels(), names)
+  ids = data.label_ids(text)
+  assert text[0] == "n01751748" and ids[0] == 65  # the first validation image: a sea snake
+  import tensorflow_datasets as tfds
+  builder = tfds.builder("imagenet2012")
+  assert builder.info.features["label"].names == sorted(set(text))  # tfds's numbering
+
+
 def test_folder_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a directory"):
     FolderSource(str(tmp_path / "missing"))
@@ -97,21 +129,27 @@ def test_folder_errors(tmp_path):
     src.images([0])
 
 
-def test_tfds_data_source_with_mock_data():
-  import tensorflow_datasets as tfds
-  with tfds.testing.mock_data(num_examples=12):
-    src = pipeline.make_source(__import__("ml_collections").ConfigDict(
-        dict(source="tfds", name="cifar10", split="train", data_dir="", image_key="image",
-             label_key="label")))
-    assert len(src) == 12 and src.num_classes == 10
-    imgs = src.images([0, 5])
-    assert imgs[0].shape == (32, 32, 3) and imgs[0].dtype == np.uint8
-    assert src.labels([0, 5]).shape == (2,)
+def test_tfds_array_record_prepared_without_tensorflow(tmp_path):
+  """A dataset prepared by tfds as array_record, read back through the config."""
+  from tiny_tfds import tiny_tfds_dataset_builder as tiny
+  tiny.Builder(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  src = pipeline.make_source(__import__("ml_collections").ConfigDict(
+      dict(source="tfds", name="tiny_tfds", split="test", data_dir=str(tmp_path),
+           image_key="image", label_key="label")))
+  assert len(src) == tiny.NUM_EXAMPLES and src.num_classes == 3
+  # tfds shuffles records by key: find each example's key from its image.
+  keys = [next(k for k in range(tiny.NUM_EXAMPLES) if np.array_equal(im, tiny.image(k)))
+          for im in src.images(range(len(src)))]
+  assert sorted(keys) == list(range(tiny.NUM_EXAMPLES))
+  assert src.labels(range(len(src))).tolist() == [k % 3 for k in keys]
+  with pytest.raises(KeyError, match="no split 'train'.*'test'"):
+    data.TfdsSource("tiny_tfds", "train", str(tmp_path))
 
 
 def test_tfds_missing_dataset_says_how_to_prepare(tmp_path):
-  with pytest.raises(FileNotFoundError, match=r"tfds build imagenet2012 --file_format=array_record"):
+  with pytest.raises(FileNotFoundError, match=r"not prepared.*tfds build imagenet2012 --file_format=array_record"):
     data.TfdsSource("imagenet2012", "validation", str(tmp_path))
+  assert not (tmp_path / "downloads").exists()  # nothing started downloading
 
 
 def test_sampling_without_replacement_deterministic_and_per_repeat():

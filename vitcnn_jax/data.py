@@ -72,14 +72,27 @@ class TfdsSource:
                image_key: str = "image", label_key: str = "label"):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     self.name = f"tfds:{name}[{split}]"
+    prepare = (f"Prepare it once as array_record: `pip install tensorflow-cpu` (needed by "
+               f"`tfds build` only), then `tfds build {name} --file_format=array_record "
+               f"--data_dir=DIR` (ImageNet needs the manual download in DIR/downloads/manual), "
+               f"and pass --config.data.data_dir=DIR. ImageNet's validation JPEGs also work "
+               f"directly: --config.data.source=folder (see README).")
     try:
-      self.ds = tfds.data_source(name, split=split, data_dir=data_dir)
-    except Exception as e:  # tfds raises several types for "not prepared"
-      raise FileNotFoundError(
-          f"{self.name}: cannot open it under data_dir={data_dir!r} ({type(e).__name__}: {e}). "
-          f"Prepare it once as array_record, e.g. `tfds build {name} "
-          f"--file_format=array_record --data_dir=DIR` (ImageNet needs the manual "
-          "download in DIR/downloads/manual), then pass --config.data.data_dir=DIR.") from e
+      builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # tfds raises several types for unknown names
+      raise FileNotFoundError(f"{self.name}: unknown to tfds ({type(e).__name__}: {e}).") from e
+    # Checked first: data_source() on an unprepared dataset starts downloading it.
+    if not builder.is_prepared():
+      raise FileNotFoundError(f"{self.name}: not prepared under data_dir={data_dir!r} "
+                              f"(looked in {builder.data_path}). {prepare}")
+    if split not in builder.info.splits:
+      raise KeyError(f"{self.name}: no split {split!r}; it has {sorted(builder.info.splits)}. "
+                     "Set --config.data.split.")
+    try:
+      self.ds = builder.as_data_source(split=split)
+    except Exception as e:  # e.g. prepared in another file format
+      raise FileNotFoundError(f"{self.name}: cannot open it as a data source under "
+                              f"{builder.data_path} ({type(e).__name__}: {e}). {prepare}") from e
     self.image_key, self.label_key = image_key, label_key
     features = self.ds.dataset_info.features
     if image_key not in features:
@@ -103,10 +116,58 @@ class TfdsSource:
     return np.asarray([r[self.label_key] for r in self._records(indices)])
 
 
-class FolderSource:
-  """Images under a directory: class sub-folders (labels by sorted name) or flat."""
+IMAGENET_VAL_LABELS = "imagenet2012_validation"
 
-  def __init__(self, root: str):
+
+def imagenet_validation_labels() -> str:
+  """tfds's own file of the 50,000 ImageNet validation labels (one WordNet id per
+  line, in file-name order), installed with tensorflow-datasets."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  return os.path.join(os.path.dirname(tfds.__file__), "datasets", "imagenet2012",
+                      "validation_labels.txt")
+
+
+def read_labels(path: str, names: Sequence[str]) -> list[str]:
+  """Labels of the images `names` (sorted file names) from a text file: one label
+  per line in that order, or lines `FILE LABEL` (FILE with or without extension)."""
+  lines = [ln.split() for ln in fileio.read_bytes(path).decode().splitlines() if ln.strip()]
+  if all(len(ln) == 1 for ln in lines):
+    if len(lines) != len(names):
+      raise ValueError(f"{path}: {len(lines)} labels for {len(names)} images; a file of one "
+                       "label per line must hold one for every image, in file-name order.")
+    return [ln[0] for ln in lines]
+  if not all(len(ln) == 2 for ln in lines):
+    bad = next(i for i, ln in enumerate(lines) if len(ln) != 2)
+    raise ValueError(f"{path}: line {bad + 1} is {' '.join(lines[bad])!r}; expected `FILE LABEL` "
+                     "on every line, or one label per line.")
+  table = {}
+  for name, label in lines:
+    table[name] = table[os.path.splitext(name)[0]] = label
+  missing = [n for n in names if n not in table and os.path.splitext(n)[0] not in table]
+  if missing:
+    raise ValueError(f"{path}: no label for {len(missing)} of {len(names)} images, e.g. "
+                     f"{missing[:3]}.")
+  return [table.get(n, table.get(os.path.splitext(n)[0])) for n in names]
+
+
+def label_ids(labels: Sequence[str]) -> list[int]:
+  """Integer labels as they are; class names numbered in sorted order (for WordNet
+  ids that is tfds's imagenet2012 numbering)."""
+  if all(t.isdigit() for t in labels):
+    return [int(t) for t in labels]
+  number = {c: i for i, c in enumerate(sorted(set(labels)))}
+  return [number[t] for t in labels]
+
+
+class FolderSource:
+  """Images under a directory: class sub-folders (labels by sorted name), or flat
+  with an optional labels file (`labels`, see `read_labels`), or flat unlabelled.
+
+  `labels="imagenet2012_validation"` reads tfds's bundled validation labels, so
+  the flat folder of ILSVRC2012 validation JPEGs gives tfds's labels.
+  """
+
+  def __init__(self, root: str, labels: str = ""):
     self.name = f"folder:{root}"
     if not os.path.isdir(root):
       raise FileNotFoundError(f"config.data.path={root!r} is not a directory.")
@@ -114,18 +175,27 @@ class FolderSource:
     classes = [e for e in entries if os.path.isdir(os.path.join(root, e))]
     files: list[tuple[str, int]] = []
     if classes:
+      if labels:
+        raise ValueError(f"config.data.labels={labels!r} is for a flat folder, but {root} has "
+                         f"class sub-folders ({classes[:3]}...), which are the labels.")
       for label, c in enumerate(classes):
         for f in sorted(os.listdir(os.path.join(root, c))):
           if f.lower().endswith(IMAGE_EXTENSIONS):
             files.append((os.path.join(root, c, f), label))
     else:
-      files = [(os.path.join(root, f), 0) for f in entries if f.lower().endswith(IMAGE_EXTENSIONS)]
+      names = [f for f in entries if f.lower().endswith(IMAGE_EXTENSIONS)]
+      if labels:
+        path = imagenet_validation_labels() if labels == IMAGENET_VAL_LABELS else labels
+        ids = label_ids(read_labels(path, names))
+        files = [(os.path.join(root, f), i) for f, i in zip(names, ids)]
+      else:
+        files = [(os.path.join(root, f), 0) for f in names]
     if not files:
       raise FileNotFoundError(
           f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) found, neither directly nor in "
           "class sub-folders.")
     self.files = files
-    self.num_classes = len(classes) if classes else 1
+    self.num_classes = len(classes) if classes else max(i for _, i in files) + 1
 
   def __len__(self) -> int:
     return len(self.files)

@@ -99,7 +99,7 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
     return data.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
                            cfg.get("image_key", "image"), cfg.get("label_key", "label"))
   if kind == "folder":
-    return data.FolderSource(cfg.path)
+    return data.FolderSource(cfg.path, cfg.get("labels", ""))
   if kind == "idx":
     return data.IdxSource(cfg.path, split)
   if kind == "synthetic":

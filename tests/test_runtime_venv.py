@@ -1,0 +1,74 @@
+"""The documented paths work in the runtime venv of `make demo` (requirements.txt only).
+
+The test venv pulls in more through torch and timm, so a missing runtime
+dependency would pass unnoticed there: this builds the Makefile's runtime venv
+from scratch and runs each optional path in it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+import upstream_files as uf
+from conftest import ROOT
+
+CHECK = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, "tests")
+    import numpy as np
+    from vitcnn_jax import data, fileio
+
+    # tfds array_record: prepare a dataset with tfds itself, then read it back.
+    from tiny_tfds import tiny_tfds_dataset_builder as tiny
+    tiny.Builder(data_dir=sys.argv[1], file_format="array_record").download_and_prepare()
+    src = data.TfdsSource("tiny_tfds", "test", sys.argv[1])
+    assert len(src) == tiny.NUM_EXAMPLES and src.images([0])[0].shape == (16, 16, 3)
+    # gs:// through etils and gcsfs (constructed only: no network here).
+    import gcsfs
+    assert type(fileio._epath("gs://bucket/file.npz")).__name__.endswith("GPath")
+    gcsfs.GCSFileSystem(token="anon")
+    # Image folders through PIL, and ImageNet's bundled validation labels.
+    import os
+    from PIL import Image
+    os.makedirs(sys.argv[1] + "/images")
+    Image.fromarray(np.zeros((5, 7, 3), np.uint8)).save(sys.argv[1] + "/images/img.png")
+    assert data.FolderSource(sys.argv[1] + "/images").images([0])[0].shape == (5, 7, 3)
+    assert len(open(data.imagenet_validation_labels()).read().split()) == 50_000
+    print("RUNTIME OK")
+""")
+
+
+@pytest.fixture(scope="module")
+def runtime_venv(tmp_path_factory):
+  venv = tmp_path_factory.mktemp("runtime") / "venv"
+  r = subprocess.run(["make", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=900)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  return venv / "bin" / "python"
+
+
+def _run(python, *args, timeout=300):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  return subprocess.run([str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def test_optional_paths_import_and_run(runtime_venv, tmp_path):
+  r = _run(runtime_venv, "-c", CHECK, str(tmp_path))
+  assert r.returncode == 0 and "RUNTIME OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_main_job_on_a_missing_tfds_dataset_says_how_to_prepare_it(runtime_venv, tmp_path):
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  r = _run(runtime_venv, "main.py", f"--config={ROOT}/configs/cka_vit_resnet.py",
+           f"--workdir={tmp_path / 'wd'}", f"--config.model_x.checkpoint={vit}",
+           f"--config.model_y.checkpoint={bit}", f"--config.data.data_dir={tmp_path / 'tfds'}")
+  assert r.returncode != 0
+  assert "No module named" not in r.stderr, r.stderr[-3000:]
+  assert "not prepared" in r.stderr and "tfds build imagenet2012" in r.stderr, r.stderr[-3000:]
+  assert not (tmp_path / "tfds" / "downloads").exists()
