@@ -33,4 +33,4 @@ demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
 test: install-test dataset
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
