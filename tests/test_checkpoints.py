@@ -73,7 +73,7 @@ ROUND_TRIP = [
     (ViT(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4,
          pool="map"), "big_vision"),
     (BiT(num_classes=5, width=0.5, depth=(1, 2, 1, 1)), "bit"),
-    (BiT(num_classes=5, width=0.5, depth=(1, 2, 1, 1)), "big_vision_bit"),
+    (BiT(num_classes=5, width=0.5, depth=(1, 2, 1, 1), root_pool_pad="-inf"), "big_vision_bit"),
     (Mixer(num_classes=5, patch_size=8, image_size=32, hidden_dim=32, num_blocks=2,
            tokens_mlp_dim=8, channels_mlp_dim=64), "mixer"),
 ]

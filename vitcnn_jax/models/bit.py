@@ -1,9 +1,13 @@
 """BiT ResNet-v2: pre-activation bottlenecks, weight-standardised convs, GroupNorm.
 
-Numerics follow google-research/big_transfer: weight standardisation with eps
-1e-10 over (H, W, Cin), GroupNorm with 32 groups and eps 1e-5 (variance as the
-mean squared deviation), symmetric explicit padding, and a zero-padded 3x3/2
-max-pool after the unnormalised root conv.
+Numerics follow google-research/big_transfer and big_vision's `bit_paper`,
+which agree on all but one point: weight standardisation with eps 1e-10 over
+(H, W, Cin), GroupNorm with 32 groups and eps 1e-5 (variance as the mean
+squared deviation), symmetric explicit padding, and a 3x3/2 max-pool after the
+unnormalised root conv, whose padding differs: zeros in big_transfer (TF, JAX
+and PyTorch code alike), -inf in `bit_paper` (Flax's max_pool). Since the root
+conv output can be negative, this changes border values; `root_pool_pad`
+records which, and the loader sets it from the file's format.
 
 Parameter tree (big_vision `bit_paper` names, GroupNorm params as (C,)):
   root_block/conv_root, blockB/unitUU/{gn1,conv1,gn2,conv2,gn3,conv3,conv_proj},
@@ -97,15 +101,18 @@ class Unit(nn.Module):
     return capture.put(out, "out", y + shortcut)
 
 
+ROOT_POOL_PADS = {"zero": 0.0, "-inf": -jnp.inf}
+
+
 class Root(nn.Module):
-  """7x7/2 conv (no norm, no ReLU), then a zero-padded 3x3/2 max-pool."""
+  """7x7/2 conv (no norm, no ReLU), then a 3x3/2 max-pool padded by `pad`."""
   features: int
+  pad: str = "zero"
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     x = capture.put(out, "conv", StdConv(self.features, 7, 2, name="conv_root")(x))
-    # Zero padding, not -inf: the root output can be negative, so this matters.
-    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=ROOT_POOL_PADS[self.pad])
     return capture.put(out, "pool", nn.max_pool(x, (3, 3), (2, 2), "VALID"))
 
 
@@ -129,6 +136,7 @@ class BiT(nn.Module):
   width: float = 1  # R50x1 -> 1; fractions (0.5) make tiny test models
   depth: int | Sequence[int] = 50
   image_size: int | Sequence[int] = 224  # a default for callers; any size runs
+  root_pool_pad: str = "zero"  # "zero": big_transfer; "-inf": big_vision bit_paper
 
   family = "bit"
   num_prefix_tokens = 0
@@ -140,10 +148,12 @@ class BiT(nn.Module):
     del train
     if images.ndim != 4 or images.shape[-1] != 3:
       raise ValueError(f"BiT expects NHWC images with 3 channels, got shape {images.shape}.")
+    if self.root_pool_pad not in ROOT_POOL_PADS:
+      raise ValueError(f"root_pool_pad={self.root_pool_pad!r} is not one of {sorted(ROOT_POOL_PADS)}.")
     capture = common.Capture.of(capture)
     out: dict = {}
     root = int(64 * self.width)
-    x = Root(root, name="root_block")(images, capture.child("root"), out)
+    x = Root(root, self.root_pool_pad, name="root_block")(images, capture.child("root"), out)
     for b, units in enumerate(block_sizes(self.depth), 1):
       name = f"block{b}"
       x = Stage(units, root * 2 ** (b - 1), 1 if b == 1 else 2, name=name)(

@@ -2,9 +2,13 @@
 
 Parameter names follow big_vision's linen layout (`embedding`, top-level
 `pos_embedding` without a cls row, `cls`, `Transformer/encoderblock_i/...`,
-`MAPHead_0`, `pre_logits`, `head`); `checkpoints.py` maps the original
+`MAPHead_0`, `pre_logits`, `head`); `vit_io.py` maps the original
 vision_transformer files (pre-linen names, cls row inside the position
 embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
+Position embeddings are learned (`posemb="learn"`) or big_vision's fixed 2-D
+sin-cos (`"sincos2d"`, computed for the grid in use). Pooling: `token` (cls),
+`gap`, `map` (big_vision's attention pooling) or `0` (big_vision's first
+patch token, no cls).
 
 Representation points (`out` names), per block `blockNN/`:
   in, ln1, attn/weights (B,H,Q,K), attn/heads (B,T,H,hd, before the output
@@ -24,7 +28,8 @@ import numpy as np
 
 from vitcnn_jax.models import common
 
-POOLS = ("token", "gap", "map")
+POOLS = ("token", "gap", "map", "0")
+POSEMBS = ("learn", "sincos2d")
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
@@ -48,6 +53,20 @@ def decode_variant(variant: str) -> dict:
   if patch:
     cfg["patch_size"] = int(patch)
   return cfg
+
+
+def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -> np.ndarray:
+  """big_vision's fixed 2-D embedding (MoCo v3): [sin x, cos x, sin y, cos y] with
+  width/4 frequencies temperature**(-i / (width/4 - 1)); x the column, y the row."""
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}.")
+  quarter = width // 4
+  omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+  y, x = np.mgrid[:h, :w]
+  x = x.reshape(-1, 1) * omega
+  y = y.reshape(-1, 1) * omega
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return pe[None].astype(np.float32)
 
 
 class Attention(nn.Module):
@@ -147,6 +166,7 @@ class ViT(nn.Module):
   mlp_dim: int = 3072
   num_heads: int = 12
   pool: str = "token"
+  posemb: str = "learn"
   representation_size: int | None = None
   gelu: str = "tanh"
   no_skip: tuple[int, ...] = ()  # blocks trained without residual connections
@@ -172,6 +192,8 @@ class ViT(nn.Module):
     del train  # No dropout: these models are for analysis and light training.
     if self.pool not in POOLS:
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
+    if self.posemb not in POSEMBS:
+      raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
     capture = common.Capture.of(capture)
     self.grid  # pylint: disable=pointless-statement  (validates the sizes)
     common.check_image(images, common.to_pair(self.image_size), "ViT")
@@ -181,8 +203,11 @@ class ViT(nn.Module):
     capture.put(out, "stem", x)
     n, h, w, d = x.shape
     x = x.reshape(n, h * w, d)
-    pe = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
-                    (1, h * w, d), x.dtype)
+    if self.posemb == "learn":
+      pe = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
+                      (1, h * w, d), x.dtype)
+    else:
+      pe = jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
     x = x + pe
     if self.pool == "token":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype)
@@ -193,7 +218,7 @@ class ViT(nn.Module):
                 tuple(self.no_skip), name="Transformer")(x, capture, out)
     capture.put(out, "encoded", x)
 
-    if self.pool == "token":
+    if self.pool in ("token", "0"):
       x = x[:, 0]
     elif self.pool == "gap":
       x = x.mean(axis=1)

@@ -1,0 +1,207 @@
+"""ViT checkpoint formats: google-research/vision_transformer and big_vision.
+
+Both upstreams compute the same function (LayerNorm eps 1e-6, tanh GELU,
+Flax attention, posemb resampling by scipy zoom order 1); they differ in names,
+in where the position embedding lives, and in big_vision's extra options
+(MAP pooling, `pool_type="0"`, fixed sin-cos embeddings, scan-stacked blocks).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import scipy.ndimage
+
+from vitcnn_jax import checkpoints
+from vitcnn_jax.models import common
+
+FAMILY = "vit"
+FORMATS = {
+    "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
+           "inside Transformer/posembed_input (folded into cls), pool token or gap, "
+           "optional pre_logits",
+    "big_vision": "big_vision ViT: params/ or opt/target/ prefix, top-level pos_embedding "
+                  "(absent: fixed sincos2d), scan-stacked blocks, pool tok/gap/map/0 "
+                  "(gap and 0 look alike: gap assumed), bfloat16 arrays",
+}
+_BLOCK = {  # our name -> names in files (linen, pre-linen)
+    "LayerNorm_0": ("LayerNorm_0",),
+    "MultiHeadDotProductAttention_0": ("MultiHeadDotProductAttention_0",
+                                       "MultiHeadDotProductAttention_1"),
+    "LayerNorm_1": ("LayerNorm_1", "LayerNorm_2"),
+    "MlpBlock_0": ("MlpBlock_0", "MlpBlock_3"),
+}
+_PRELINEN = {ours: names[-1] for ours, names in _BLOCK.items()}
+LN = ("scale", "bias")
+_DENSE = ("kernel", "bias")
+ATTN = tuple(f"{p}/{l}" for p in ("query", "key", "value", "out") for l in _DENSE)
+MLP = tuple(f"Dense_{i}/{l}" for i in (0, 1) for l in _DENSE)
+_LEAVES = {"LayerNorm_0": LN, "MultiHeadDotProductAttention_0": ATTN,
+           "LayerNorm_1": LN, "MlpBlock_0": MLP}
+_POSEMB_KEYS = ("Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding",
+                "pos_embedding")
+
+
+def detect(flat: dict[str, np.ndarray]) -> str | None:
+  if "embedding/kernel" not in flat:
+    return None
+  if ("Transformer/posembed_input/pos_embedding" in flat
+      or any("MultiHeadDotProductAttention_1" in k for k in flat)):
+    return "vit"
+  return "big_vision"
+
+
+def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
+                    new_grid: tuple[int, int]) -> np.ndarray:
+  """Linear resampling of the grid, as both upstreams (scipy.ndimage.zoom, order=1)."""
+  if tuple(old_grid) == tuple(new_grid):
+    return pe
+  grid = pe.reshape(old_grid[0], old_grid[1], -1)
+  zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
+  grid = scipy.ndimage.zoom(grid, zoom, order=1)
+  return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
+
+
+def _blocks(keys: checkpoints.Keys, p: dict, cfg: dict, ev: dict) -> None:
+  stacked = keys.has("Transformer/encoderblock/LayerNorm_0/scale")
+  if stacked:
+    depth = keys.flat["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+    ev["depth"] = keys.shape("Transformer/encoderblock/LayerNorm_0/scale")
+  else:
+    idx = keys.indices(r"Transformer/encoderblock_(\d+)/")
+    if not idx or idx[0] != 0:
+      raise checkpoints.CheckpointError(f"{keys.path}: no Transformer/encoderblock_0 found.")
+    depth = len(idx)
+    ev["depth"] = f"Transformer/encoderblock_0..{depth - 1}"
+  cfg["depth"] = depth
+  for i in range(depth):
+    src = "Transformer/encoderblock" if stacked else f"Transformer/encoderblock_{i}"
+    for ours, theirs in _BLOCK.items():
+      name = next((t for t in theirs if keys.has(f"{src}/{t}/{_LEAVES[ours][0]}")), theirs[-1])
+      for leaf in _LEAVES[ours]:
+        arr = keys.take(f"{src}/{name}/{leaf}")
+        if stacked:
+          if arr.shape[0] != depth:
+            raise checkpoints.CheckpointError(
+                f"{keys.path}: scan-stacked {src}/{name}/{leaf} has leading axis "
+                f"{arr.shape[0]}, expected depth {depth}.")
+          arr = arr[i]
+        p[f"Transformer/encoderblock_{i}/{ours}/{leaf}"] = arr
+  q = p["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  cfg["num_heads"], ev["num_heads"] = q.shape[1], f"block 0 query/kernel {q.shape}"
+  cfg["mlp_dim"] = p["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1]
+  ev["mlp_dim"] = "block 0 MlpBlock Dense_0/kernel"
+  for leaf in LN:
+    p[f"Transformer/encoder_norm/{leaf}"] = keys.take(f"Transformer/encoder_norm/{leaf}")
+
+
+def read(keys: checkpoints.Keys) -> checkpoints.Reading:
+  p: dict[str, np.ndarray] = {}
+  cfg: dict[str, Any] = {}
+  ev: dict[str, str] = {}
+  assumed: list[str] = []
+  emb = keys.take("embedding/kernel")
+  p["embedding/kernel"], p["embedding/bias"] = emb, keys.take("embedding/bias")
+  cfg["patch_size"] = emb.shape[0] if emb.shape[0] == emb.shape[1] else tuple(emb.shape[:2])
+  cfg["width"] = emb.shape[-1]
+  ev["patch_size"] = ev["width"] = keys.shape("embedding/kernel")
+  _blocks(keys, p, cfg, ev)
+  if keys.has("pre_logits/kernel"):
+    p["pre_logits/kernel"] = keys.take("pre_logits/kernel")
+    p["pre_logits/bias"] = keys.take("pre_logits/bias")
+    cfg["representation_size"] = p["pre_logits/kernel"].shape[1]
+    ev["representation_size"] = keys.shape("pre_logits/kernel")
+  else:
+    cfg["representation_size"], ev["representation_size"] = None, "no pre_logits in the file"
+  checkpoints.take_head(keys, p, cfg, ev)
+
+  pe_key = next((k for k in _POSEMB_KEYS if keys.has(k)), None)
+  if pe_key is None and keys.fmt == "big_vision" and cfg["width"] % 4 == 0:
+    # Every other tensor was present (the ledger took them above): a complete
+    # big_vision file without a learned embedding was trained with posemb="sincos2d".
+    pe = None
+    cfg["posemb"], cfg["image_size"] = "sincos2d", 224
+    ev["posemb"] = ("no pos_embedding in an otherwise complete big_vision file: fixed 2-D "
+                    "sin-cos, computed for the grid in use")
+    ev["image_size"] = "not recorded by a sincos2d file; big_vision's default 224"
+    assumed.append("image_size")
+  else:
+    pe = keys.take(pe_key or "pos_embedding")
+    cfg["posemb"], ev["posemb"] = "learn", keys.shape(pe_key)
+  if keys.has("cls"):
+    cls = keys.take("cls")
+    if pe is not None and (pe_key.startswith("Transformer/") or (
+        math.isqrt(pe.shape[1] - 1) ** 2 == pe.shape[1] - 1 and math.isqrt(pe.shape[1]) ** 2 != pe.shape[1])):
+      # vision_transformer adds the position embedding after prepending cls;
+      # folding its first row into cls gives big_vision's equivalent form.
+      cls, pe = cls + pe[:, :1], pe[:, 1:]
+    p["cls"], cfg["pool"], ev["pool"] = cls, "token", keys.shape("cls")
+  elif keys.has("MAPHead_0/probe"):
+    cfg["pool"], ev["pool"] = "map", "MAPHead_0/probe"
+    p["MAPHead_0/probe"] = keys.take("MAPHead_0/probe")
+    for sub, leaves in (("MultiHeadDotProductAttention_0", ATTN), ("LayerNorm_0", LN),
+                        ("MlpBlock_0", MLP)):
+      for leaf in leaves:
+        p[f"MAPHead_0/{sub}/{leaf}"] = keys.take(f"MAPHead_0/{sub}/{leaf}")
+  elif keys.fmt == "vit":
+    cfg["pool"], ev["pool"] = "gap", "no cls in a vision_transformer file: classifier 'gap'"
+  else:
+    cfg["pool"] = "gap"
+    ev["pool"] = ("no cls and no MAPHead_0: big_vision's pool_type 'gap' and '0' leave the "
+                  "same tensors; 'gap' is its default")
+    assumed.append("pool")
+  if pe is not None:
+    p["pos_embedding"] = pe
+    g = math.isqrt(pe.shape[1])
+    square = g * g == pe.shape[1] and np.ndim(cfg["patch_size"]) == 0
+    cfg["image_size"] = int(g * cfg["patch_size"]) if square else None
+    ev["image_size"] = keys.shape(pe_key)
+  return checkpoints.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
+
+
+def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> None:
+  """Checks the resolution; a learned embedding is resampled to the new grid."""
+  if cfg.get("image_size") is None:
+    raise checkpoints.CheckpointError(
+        f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
+        "resolution=(height, width).")
+  patch, new = common.to_pair(cfg["patch_size"]), common.to_pair(cfg["image_size"])
+  if new[0] % patch[0] or new[1] % patch[1]:
+    raise ValueError(f"resolution {new} is not a multiple of the patch size {patch}.")
+  if "pos_embedding" not in r.params:
+    return
+  rows, grid = r.params["pos_embedding"].shape[1], (new[0] // patch[0], new[1] // patch[1])
+  if grid[0] * grid[1] != rows:
+    if native is None:
+      raise checkpoints.CheckpointError(f"{path}: cannot resample a non-square position "
+                                        f"embedding ({r.evidence['image_size']}) to {new}.")
+    old = native // patch[0]
+    r.params["pos_embedding"] = resample_posemb(r.params["pos_embedding"], (old, old), grid)
+
+
+def default_format(model) -> str:
+  plain = model.pool in ("token", "gap") and model.posemb == "learn"
+  return "vit" if plain else "big_vision"
+
+
+def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
+  if fmt == "big_vision":
+    return {f"params/{k}": v for k, v in flat.items()}
+  if default_format(model) != "vit":
+    raise ValueError(f"The vision_transformer format has no pool={model.pool!r} / "
+                     f"posemb={model.posemb!r}; save with format='big_vision'.")
+  out = {}
+  for k, v in flat.items():
+    m = re.match(r"Transformer/encoderblock_(\d+)/([^/]+)/(.*)", k)
+    if m:
+      out[f"Transformer/encoderblock_{m[1]}/{_PRELINEN.get(m[2], m[2])}/{m[3]}"] = v
+    elif k == "pos_embedding":
+      if model.pool == "token":  # cls already holds its position embedding.
+        v = np.concatenate([np.zeros_like(v[:, :1]), v], axis=1)
+      out["Transformer/posembed_input/pos_embedding"] = v
+    else:
+      out[k] = v
+  return out
