@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 # About six points per ViT block, as in the paper's figures (Section 4, Fig 1 axes).
 VIT_LAYERS = ("block*/ln1", "block*/attn/out", "block*/ln2", "block*/mlp/hidden",
@@ -39,10 +40,18 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
-def model(checkpoint: str, capture, label: str, **overrides) -> ml_collections.ConfigDict:
+def overrides(**given) -> ml_collections.ConfigDict:
+  """`load_model` overrides, each settable from the command line (unset: None)."""
+  fields = dict(resolution=placeholder(int), pool=placeholder(str), gelu=placeholder(str),
+                root_pool_pad=placeholder(str))
+  fields.update(given)
+  return ml_collections.ConfigDict(fields)
+
+
+def model(checkpoint: str, capture, label: str, **given) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       checkpoint=checkpoint, label=label, capture=tuple(capture), policy="",
-      overrides=ml_collections.ConfigDict(overrides)))
+      overrides=overrides(**given)))
 
 
 def data(source: str = "tfds", **kw) -> ml_collections.ConfigDict:

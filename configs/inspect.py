@@ -8,11 +8,13 @@ r"""Inspect a checkpoint: inferred architecture and its representation points.
 
 import ml_collections
 
+from configs import common
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.analysis = "inspect"
   config.checkpoint = arg or ""
   config.capture = ""  # glob(s) over point names; empty = all
-  config.overrides = ml_collections.ConfigDict()  # e.g. resolution=384
+  config.overrides = common.overrides()  # e.g. --config.overrides.resolution=384
   return config

@@ -10,6 +10,7 @@ import pytest
 
 import upstream_files as uf
 from vitcnn_jax import checkpoints
+from vitcnn_jax.models import common
 from vitcnn_jax import fileio
 from vitcnn_jax.checkpoints import CheckpointError
 from vitcnn_jax.models import BiT, Mixer, ViT
@@ -86,7 +87,7 @@ def test_round_trip_identical_params(tmp_path, model, fmt):
   checkpoints.save(path, model, params, fmt)
   model2, params2 = checkpoints.load_model(path)
   assert model2 == model
-  flat, flat2 = checkpoints.flatten(params), checkpoints.flatten(params2)
+  flat, flat2 = common.flatten(params), common.flatten(params2)
   assert flat.keys() == flat2.keys()
   for k in flat:
     np.testing.assert_array_equal(np.asarray(flat[k]), np.asarray(flat2[k]), err_msg=k)

@@ -12,6 +12,7 @@ import pytest
 
 from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, train
+from vitcnn_jax.models import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -76,8 +77,8 @@ def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_pa
   cfg.stop_after = 0
   rest = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
   assert len(rest["losses"]) == 25
-  a = checkpoints.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
-  b = checkpoints.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
+  a = common.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
+  b = common.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
   # The same compiled step on the same batches in one process: identical up to the
   # npz round trip, which is exact for float32.
   for k in a:

@@ -80,11 +80,15 @@ def vt_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
 
 def bv_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
            mlp: int = 96, patch: int = 8, grid: int = 4, num_classes: int | None = 7,
-           pool: str = "tok", scan: bool = False, prefix: str = "params/") -> dict[str, np.ndarray]:
-  """big_vision ViT file: linen names, top-level pos_embedding, optional scan stacking."""
+           pool: str = "tok", scan: bool = False, prefix: str = "params/",
+           posemb: str = "learn", rep_size: int | None = None) -> dict[str, np.ndarray]:
+  """big_vision ViT file: linen names, top-level pos_embedding (none for `sincos2d`),
+  optional scan stacking; pool_type 'tok', 'gap', 'map' or '0' (the last two
+  leave the same tensors); `rep_size` adds pre_logits."""
   r = Rand(seed)
-  w = {"embedding/kernel": r.kernel(patch, patch, 3, width), "embedding/bias": r.bias(width),
-       "pos_embedding": r.bias(1, grid * grid, width)}
+  w = {"embedding/kernel": r.kernel(patch, patch, 3, width), "embedding/bias": r.bias(width)}
+  if posemb == "learn":
+    w["pos_embedding"] = r.bias(1, grid * grid, width)
   if pool == "tok":
     w["cls"] = r.bias(1, 1, width)
   blocks = []
@@ -107,9 +111,55 @@ def bv_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
     w.update(_under("MAPHead_0/MultiHeadDotProductAttention_0", _attention(r, width, heads)))
     w.update(_under("MAPHead_0/LayerNorm_0", _ln(r, width)))
     w.update(_under("MAPHead_0/MlpBlock_0", _mlp(r, width, mlp)))
+  feat = width
+  if rep_size:
+    w["pre_logits/kernel"], w["pre_logits/bias"] = r.kernel(width, rep_size), r.bias(rep_size)
+    feat = rep_size
   if num_classes:
-    w["head/kernel"], w["head/bias"] = r.kernel(width, num_classes), r.bias(num_classes)
+    w["head/kernel"], w["head/bias"] = r.kernel(feat, num_classes), r.bias(num_classes)
   return {prefix + k: v for k, v in w.items()}
+
+
+def two_tower(image_tower: dict[str, np.ndarray], seed: int = 0, width: int = 32,
+              vocab: int = 50) -> dict[str, np.ndarray]:
+  """A big_vision two-tower (LiT / SigLIP) file: `params/img/...` (a big_vision ViT
+  written with prefix ""), `params/txt/...` (a text transformer) and the scalars
+  `t` (temperature) and `b` (SigLIP bias)."""
+  r = Rand(seed)
+  txt = {"Embed_0/embedding": r.kernel(vocab, width), "pos_embedding": r.bias(1, 16, width)}
+  txt.update(_under("Encoder_0/encoderblock_0/LayerNorm_0", _ln(r, width)))
+  txt.update(_under("Encoder_0/encoderblock_0/MultiHeadDotProductAttention_0", _attention(r, width, 2)))
+  txt.update(_under("Encoder_0/encoder_norm", _ln(r, width)))
+  txt["head/kernel"], txt["head/bias"] = r.kernel(width, width), r.bias(width)
+  w = {f"params/img/{k}": v for k, v in image_tower.items()}
+  w.update({f"params/txt/{k}": v for k, v in txt.items()})
+  w["params/t"], w["params/b"] = np.array([2.3], np.float32), np.array([-10.0], np.float32)
+  return w
+
+
+def bv_bit(seed: int = 0, *, width: float = 0.5, depth=(1, 1, 1, 1),
+           num_classes: int = 7) -> dict[str, np.ndarray]:
+  """big_vision `bit_paper` ResNet-v2 file: `params/root_block/conv_root`,
+  `blockB/unitUU/{conv1..3, conv_proj, gn1..3}` with (1,1,1,C) GroupNorm params,
+  `norm-pre-head`, and a Dense head."""
+  r = Rand(seed)
+  root = int(64 * width)
+  w = {"root_block/conv_root/kernel": r.kernel(7, 7, 3, root)}
+  cin = root
+  for b, units in enumerate(depth, 1):
+    mid = root * 2 ** (b - 1)
+    for u in range(1, units + 1):
+      p = f"block{b}/unit{u:02d}"
+      for i, (c, shape) in enumerate([(cin, (1, 1, cin, mid)), (mid, (3, 3, mid, mid)),
+                                      (mid, (1, 1, mid, 4 * mid))], 1):
+        w[f"{p}/gn{i}/scale"], w[f"{p}/gn{i}/bias"] = r.scale(1, 1, 1, c), r.bias(1, 1, 1, c)
+        w[f"{p}/conv{i}/kernel"] = r.kernel(*shape)
+      if u == 1:
+        w[f"{p}/conv_proj/kernel"] = r.kernel(1, 1, cin, 4 * mid)
+      cin = 4 * mid
+  w["norm-pre-head/scale"], w["norm-pre-head/bias"] = r.scale(1, 1, 1, cin), r.bias(1, 1, 1, cin)
+  w["head/kernel"], w["head/bias"] = r.kernel(cin, num_classes), r.bias(num_classes)
+  return {f"params/{k}": v for k, v in w.items()}
 
 
 def bt_bit(seed: int = 0, *, width: float = 0.5, depth=(1, 2, 1, 1), num_classes: int = 7,

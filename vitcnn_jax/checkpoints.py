@@ -23,6 +23,7 @@ import numpy as np
 
 from vitcnn_jax import fileio
 from vitcnn_jax import models as models_lib
+from vitcnn_jax.models.common import flatten, unflatten
 
 Params = dict[str, Any]
 _PREFIXES = ("opt/target/", "params/")
@@ -35,7 +36,7 @@ class CheckpointError(ValueError):
 
 @dataclasses.dataclass
 class Reading:
-  """What a family reader found in a file."""
+  """What a family's reader found in a file."""
   fmt: str
   config: dict[str, Any]     # model fields read from the file
   evidence: dict[str, str]   # field -> the tensor (or absence) it was read from
@@ -49,17 +50,16 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
   bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error)
   try:
     loaded = np.load(io.BytesIO(data), allow_pickle=False)
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-      raise CheckpointError(f"{path}: holds a single array of shape {np.shape(loaded)}, "
-                            "not an npz archive of named arrays.")
-    with loaded as z:
-      flat = {k: z[k] for k in z.files}
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+      with loaded as z:
+        flat = {k: z[k] for k in z.files}
   except bad as e:
-    if isinstance(e, CheckpointError):
-      raise
     raise CheckpointError(
         f"{path}: not a readable npz archive ({type(e).__name__}: {e}). The file "
         "is truncated or corrupt: download it again and compare its size.") from e
+  if not isinstance(loaded, np.lib.npyio.NpzFile):
+    raise CheckpointError(f"{path}: holds a single array of shape {np.shape(loaded)}, "
+                          "not an npz archive of named arrays.")
   for k, v in flat.items():
     if v.dtype.kind == "V":
       if v.dtype.itemsize != 2:
@@ -116,24 +116,16 @@ def take_head(keys: Keys, p: dict, cfg: dict, ev: dict,
               kernel: str = "head/kernel", bias: str = "head/bias") -> None:
   """The classifier, if the file has one (two-tower image towers often do not)."""
   if keys.has(kernel):
-    w = keys.take(kernel)
-    w = w.reshape(w.shape[-2:])  # big_transfer stores a (1, 1, C, K) conv
+    w = keys.take(kernel).reshape(keys.flat[kernel].shape[-2:])  # big_transfer: (1, 1, C, K)
     p["head/kernel"], p["head/bias"] = w, keys.take(bias)
-    cfg["num_classes"] = w.shape[-1]
-    ev["num_classes"] = keys.shape(kernel)
+    cfg["num_classes"], ev["num_classes"] = w.shape[-1], keys.shape(kernel)
   else:
-    cfg["num_classes"] = None
-    ev["num_classes"] = f"no {kernel} in the file"
+    cfg["num_classes"], ev["num_classes"] = None, f"no {kernel} in the file"
 
 
 def _families():
   from vitcnn_jax.models import bit_io, mixer_io, vit_io  # pylint: disable=g-import-not-at-top
   return {"vit": vit_io, "bit": bit_io, "mixer": mixer_io}
-
-
-def formats() -> dict[str, str]:
-  """Every format we read and write, with its upstream and numerics."""
-  return {fmt: doc for io_ in _families().values() for fmt, doc in io_.FORMATS.items()}
 
 
 def split_tower(path: str) -> tuple[str, str | None]:
@@ -166,31 +158,8 @@ def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, An
   for io_ in _families().values():
     if fmt := io_.detect(flat):
       return fmt, io_
-  raise CheckpointError(
-      f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. Expected "
-      "a ViT (embedding/kernel), BiT (resnet/... or root_block/...) or Mixer "
-      "(stem/kernel + MixerBlock_i) npz from the official repositories.")
-
-
-def unflatten(flat: dict[str, Any]) -> Params:
-  tree: Params = {}
-  for k, v in flat.items():
-    node = tree
-    *parents, leaf = k.split("/")
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = v
-  return tree
-
-
-def flatten(tree: Params, prefix: str = "") -> dict[str, Any]:
-  flat: dict[str, Any] = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      flat.update(flatten(v, f"{prefix}{k}/"))
-    else:
-      flat[f"{prefix}{k}"] = v
-  return flat
+  raise CheckpointError(f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. "
+                        "Expected an official ViT, BiT or Mixer npz (see README, formats).")
 
 
 def check_params(model, params: Params, path: str = "<params>") -> None:
@@ -226,36 +195,35 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
   """Model and params of an official checkpoint, the architecture read from it.
 
   `path` may name a tower of a two-tower file: 'file.npz:img'. Overrides:
-  `resolution` (or `image_size`), `gelu` ('tanh' default, or 'exact'),
-  `no_skip`, a field the file cannot decide (logged when assumed), or any
-  architecture field, which must then agree with the file.
+  `resolution` (or `image_size`), the family's OVERRIDABLE fields (numerics
+  such as `gelu` or `root_pool_pad`, which default to the file's upstream), a
+  field the file cannot decide (logged when assumed), or any architecture
+  field, which must then agree with the file.
   """
   family, r = load_params(path)
-  cls = models_lib.FAMILIES[family]
+  io_, cls = _families()[family], models_lib.FAMILIES[family]
   fields = {f for f in cls.__dataclass_fields__ if f not in ("parent", "name")}
   if "resolution" in overrides:
     if "image_size" in overrides:
       raise ValueError("Pass either resolution= or image_size=, not both.")
     overrides["image_size"] = overrides.pop("resolution")
-  free = {"image_size", "gelu", "no_skip", *r.assumed}
   for k, v in overrides.items():
     if k not in fields:
       raise ValueError(f"load_model({path!r}): unknown override {k}={v!r}; "
                        f"{family} models take {sorted(fields | {'resolution'})}.")
-    if k in free or k not in r.config:
+    if k in ("image_size", *io_.OVERRIDABLE, *r.assumed) or k not in r.config:
       continue
     if not (v == r.config[k] or (isinstance(v, (tuple, list))
                                  and tuple(v) == tuple(np.broadcast_to(r.config[k], len(v))))):
       raise CheckpointError(
           f"{path}: override {k}={v!r} contradicts the file, which has "
           f"{k}={r.config[k]!r} (from {r.evidence[k]}). Drop the override or use another file.")
-  for k in r.assumed:
-    if k not in overrides:
-      log.warning("%s: assumed %s=%r (%s); pass %s=... if it was trained otherwise.",
-                  path, k, r.config[k], r.evidence[k], k)
+  for k in set(r.assumed) - set(overrides):
+    log.warning("%s: assumed %s=%r (%s); pass %s=... if it was trained otherwise.",
+                path, k, r.config[k], r.evidence[k], k)
   native = r.config.get("image_size")
   cfg = {**r.config, **overrides}
-  _families()[family].adapt(cfg, r, native, path)
+  io_.adapt(cfg, r, native, path)
   model = cls(**cfg)
   params = unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
   check_params(model, params, path)
@@ -263,7 +231,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
 
 
 def to_upstream(model, params: Params, format: str | None = None) -> dict[str, np.ndarray]:  # pylint: disable=redefined-builtin
-  """Our params as the flat arrays of an upstream file (see `formats()`)."""
+  """Our params as the flat arrays of an upstream file (the family's FORMATS)."""
   check_params(model, params)
   io_ = _families()[model.family]
   format = format or io_.default_format(model)

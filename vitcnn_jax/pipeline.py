@@ -69,6 +69,11 @@ def trained_checkpoint(spec: ml_collections.ConfigDict, cache_dir: str) -> str:
   return path
 
 
+def overrides(spec: ml_collections.ConfigDict) -> dict:
+  """The `load_model` overrides a model spec sets (unset ones are None)."""
+  return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
+
+
 def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
   spec = config[key]
   path = spec.get("checkpoint")
@@ -76,8 +81,8 @@ def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> L
     path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")
   if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
-  _reachable(path, key, hint)
-  model, params = checkpoints.load_model(path, **dict(spec.get("overrides", {})))
+  _reachable(checkpoints.split_tower(path)[0], key, hint)
+  model, params = checkpoints.load_model(path, **overrides(spec))
   patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
   names = list(representations.point_shapes(model, params, patterns))
   if not names:

@@ -8,14 +8,17 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import checkpoints
+from vitcnn_jax import pipeline
 from vitcnn_jax import representations
 from vitcnn_jax import results
+from vitcnn_jax.models import common
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not config.get("checkpoint"):
     raise ValueError("config.checkpoint is empty: pass --config.checkpoint=/path/or/gs://file.npz")
-  overrides = dict(config.get("overrides", {}))
+  overrides = pipeline.overrides(config)
+  _, reading = checkpoints.load_params(config.checkpoint)
   model, params = checkpoints.load_model(config.checkpoint, **overrides)
   points = representations.point_shapes(model, params, config.get("capture") or None)
   fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
@@ -23,13 +26,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {
       "checkpoint": config.checkpoint,
       "family": model.family,
+      "format": reading.fmt,
       "architecture": fields,
-      "num_params": int(sum(np.size(v) for v in checkpoints.flatten(params).values())),
+      "evidence": reading.evidence,
+      "assumed": [k for k in reading.assumed
+                  if k not in overrides and not (k == "image_size" and "resolution" in overrides)],
+      "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
   path = results.workdir_path(workdir, "inspect.json")
   results.write_json(path, summary)
-  lines = [f"{model.family} {fields}", f"{summary['num_params']:,} parameters",
+  lines = [f"{model.family} ({reading.fmt} format) {fields}"]
+  lines += [f"  {k:20s} from {v}" + ("  [assumed: pass --config.overrides." + k + "=... if "
+                                       "it was trained otherwise]" if k in summary["assumed"] else "")
+            for k, v in reading.evidence.items()]
+  lines += [f"{summary['num_params']:,} parameters",
            f"{len(points)} representation points (per-example shapes):"]
   lines += [f"  {p['name']:40s} {tuple(p['shape'])}" for p in summary["points"]]
   print("\n".join(lines))

@@ -17,6 +17,7 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax.models import bit
 
 FAMILY = "bit"
+OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
 FORMATS = {
     "bit": "google-research/big_transfer: resnet/..., standardized_conv2d[_N], GroupNorm "
            "gamma/beta (C,) or (1,1,1,C), head as a 1x1 conv; root pool padded with zeros",

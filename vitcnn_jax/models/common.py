@@ -8,6 +8,7 @@ import re
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -18,6 +19,15 @@ GELUS: dict[str, Callable[[Array], Array]] = {
     "tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "exact": lambda x: jax.nn.gelu(x, approximate=False),
 }
+
+
+def flatten(tree: dict) -> dict[str, Any]:
+  """A parameter tree as {"a/b/c": array}, the key style of npz checkpoints."""
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def get_gelu(name: str) -> Callable[[Array], Array]:

@@ -12,6 +12,7 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
 
 FAMILY = "mixer"
+OVERRIDABLE = ("gelu",)  # tanh GELU like every upstream
 FORMATS = {"mixer": "vision_transformer / big_vision MLP-Mixer: stem, MixerBlock_i/"
                     "{token,channel}_mixing, pre_head_layer_norm; the token MLP fixes the size"}
 _LN = ("scale", "bias")

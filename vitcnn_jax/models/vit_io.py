@@ -19,6 +19,7 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
 
 FAMILY = "vit"
+OVERRIDABLE = ("gelu", "no_skip")  # tanh GELU like every upstream; `no_skip` for ablation models
 FORMATS = {
     "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
            "inside Transformer/posembed_input (folded into cls), pool token or gap, "
