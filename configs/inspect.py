@@ -3,7 +3,8 @@ r"""Inspect a checkpoint: inferred architecture and its representation points.
   python main.py --config=configs/inspect.py --workdir=/tmp/inspect \
       --config.checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz
 
-`--config.capture='block00/**'` lists only the matching points.
+`--config.capture='block00/**'` lists only the matching points. A tower of a
+two-tower file: `--config.checkpoint=/path/siglip.npz:img`.
 """
 
 import ml_collections

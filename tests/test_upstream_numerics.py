@@ -160,3 +160,17 @@ def test_round_trip_of_the_new_options(tmp_path, fmt, kw):
   assert model2 == model
   for k, v in common.flatten(params).items():
     np.testing.assert_array_equal(np.asarray(v), np.asarray(common.flatten(params2)[k]))
+
+
+def test_a_headless_image_tower_runs_through_the_cka_job(tmp_path):
+  tower = uf.save(tmp_path / "lit.npz", uf.two_tower(uf.bv_vit(7, pool="map", num_classes=None,
+                                                               prefix="", **VIT)))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  wd = tmp_path / "wd"
+  run_main(f"--config={ROOT}/configs/cka_vit_resnet.py:examples=16,batch=8,repeats=1",
+           f"--workdir={wd}", f"--config.model_x.checkpoint={tower}:img",
+           "--config.model_x.overrides.resolution=32", f"--config.model_y.checkpoint={bit}",
+           "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
+           "--config.data.num_examples=20")
+  z = np.load(wd / "cka.npz")
+  assert z["cka_xy"].shape == (12, 31) and np.isfinite(z["cka_xy"]).all()
