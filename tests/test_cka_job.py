@@ -123,7 +123,7 @@ def test_interrupted_run_resumes_to_the_same_result(one_device, ckpts, tmp_path)
   assert "Stopped after 4 steps" in r.stdout
   assert (tmp_path / "cka_state.npz").exists() and not (tmp_path / "cka.npz").exists()
   state = np.load(tmp_path / "cka_state.npz")
-  assert (int(state["repeat"]), int(state["step"])) == (0, 4)
+  assert tuple(state["position"]) == (0, 0, 4)  # pass 0, repeat 0, after step 4
   _run(_flags(ckpts, tmp_path))
   np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"],
                                 np.load(one_device / "cka.npz")["per_repeat"])

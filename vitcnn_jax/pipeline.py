@@ -132,15 +132,18 @@ class Step:
   images: list[jax.Array]  # one global (devices * batch, H, W, 3) uint8 array per model
   mask: jax.Array  # (devices * batch,) 1 for real examples
   examples: int  # real examples in this step, all hosts together
+  labels: jax.Array | None = None  # (devices * batch,) int32 class labels (0 for padding)
 
 
 def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-                batch_size: int, step: int) -> tuple[list[np.ndarray], np.ndarray, int]:
-  """Rows of this process's devices for one step (padding rows masked out)."""
+                batch_size: int, step: int, labels: bool = False):
+  """Rows of this process's devices for one step (padding rows masked out):
+  (images per model, mask, examples in the step[, labels])."""
   ld, d = jax.local_device_count(), jax.device_count()
   first = step * d + jax.process_index() * ld
   images = [np.zeros((ld * batch_size, m.size, m.size, 3), np.uint8) for m in models]
   mask = np.zeros((ld * batch_size,), np.float32)
+  ys = np.zeros((ld * batch_size,), np.int32)
   for j in range(ld):
     chunk = indices[(first + j) * batch_size:(first + j + 1) * batch_size]
     if not len(chunk):
@@ -150,19 +153,23 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
       for r, img in enumerate(raw):
         dst[j * batch_size + r] = preprocess.preprocess_image(img, m.size, m.policy)
     mask[j * batch_size:j * batch_size + len(chunk)] = 1
+    if labels:
+      ys[j * batch_size:j * batch_size + len(chunk)] = source.labels(chunk)
   total = int(min(len(indices), (step + 1) * d * batch_size) - min(len(indices), step * d * batch_size))
-  return images, mask, total
+  return (images, mask, total, ys) if labels else (images, mask, total)
 
 
 def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-          batch_size: int, start: int = 0) -> Iterator[Step]:
+          batch_size: int, start: int = 0, labels: bool = False) -> Iterator[Step]:
   """Global batches for steps start.., loading the next step while this one runs."""
   n = num_steps(len(indices), batch_size)
+  load = lambda step: _local_step(source, indices, models, batch_size, step, labels)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    pending = pool.submit(_local_step, source, indices, models, batch_size, start) if start < n else None
+    pending = pool.submit(load, start) if start < n else None
     for step in range(start, n):
-      images, mask, total = pending.result()
+      images, mask, total, *ys = pending.result()
       if step + 1 < n:
-        pending = pool.submit(_local_step, source, indices, models, batch_size, step + 1)
+        pending = pool.submit(load, step + 1)
       yield Step([parallel.global_batch(mesh, x) for x in images],
-                 parallel.global_batch(mesh, mask), total)
+                 parallel.global_batch(mesh, mask), total,
+                 parallel.global_batch(mesh, ys[0]) if ys else None)

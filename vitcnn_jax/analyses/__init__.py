@@ -1,4 +1,9 @@
-"""Analyses chosen by name (`config.analysis`); each module has `run(config, workdir)`."""
+"""Analyses chosen by name (`config.analysis`).
+
+A module either defines `MODELS` (the config fields of the models it reads)
+and `build(config, models) -> driver.Analysis`, which the driver runs, or (not
+yet ported) `run(config, workdir)`.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,11 @@ def run(config: ml_collections.ConfigDict, workdir: str):
     raise ValueError(f"config.analysis={name!r} is not one of {ANALYSES}.")
   module = importlib.import_module(f"vitcnn_jax.analyses.{name}")
   try:
+    if hasattr(module, "build"):
+      from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top
+      models = driver.load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
+                                  getattr(module, "HINT", ""))
+      return driver.run(config, workdir, module.build(config, models), models)
     return module.run(config, workdir)
   except AttributeError as e:
     if isinstance(e.__context__, KeyError):  # how ConfigDict reports a missing field

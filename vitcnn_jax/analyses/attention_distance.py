@@ -15,12 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import data
-from vitcnn_jax import parallel
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import preprocess
-from vitcnn_jax import progress
 from vitcnn_jax import results
 from vitcnn_jax.models import common
 
@@ -45,52 +40,55 @@ def mean_distance(weights: jax.Array, dist: jax.Array, num_prefix: int,
   return jnp.einsum("bhqk,qk->bhq", w, dist, precision=jax.lax.Precision.HIGHEST).mean(axis=-1)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  if config.cls not in CLS_CONVENTIONS:
-    raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
-  m = pipeline.load_model(config, "model")
-  if m.model.family != "vit":
-    raise ValueError(f"config.model: attention distance needs a ViT, got a {m.model.family} checkpoint.")
-  patch = common.to_pair(m.model.patch_size)
-  if patch[0] != patch[1]:
-    raise ValueError(f"config.model: non-square patches {patch} are not supported.")
-  names = [n for n in m.names if n.endswith("/attn/weights") and not n.startswith("map/")]
-  if not names:
-    raise ValueError("config.model.capture selects no `blockNN/attn/weights`.")
-  m.names = names
-  prefix = m.model.num_prefix_tokens
-  dist = jnp.asarray(distance_matrix(m.model.grid, patch[0]), jnp.float32)
-  mesh = parallel.mesh()
-  params = parallel.replicate(mesh, m.params)
+MODELS = ("model",)
 
-  @jax.jit
-  def step(params, images, mask):
-    _, out = m.model.apply({"params": params}, preprocess.to_model_range(images), capture=names)
-    per = jnp.stack([mean_distance(out[n], dist, prefix, config.cls) for n in names])  # (L, B, H)
-    return jnp.einsum("lbh,b->lh", per, mask)
 
-  source = pipeline.make_source(config.data)
-  pipeline.check_batching(config.num_examples, config.batch_size)
-  indices = data.sample(len(source), config.num_examples, config.seed, 0)
-  bar = progress.Bar(pipeline.num_steps(config.num_examples, config.batch_size),
-                     "attention distance", enabled=jax.process_index() == 0)
-  total = np.zeros((len(names), m.model.num_heads))
-  for batch in pipeline.steps(mesh, source, indices, [m], config.batch_size):
-    total += np.asarray(step(params, batch.images[0], batch.mask), np.float64)
-    bar.update(1, batch.examples)
-  bar.close()
-  mean = total / config.num_examples
-  blocks = [int(n.split("/")[0][5:]) for n in names]
-  summary = {"analysis": "attention_distance", "checkpoint": m.path, "label": m.label,
-             "cls": config.cls, "num_examples": config.num_examples, "patch_size": patch[0],
-             "grid": list(m.model.grid), "blocks": blocks, "mean_distance_px": mean.tolist(),
-             "uniform_ceiling_px": float(distance_matrix(m.model.grid, patch[0]).mean())}
-  if jax.process_index() == 0:
-    results.write_npz(results.workdir_path(workdir, "attention_distance.npz"),
-                      mean_distance=mean, blocks=np.asarray(blocks))
-    results.write_json(results.workdir_path(workdir, "attention_distance.json"), summary)
-    plotting.attention_distance(mean, blocks, list(config.plot_blocks) or None, m.label,
+class AttentionDistance:
+  """One pass: per block and head, the attention distance summed over images."""
+  name = title = "attention_distance"
+  repeats, labels = 1, False
+
+  def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    if config.cls not in CLS_CONVENTIONS:
+      raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
+    self.config, self.m = config, models["model"]
+    if self.m.model.family != "vit":
+      raise ValueError(f"config.model: attention distance needs a ViT, got a {self.m.model.family} checkpoint.")
+    patch = common.to_pair(self.m.model.patch_size)
+    if patch[0] != patch[1]:
+      raise ValueError(f"config.model: non-square patches {patch} are not supported.")
+    self.names = [n for n in self.m.names if n.endswith("/attn/weights") and not n.startswith("map/")]
+    if not self.names:
+      raise ValueError("config.model.capture selects no `blockNN/attn/weights`.")
+    self.points = {"model": self.names}
+    self.patch = patch[0]
+    self.ceiling = distance_matrix(self.m.model.grid, self.patch)
+
+  def passes(self):
+    return [self]
+
+  def step(self, forward, labels, mask) -> dict:
+    del labels
+    out = forward("model")
+    dist = jnp.asarray(self.ceiling, jnp.float32)
+    per = jnp.stack([mean_distance(out[n], dist, self.m.model.num_prefix_tokens, self.config.cls)
+                     for n in self.names])  # (L, B, H)
+    return {"distance": jnp.einsum("lbh,b->lh", per, mask)}
+
+  def finalize(self, sums):
+    mean = sums[0][0]["distance"] / self.config.num_examples
+    blocks = [int(n.split("/")[0][5:]) for n in self.names]
+    summary = {"analysis": "attention_distance", "checkpoint": self.m.path, "label": self.m.label,
+               "cls": self.config.cls, "num_examples": self.config.num_examples,
+               "patch_size": self.patch, "grid": list(self.m.model.grid), "blocks": blocks,
+               "mean_distance_px": mean.tolist(), "uniform_ceiling_px": float(self.ceiling.mean())}
+    return {"mean_distance": mean, "blocks": np.asarray(blocks)}, summary
+
+  def plot(self, arrays, summary, workdir: str) -> None:
+    plotting.attention_distance(arrays["mean_distance"], summary["blocks"],
+                                list(self.config.plot_blocks) or None, self.m.label,
                                 summary["uniform_ceiling_px"],
                                 results.workdir_path(workdir, "attention_distance.png"))
-    print(f"Wrote attention_distance.{{npz,json,png}} to {workdir}")
-  return summary
+
+
+build = AttentionDistance

@@ -1,0 +1,201 @@
+"""The one data path around every analysis: models, data, devices, resume, files.
+
+An analysis (see `Analysis`) says which representation points it needs and
+how to reduce one device's minibatch to sums over examples; this driver does
+the rest: loads the configured models and the source, samples (seeded, once
+per repeat), shards steps over every device of every host, psums the step's
+sums across devices, adds them on the host in float64 (fetched in groups, not
+once per step), shows progress, saves a fingerprinted state it resumes from,
+honours `stop_after`, and writes the results atomically from process 0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from vitcnn_jax import data
+from vitcnn_jax import parallel
+from vitcnn_jax import pipeline
+from vitcnn_jax import preprocess
+from vitcnn_jax import progress
+from vitcnn_jax import results
+
+Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
+FETCH_EVERY = 32  # steps whose device results are fetched to the host together
+
+
+class Forward:
+  """What a step sees of the models: their captured points on this device's rows."""
+
+  def __init__(self, models: dict[str, pipeline.Loaded], params: dict, images: dict,
+               points: dict[str, Sequence[str]]):
+    self.models, self._params, self._images, self._points = models, params, images, points
+
+  def inputs(self, name: str) -> jax.Array:
+    """Model `name`'s input images, float32 in [-1, 1]."""
+    return preprocess.to_model_range(self._images[name])
+
+  def __call__(self, name: str, images: jax.Array | None = None) -> dict[str, jax.Array]:
+    """{point: activation} of model `name` on its inputs (or on `images`)."""
+    x = self.inputs(name) if images is None else images
+    return self.models[name].model.apply({"params": self._params[name]}, x,
+                                         capture=list(self._points[name]))[1]
+
+
+class Pass(Protocol):
+  """One sweep over the data (`repeats` times, each on a new sample)."""
+  title: str
+  points: dict[str, Sequence[str]]  # model name -> representation points it needs
+  repeats: int
+  labels: bool  # whether steps need class labels
+
+  def step(self, forward: Forward, labels: jax.Array, mask: jax.Array) -> Sums:
+    """Sums over this device's valid rows (mask 1); jit-compiled, no I/O."""
+
+
+class Analysis(Protocol):
+  name: str  # file stem of the results: NAME.npz, NAME.json, NAME_state.npz
+
+  def passes(self) -> Sequence[Pass]: ...
+
+  def finalize(self, sums: list[list[Sums]]) -> tuple[dict[str, np.ndarray], dict]:
+    """Arrays and a JSON summary from sums[pass][repeat] (float64)."""
+
+  def plot(self, arrays: dict[str, np.ndarray], summary: dict, workdir: str) -> None: ...
+
+
+def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
+                optional: Sequence[str] = (), hint: str = "") -> dict[str, pipeline.Loaded]:
+  """The models of the config fields `required` and of those `optional` that are set."""
+  pipeline.check_batching(config.num_examples, config.batch_size)
+  keys = list(required) + [k for k in optional if config.get(k)]
+  return {k: pipeline.load_model(config, k, hint) for k in keys}
+
+
+def compile_pass(p: Pass, models: dict[str, pipeline.Loaded], mesh) -> Callable:
+  names = list(p.points)
+
+  def local(params, images, labels, mask):
+    fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points)
+    return jax.tree.map(lambda s: jax.lax.psum(s, parallel.AXIS), p.step(fwd, labels, mask))
+
+  axis = P(parallel.AXIS)
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), axis, axis, axis), out_specs=P()))
+
+
+def _fingerprint(config: ml_collections.ConfigDict, models, source: data.Source) -> str:
+  cfg = config.to_dict()
+  for volatile in ("stop_after", "save_every_seconds"):
+    cfg.pop(volatile, None)
+  return results.fingerprint({"config": cfg, "source": source.name, "devices": jax.device_count(),
+                              "models": {k: (m.path, m.names) for k, m in models.items()}})
+
+
+class _State:
+  """Where a run stands: finished sums per pass and repeat, and the open ones."""
+
+  def __init__(self, path: str, fingerprint: str):
+    self.path, self.fingerprint = path, fingerprint
+    saved = results.read_state(path, fingerprint) or {}
+    self.position = tuple(int(v) for v in saved.get("position", (0, 0, 0)))  # pass, repeat, step
+    self.done: list[list[Sums]] = []
+    self.open: Sums = {}
+    for key, value in saved.items():
+      kind, *where = key.split("/")
+      if kind == "done":
+        p, r, name = int(where[0]), int(where[1]), "/".join(where[2:])
+        while len(self.done) <= p:
+          self.done.append([])
+        while len(self.done[p]) <= r:
+          self.done[p].append({})
+        self.done[p][r][name] = value
+      elif kind == "open":
+        self.open["/".join(where)] = value
+
+  def save(self) -> None:
+    arrays = {f"done/{p}/{r}/{k}": v for p, reps in enumerate(self.done)
+              for r, sums in enumerate(reps) for k, v in sums.items()}
+    arrays.update({f"open/{k}": v for k, v in self.open.items()})
+    results.write_npz(self.path, fingerprint=self.fingerprint, position=np.asarray(self.position),
+                      **arrays)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
+        models: dict[str, pipeline.Loaded]) -> dict | None:
+  """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its files."""
+  batch = config.batch_size
+  pipeline.check_batching(config.num_examples, batch)
+  source = pipeline.make_source(config.data)
+  mesh = parallel.mesh()
+  params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
+  is_main = jax.process_index() == 0
+  state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
+                 _fingerprint(config, models, source))
+  passes = list(analysis.passes())
+  per_repeat = pipeline.num_steps(config.num_examples, batch)
+  total = sum(p.repeats for p in passes) * per_repeat
+  first_pass, first_repeat, first_step = state.position
+  done_before = (sum(p.repeats for p in passes[:first_pass]) + first_repeat) * per_repeat + first_step
+  bar = progress.Bar(total, analysis.name.replace("_", " "), enabled=is_main, initial=done_before)
+  ran, last_save = 0, time.time()
+
+  def save(position):
+    state.position = position
+    if is_main:
+      state.save()
+
+  for pi, p in enumerate(passes):
+    if pi < first_pass:
+      continue
+    step_fn = compile_pass(p, models, mesh)
+    used = [models[k] for k in p.points]
+    pparams = [params[k] for k in p.points]
+    while len(state.done) <= pi:
+      state.done.append([])
+    for repeat in range(first_repeat if pi == first_pass else 0, p.repeats):
+      start = first_step if (pi, repeat) == (first_pass, first_repeat) else 0
+      sums = {k: np.asarray(v, np.float64) for k, v in state.open.items()} if start else {}
+      pending: list = []
+
+      def fetch():
+        nonlocal sums
+        for got in jax.device_get(pending):  # one transfer; added in step order
+          sums = {k: sums.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
+        pending.clear()
+
+      indices = data.sample(len(source), config.num_examples, config.seed, repeat)
+      step = start
+      for b in pipeline.steps(mesh, source, indices, used, batch, start=start, labels=p.labels):
+        labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
+        pending.append(step_fn(pparams, b.images, labels, b.mask))
+        step, ran = step + 1, ran + 1
+        bar.update(1, b.examples)
+        stop = bool(config.get("stop_after")) and ran >= config.stop_after
+        if stop or len(pending) >= FETCH_EVERY or time.time() - last_save > config.get("save_every_seconds", 60):
+          fetch()
+          if stop or time.time() - last_save > config.get("save_every_seconds", 60):
+            state.open = sums
+            save((pi, repeat, step))
+            last_save = time.time()
+        if stop:
+          bar.close()
+          print(f"Stopped after {ran} steps as asked (config.stop_after); state in {state.path}.")
+          return None
+      fetch()
+      state.done[pi].append(sums)
+      state.open = {}
+      save((pi, repeat + 1, 0) if repeat + 1 < p.repeats else (pi + 1, 0, 0))
+  bar.close()
+  arrays, summary = analysis.finalize(state.done)
+  if is_main:
+    results.write_npz(results.workdir_path(workdir, f"{analysis.name}.npz"), **arrays)
+    results.write_json(results.workdir_path(workdir, f"{analysis.name}.json"), summary)
+    analysis.plot(arrays, summary, workdir)
+    print(f"Wrote {analysis.name}.{{npz,json}} and figures to {workdir}")
+  return summary
