@@ -23,7 +23,8 @@ def test_sliding_windows_over_sorted_heads():
     hs.subsets(np.arange(4), 5, 1)
 
 
-def test_config_end_to_end_matches_direct_computation(tmp_path):
+@pytest.mark.parametrize("tap", ["heads", "projected"])
+def test_config_end_to_end_matches_direct_computation(tmp_path, tap):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=4, mlp=96, patch=8))
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(2, 1, 1, 1)))
   wd = tmp_path / "wd"
@@ -31,7 +32,7 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
            f"--config.model_x.checkpoint={vit}", f"--config.model_y.checkpoint={bit}",
            "--config.model_y.overrides.resolution=32",
            "--config.model_y.capture=block1/unit0[12]/out", "--config.subset_size=2",
-           "--config.data.source=synthetic", "--config.data.num_examples=40")
+           "--config.data.source=synthetic", "--config.data.num_examples=40", f"--config.tap={tap}")
   s = json.loads((wd / "head_subsets.json").read_text())
   assert s["resnet_layers"] == ["block1/unit01/out", "block1/unit02/out"]
   assert len(s["subsets"]) == 3 and all(len(g) == 2 for g in s["subsets"])
@@ -55,6 +56,9 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   for i, g in enumerate(s["subsets"]):
     for j, name in enumerate(s["resnet_layers"]):
       x = heads[:, :, g]
+      if tap == "projected":
+        kernel = pv["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_0"]["out"]["kernel"]
+        x = np.einsum("bnhd,hdo->bno", x, np.asarray(kernel)[g])
       y = np.asarray(orr[name])
       ref = np_minibatch_cka([x[:16], x[16:]], [y[:16], y[16:]])
       assert_close(s["cka"][i][j], ref, bound, f"subset {i} x {name}")

@@ -73,7 +73,9 @@ class Analysis(Protocol):
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
                 optional: Sequence[str] = (), hint: str = "") -> dict[str, pipeline.Loaded]:
   """The models of the config fields `required` and of those `optional` that are set."""
-  pipeline.check_batching(config.num_examples, config.batch_size)
+  if config.num_examples < 1 or config.batch_size < 1:
+    raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
+                     f"{config.batch_size} must be >= 1.")
   keys = list(required) + [k for k in optional if config.get(k)]
   return {k: pipeline.load_model(config, k, hint) for k in keys}
 
@@ -130,7 +132,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
         models: dict[str, pipeline.Loaded]) -> dict | None:
   """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its files."""
   batch = config.batch_size
-  pipeline.check_batching(config.num_examples, batch)
   source = pipeline.make_source(config.data)
   mesh = parallel.mesh()
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
@@ -153,6 +154,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
   for pi, p in enumerate(passes):
     if pi < first_pass:
       continue
+    if hasattr(p, "setup"):  # a pass that depends on the ones before it
+      p.setup(state.done[:pi])
     step_fn = compile_pass(p, models, mesh)
     used = [models[k] for k in p.points]
     pparams = [params[k] for k in p.points]

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
+from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -30,6 +31,7 @@ class CKA:
   name, title, labels = "cka", "CKA", False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    pipeline.check_batching(config.num_examples, config.batch_size)
     if config.repeats < 1:
       raise ValueError(f"config.repeats={config.repeats} must be >= 1.")
     self.config, self.models = config, list(models.values())

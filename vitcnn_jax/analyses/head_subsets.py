@@ -20,12 +20,8 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import data
-from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import preprocess
-from vitcnn_jax import progress
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
 
@@ -40,79 +36,104 @@ def subsets(order: np.ndarray, size: int, stride: int) -> list[list[int]]:
   return [order[i:i + size].tolist() for i in range(0, len(order) - size + 1, stride)]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  if config.tap not in TAPS:
-    raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
-  vit = pipeline.load_model(config, "model_x")
-  res = pipeline.load_model(config, "model_y")
-  if vit.model.family != "vit" or res.model.family != "bit":
-    raise ValueError("config.model_x must be a ViT and config.model_y a BiT ResNet.")
-  if not 0 <= config.block < vit.model.depth:
-    raise ValueError(f"config.block={config.block} is outside 0..{vit.model.depth - 1}.")
-  blk = f"block{config.block:02d}"
-  prefix = vit.model.num_prefix_tokens
-  dist = jnp.asarray(ad.distance_matrix(vit.model.grid, int(np.ravel(vit.model.patch_size)[0])),
-                     jnp.float32)
-  mesh = parallel.mesh()
-  pv, pr = parallel.replicate(mesh, vit.params), parallel.replicate(mesh, res.params)
-  source = pipeline.make_source(config.data)
-  pipeline.check_batching(config.num_examples, config.batch_size)
-  indices = data.sample(len(source), config.num_examples, config.seed, 0)
-  res_names = list(res.names)
+MODELS = ("model_x", "model_y")
 
-  @jax.jit
-  def distances(params, images, mask):
-    _, out = vit.model.apply({"params": params}, preprocess.to_model_range(images),
-                             capture=f"{blk}/attn/weights")
-    return ad.mean_distance(out[f"{blk}/attn/weights"], dist, prefix, "drop").T @ mask
 
-  vit.names = [f"{blk}/attn/weights"]
-  total = np.zeros(vit.model.num_heads)
-  steps = pipeline.num_steps(config.num_examples, config.batch_size)
-  bar = progress.Bar(2 * steps, "head subsets", enabled=jax.process_index() == 0)
-  for batch in pipeline.steps(mesh, source, indices, [vit], config.batch_size):
-    total += np.asarray(distances(pv, batch.images[0], batch.mask), np.float64)
-    bar.update(1, batch.examples)
-  head_dist = total / config.num_examples
-  groups = subsets(np.argsort(head_dist, kind="stable"), config.subset_size, config.subset_stride)
-  out_kernel = vit.params["Transformer"][f"encoderblock_{config.block}"][
-      "MultiHeadDotProductAttention_0"]["out"]["kernel"]
+class HeadSubsets:
+  """Head distances and per-subset HSIC. With tap="heads" one pass suffices: a
+  subset's Gram is the sum of its heads' Grams and U-centring is linear, so its
+  HSIC with any layer is a sum of per-head terms (A H A^T below). The projected
+  tap mixes heads, so it takes a second pass once the subsets are known."""
+  name, title, repeats, labels = "head_subsets", "head subsets", 1, False
 
-  @jax.shard_map(mesh=mesh, in_specs=(jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(),
-                                      jax.sharding.PartitionSpec(parallel.AXIS),
-                                      jax.sharding.PartitionSpec(parallel.AXIS),
-                                      jax.sharding.PartitionSpec(parallel.AXIS)),
-                 out_specs=jax.sharding.PartitionSpec())
-  def local(pv, pr, img_v, img_r, mask):
-    _, ov = vit.model.apply({"params": pv}, preprocess.to_model_range(img_v), capture=f"{blk}/attn/heads")
-    heads = ov[f"{blk}/attn/heads"][:, prefix:]  # (B, N, H, hd)
-    if config.tap == "heads":
-      reps = [heads[:, :, g] for g in groups]
+  def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    if config.tap not in TAPS:
+      raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
+    pipeline.check_batching(config.num_examples, config.batch_size)
+    self.config, self.vit, self.res = config, models["model_x"], models["model_y"]
+    if self.vit.model.family != "vit" or self.res.model.family != "bit":
+      raise ValueError("config.model_x must be a ViT and config.model_y a BiT ResNet.")
+    if not 0 <= config.block < self.vit.model.depth:
+      raise ValueError(f"config.block={config.block} is outside 0..{self.vit.model.depth - 1}.")
+    self.blk, self.heads = f"block{config.block:02d}", self.vit.model.num_heads
+    self.res_names = list(self.res.names)
+    one_pass = config.tap == "heads"
+    self.points = {"model_x": [f"{self.blk}/attn/weights"] + [f"{self.blk}/attn/heads"] * one_pass}
+    if one_pass:
+      self.points["model_y"] = self.res_names
+    self.groups: list[list[int]] = []
+
+  def passes(self):
+    return [self] if self.config.tap == "heads" else [self, _Projected(self)]
+
+  def _heads(self, forward):
+    return forward("model_x")[f"{self.blk}/attn/heads"][:, self.vit.model.num_prefix_tokens:]
+
+  def step(self, forward, labels, mask) -> dict:
+    del labels
+    out = forward("model_x")
+    dist = jnp.asarray(ad.distance_matrix(self.vit.model.grid, int(np.ravel(self.vit.model.patch_size)[0])),
+                       jnp.float32)
+    w = out[f"{self.blk}/attn/weights"]
+    sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
+    if self.config.tap == "heads":
+      heads = self._heads(forward)  # (B, N, H, hd)
+      res = forward("model_y")
+      reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
+      sums["hsic"] = cka.hsic_matrix(reps, mask)
+    return sums
+
+  def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+    head_dist = distance_sums / self.config.num_examples
+    order = np.argsort(head_dist, kind="stable")
+    return head_dist, subsets(order, self.config.subset_size, self.config.subset_stride)
+
+  def finalize(self, sums):
+    head_dist, groups = self.subsets(sums[0][0]["distance"])
+    if self.config.tap == "heads":
+      a = np.zeros((len(groups) + len(self.res_names), self.heads + len(self.res_names)))
+      for i, g in enumerate(groups):
+        a[i, g] = 1
+      a[len(groups):, self.heads:] = np.eye(len(self.res_names))
+      hsic = a @ sums[0][0]["hsic"] @ a.T
     else:
-      reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], out_kernel[jnp.asarray(g)]) for g in groups]
-    _, orr = res.model.apply({"params": pr}, preprocess.to_model_range(img_r), capture=res_names)
-    return jax.lax.psum(cka.hsic_matrix(reps + [orr[n] for n in res_names], mask), parallel.AXIS)
+      hsic = sums[1][0]["hsic"]
+    full = cka.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names)
+    sub_cka = full[:len(groups), len(groups):]
+    sub_dist = [float(head_dist[g].mean()) for g in groups]
+    summary = {"analysis": "head_subsets", "block": self.config.block, "tap": self.config.tap,
+               "head_distance_px": head_dist.tolist(), "subsets": groups,
+               "subset_distance_px": sub_dist, "resnet_layers": self.res_names,
+               "cka": sub_cka.tolist(), "num_examples": self.config.num_examples}
+    arrays = {"cka": sub_cka, "subset_distance": np.asarray(sub_dist), "head_distance": head_dist}
+    return arrays, summary
 
-  step = jax.jit(local)
-  vit.names, res.names = [f"{blk}/attn/heads"], res_names
-  hsic = 0.0
-  for batch in pipeline.steps(mesh, source, indices, [vit, res], config.batch_size):
-    hsic = hsic + np.asarray(step(pv, pr, batch.images[0], batch.images[1], batch.mask), np.float64)
-    bar.update(1, batch.examples)
-  bar.close()
-  labels = [f"heads{g}" for g in groups]
-  full = cka.cka_from_hsic(hsic, labels + res_names)
-  sub_cka = full[:len(groups), len(groups):]
-  sub_dist = [float(head_dist[g].mean()) for g in groups]
-  summary = {"analysis": "head_subsets", "block": config.block, "tap": config.tap,
-             "head_distance_px": head_dist.tolist(), "subsets": groups,
-             "subset_distance_px": sub_dist, "resnet_layers": res_names,
-             "cka": sub_cka.tolist(), "num_examples": config.num_examples}
-  if jax.process_index() == 0:
-    results.write_npz(results.workdir_path(workdir, "head_subsets.npz"), cka=sub_cka,
-                      subset_distance=np.asarray(sub_dist), head_distance=head_dist)
-    results.write_json(results.workdir_path(workdir, "head_subsets.json"), summary)
-    plotting.head_subsets(np.asarray(sub_dist), sub_cka, res_names, f"{vit.label} block {config.block}",
-                          res.label, results.workdir_path(workdir, "head_subsets.png"))
-    print(f"Wrote head_subsets.{{npz,json,png}} to {workdir}")
-  return summary
+  def plot(self, arrays, summary, workdir: str) -> None:
+    plotting.head_subsets(arrays["subset_distance"], arrays["cka"], self.res_names,
+                          f"{self.vit.label} block {self.config.block}", self.res.label,
+                          results.workdir_path(workdir, "head_subsets.png"))
+
+
+class _Projected:
+  """Second pass of tap="projected": each subset's heads through the output projection."""
+  repeats, labels, title = 1, False, "head subsets (projected)"
+
+  def __init__(self, a: HeadSubsets):
+    self.a = a
+    self.points = {"model_x": [f"{a.blk}/attn/heads"], "model_y": a.res_names}
+    self.groups: list[list[int]] = []
+
+  def setup(self, done) -> None:
+    self.groups = self.a.subsets(done[0][0]["distance"])[1]
+
+  def step(self, forward, labels, mask) -> dict:
+    del labels
+    kernel = self.a.vit.params["Transformer"][f"encoderblock_{self.a.config.block}"][
+        "MultiHeadDotProductAttention_0"]["out"]["kernel"]
+    heads = self.a._heads(forward)  # pylint: disable=protected-access
+    reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
+    res = forward("model_y")
+    return {"hsic": cka.hsic_matrix(reps + [res[n] for n in self.a.res_names], mask)}
+
+
+build = HeadSubsets

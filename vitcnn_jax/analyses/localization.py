@@ -15,12 +15,8 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import data
-from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import preprocess
-from vitcnn_jax import progress
 from vitcnn_jax import results
 
 
@@ -47,55 +43,53 @@ def token_patch_hsic(tokens: jax.Array, patches: jax.Array, mask: jax.Array) -> 
   return cka.hsic_matrix(acts, mask)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  m = pipeline.load_model(config, "model")
-  layer = config.layer
-  if layer not in m.names:
-    raise ValueError(f"config.layer={layer!r} is not a representation point of {m.path}; "
-                     f"e.g. {m.names[-3:]} (configs/inspect.py lists them).")
-  prefix = m.model.num_prefix_tokens
-  m.names = [layer]
-  size = m.size
-  probe = jax.eval_shape(lambda p, x: m.model.apply({"params": p}, x, capture=layer)[1][layer],
-                         m.params, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
-  grid = tuple(probe.shape[1:3]) if len(probe.shape) == 4 else tuple(m.model.grid)
-  n_tokens = grid[0] * grid[1]
+MODELS = ("model",)
 
-  @jax.jit
-  def step(params, images, mask):
-    x = preprocess.to_model_range(images)
-    _, out = m.model.apply({"params": params}, x, capture=layer)
-    tokens, _ = to_tokens(out[layer], prefix)
-    return token_patch_hsic(tokens, to_patches(x, grid), mask)
 
-  pipeline.check_batching(config.num_examples, config.batch_size)
-  source = pipeline.make_source(config.data)
-  indices = data.sample(len(source), config.num_examples, config.seed, 0)
-  mesh = parallel.mesh()
-  params = parallel.replicate(mesh, m.params)
-  hsic = np.zeros((2 * n_tokens, 2 * n_tokens))
-  bar = progress.Bar(pipeline.num_steps(config.num_examples, config.batch_size), "localization",
-                     enabled=jax.process_index() == 0)
-  for batch in pipeline.steps(mesh, source, indices, [m], config.batch_size):
-    hsic += np.asarray(step(params, batch.images[0], batch.mask), np.float64)
-    bar.update(1, batch.examples)
-  bar.close()
-  names = [f"token{i}" for i in range(n_tokens)] + [f"patch{j}" for j in range(n_tokens)]
-  full = cka.cka_from_hsic(hsic, names)
-  tok_patch = full[:n_tokens, n_tokens:]
-  default = [(grid[0] // 4) * grid[1] + grid[1] // 4, (grid[0] // 2) * grid[1] + grid[1] // 2]
-  tokens = list(config.tokens) or default  # a token off-centre and the centre one
-  bad = [t for t in tokens if not 0 <= t < n_tokens]
-  if bad:
-    raise ValueError(f"config.tokens {bad} are outside 0..{n_tokens - 1} ({grid[0]}x{grid[1]} grid).")
-  summary = {"analysis": "localization", "checkpoint": m.path, "label": m.label, "layer": layer,
-             "grid": list(grid), "num_examples": config.num_examples, "tokens": tokens,
-             "own_patch_cka_mean": float(np.mean(np.diag(tok_patch)))}
-  if jax.process_index() == 0:
-    results.write_npz(results.workdir_path(workdir, "localization.npz"), cka=tok_patch,
-                      grid=np.asarray(grid))
-    results.write_json(results.workdir_path(workdir, "localization.json"), summary)
-    plotting.localization(tok_patch, grid, tokens, f"{m.label} {layer}",
+class Localization:
+  """One pass: the HSIC of every token and every input patch, all pairs at once."""
+  name, title, repeats, labels = "localization", "localization", 1, False
+
+  def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    pipeline.check_batching(config.num_examples, config.batch_size)
+    self.config, self.m = config, models["model"]
+    self.layer = config.layer
+    if self.layer not in self.m.names:
+      raise ValueError(f"config.layer={self.layer!r} is not a representation point of {self.m.path}; "
+                       f"e.g. {self.m.names[-3:]} (configs/inspect.py lists them).")
+    self.points = {"model": [self.layer]}
+    size = self.m.size
+    probe = jax.eval_shape(lambda p, x: self.m.model.apply({"params": p}, x, capture=self.layer)[1][self.layer],
+                           self.m.params, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
+    self.grid = tuple(probe.shape[1:3]) if len(probe.shape) == 4 else tuple(self.m.model.grid)
+    self.n = self.grid[0] * self.grid[1]
+    default = [(self.grid[0] // 4) * self.grid[1] + self.grid[1] // 4,
+               (self.grid[0] // 2) * self.grid[1] + self.grid[1] // 2]
+    self.tokens = list(config.tokens) or default  # a token off-centre and the centre one
+    bad = [t for t in self.tokens if not 0 <= t < self.n]
+    if bad:
+      raise ValueError(f"config.tokens {bad} are outside 0..{self.n - 1} "
+                       f"({self.grid[0]}x{self.grid[1]} grid).")
+
+  def passes(self):
+    return [self]
+
+  def step(self, forward, labels, mask) -> dict:
+    del labels
+    tokens, _ = to_tokens(forward("model")[self.layer], self.m.model.num_prefix_tokens)
+    return {"hsic": token_patch_hsic(tokens, to_patches(forward.inputs("model"), self.grid), mask)}
+
+  def finalize(self, sums):
+    names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
+    tok_patch = cka.cka_from_hsic(sums[0][0]["hsic"], names)[:self.n, self.n:]
+    summary = {"analysis": "localization", "checkpoint": self.m.path, "label": self.m.label,
+               "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,
+               "tokens": self.tokens, "own_patch_cka_mean": float(np.mean(np.diag(tok_patch)))}
+    return {"cka": tok_patch, "grid": np.asarray(self.grid)}, summary
+
+  def plot(self, arrays, summary, workdir: str) -> None:
+    plotting.localization(arrays["cka"], self.grid, self.tokens, f"{self.m.label} {self.layer}",
                           results.workdir_path(workdir, "localization.png"))
-    print(f"Wrote localization.{{npz,json,png}} to {workdir}")
-  return summary
+
+
+build = Localization

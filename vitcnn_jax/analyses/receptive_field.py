@@ -19,12 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import data
-from vitcnn_jax import parallel
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import preprocess
-from vitcnn_jax import progress
 from vitcnn_jax import results
 from vitcnn_jax.models import common
 
@@ -67,48 +62,44 @@ def layer_names(model, pre_residual: bool) -> list[str]:
   raise ValueError(f"Receptive fields are defined here for ViT and BiT, not {model.family}.")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  keys = ["model_x"] + (["model_y"] if config.get("model_y") else [])
-  models = [pipeline.load_model(config, k) for k in keys]
-  source = pipeline.make_source(config.data)
-  if config.num_examples < 1:
-    raise ValueError(f"config.num_examples={config.num_examples} must be >= 1.")
-  indices = data.sample(len(source), config.num_examples, config.seed, 0)
-  mesh = parallel.mesh()
-  out = {}
-  summary = {"analysis": "receptive_field", "num_examples": config.num_examples,
-             "pre_residual": config.pre_residual, "models": {}}
-  for m in models:
-    names = layer_names(m.model, config.pre_residual)
-    grid = m.model.grid if m.model.family == "vit" else None
-    prefix = m.model.num_prefix_tokens
+MODELS, OPTIONAL_MODELS = ("model_x",), ("model_y",)
 
-    @jax.jit
-    def step(params, images, mask, m=m, names=names, grid=grid, prefix=prefix):
-      feats = lambda x: m.model.apply({"params": params}, x, capture=names)[1]
-      return gradient_maps(feats, names, preprocess.to_model_range(images), grid, prefix, mask)
 
-    m.names = names
-    params = parallel.replicate(mesh, m.params)
-    total = 0.0
-    bar = progress.Bar(pipeline.num_steps(config.num_examples, config.batch_size),
-                       f"receptive field {m.label}", enabled=jax.process_index() == 0)
-    for batch in pipeline.steps(mesh, source, indices, [m], config.batch_size):
-      total = total + np.asarray(step(params, batch.images[0], batch.mask), np.float64)
-      bar.update(1, batch.examples)
-    bar.close()
-    maps = total / config.num_examples
-    out[m.key] = (m, names, maps)
-    summary["models"][m.key] = {"checkpoint": m.path, "label": m.label, "layers": names,
+class ReceptiveField:
+  """One pass: per model and layer, |d centre / d input| summed over images."""
+  name, title, repeats, labels = "receptive_field", "receptive field", 1, False
+
+  def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    self.config, self.models = config, models
+    self.points = {k: layer_names(m.model, config.pre_residual) for k, m in models.items()}
+
+  def passes(self):
+    return [self]
+
+  def step(self, forward, labels, mask) -> dict:
+    del labels
+    sums = {}
+    for key, names in self.points.items():
+      model = self.models[key].model
+      grid = model.grid if model.family == "vit" else None
+      sums[key] = gradient_maps(lambda x, key=key: forward(key, x), names, forward.inputs(key),
+                                grid, model.num_prefix_tokens, mask)
+    return sums
+
+  def finalize(self, sums):
+    arrays, summary = {}, {"analysis": "receptive_field", "num_examples": self.config.num_examples,
+                           "pre_residual": self.config.pre_residual, "models": {}}
+    for key, m in self.models.items():
+      arrays[f"{key[-1]}_maps"] = sums[0][0][key] / self.config.num_examples
+      arrays[f"{key[-1]}_names"] = np.asarray(self.points[key])
+      summary["models"][key] = {"checkpoint": m.path, "label": m.label, "layers": self.points[key],
                                 "input_size": common.to_pair(m.model.image_size)[0]}
-  if jax.process_index() == 0:
-    arrays = {}
-    for key, (m, names, maps) in out.items():
-      arrays[f"{key[-1]}_maps"] = maps
-      arrays[f"{key[-1]}_names"] = np.asarray(names)
-    results.write_npz(results.workdir_path(workdir, "receptive_field.npz"), **arrays)
-    results.write_json(results.workdir_path(workdir, "receptive_field.json"), summary)
-    plotting.receptive_fields([(m.label, names, maps) for m, names, maps in out.values()],
+    return arrays, summary
+
+  def plot(self, arrays, summary, workdir: str) -> None:
+    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k[-1]}_maps"])
+                               for k, m in self.models.items()],
                               results.workdir_path(workdir, "receptive_field.png"))
-    print(f"Wrote receptive_field.{{npz,json,png}} to {workdir}")
-  return summary
+
+
+build = ReceptiveField

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -50,6 +51,7 @@ class SkipRatio:
   name, title, repeats, labels = "skip_ratio", "skip ratio", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    pipeline.check_batching(config.num_examples, config.batch_size)
     self.config, self.vit, self.bit = config, models["model_x"], models.get("model_y")
     if self.vit.model.family != "vit":
       raise ValueError(f"config.model_x must be a ViT, got a {self.vit.model.family} checkpoint.")
