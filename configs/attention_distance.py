@@ -41,4 +41,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.seed = 0
   config.cls = "drop"  # "drop" (authors' gist: no renormalisation) or "renormalize"
   config.plot_blocks = []  # blocks for the sorted-heads panel; default first two and last two
+  common.run_control(config)
   return config

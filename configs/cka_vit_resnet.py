@@ -63,6 +63,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
   config.repeats = arg.repeats  # paper: mean of 20 repeats
   config.seed = arg.seed
-  config.save_every_seconds = 60  # accumulator checkpoint for resuming
-  config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
+  common.run_control(config)
   return config

@@ -17,6 +17,12 @@ MIXER_LAYERS = ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/chan
                 "block*/channel_mlp/out", "block*/out")
 
 
+def run_control(config: ml_collections.ConfigDict) -> None:
+  """The driver's fields, the same for every analysis."""
+  config.save_every_seconds = 60  # resumable state written at most this often
+  config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
+
+
 def is_demo(arg: str | None) -> bool:
   """Whether `:arg` asks for the offline demo variant (its first word is `demo`)."""
   return (arg or "").split(",")[0] == "demo"

@@ -48,4 +48,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.num_examples = arg.examples
   config.batch_size = arg.batch  # per device (a CKA minibatch)
   config.seed = 0
+  common.run_control(config)
   return config

@@ -46,4 +46,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.batch_size = arg.batch  # per device (a CKA minibatch)
   config.seed = 0
   config.tokens = []  # default: one off-centre token and the centre token
+  common.run_control(config)
   return config

@@ -34,4 +34,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.batch_size = arg.batch  # per device
   config.seed = 0
   config.pre_residual = False  # True: taps before the residual add (Fig C.4)
+  common.run_control(config)
   return config

@@ -38,4 +38,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.batch_size = arg.batch  # per device
   config.seed = 0
   config.plot_tokens = 9  # tokens shown in the heatmap (Fig 7 shows 0-8)
+  common.run_control(config)
   return config

@@ -76,3 +76,44 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
     ref = (w * d).sum(-1).mean(-1).mean(0)
     assert_close(got[i], ref, bound, f"block {i}")
   assert summary["uniform_ceiling_px"] == pytest.approx(d.mean())
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+  """kill -9 mid-run (state saved after every step), then the same command again."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  from conftest import device_env
+  ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=64,batch=4",
+          f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
+          "--config.data.num_examples=64", "--config.save_every_seconds=0"]
+  run_main(*args, f"--workdir={tmp_path / 'whole'}")
+  wd = tmp_path / "killed"
+  proc = subprocess.Popen([sys.executable, f"{ROOT}/main.py", *args, f"--workdir={wd}"], cwd=ROOT,
+                          env=device_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  state = wd / "attention_distance_state.npz"
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None:
+    if state.exists() and int(np.load(state)["position"][2]) >= 3:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not (wd / "attention_distance.npz").exists(), "finished before it could be killed"
+  # A copy whose saved partial sums are shifted by 64 px per head: a resume that
+  # really continues from the state ends 1 px (64 / 64 examples) higher.
+  shifted = tmp_path / "shifted"
+  shifted.mkdir()
+  with np.load(state) as z:
+    saved = {k: z[k] for k in z.files}
+  assert int(saved["position"][2]) >= 1
+  saved["open/distance"] = saved["open/distance"] + 64.0
+  np.savez(shifted / "attention_distance_state.npz", **saved)
+  run_main(*args, f"--workdir={wd}")
+  run_main(*args, f"--workdir={shifted}")
+  whole = np.load(tmp_path / "whole" / "attention_distance.npz")["mean_distance"]
+  np.testing.assert_array_equal(np.load(wd / "attention_distance.npz")["mean_distance"], whole)
+  np.testing.assert_allclose(np.load(shifted / "attention_distance.npz")["mean_distance"], whole + 1.0,
+                             rtol=0, atol=1e-12)
