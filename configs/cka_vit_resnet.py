@@ -4,12 +4,15 @@ r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1)
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
-`l16_r152`, `h14_r152`, or `demo`; then `examples=`, `batch=`, `repeats=`,
-`seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
+`l16_r152`, `h14_r152`, `demo` or `demo3`; then `examples=`, `batch=`,
+`repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
 Fashion-MNIST (once; cached in `cache_dir`), reloads them through load_model
-and runs the same CKA job on the held-out test images.
+and runs the same CKA job on the held-out test images. `demo3` compares three
+models (adding the ViT trained with GAP instead of CLS) through the mapping
+`config.models` (name -> model spec), which takes any number of checkpoints:
+every pair of models gets its block of the CKA matrix and a heatmap.
 
 The JFT-300M models of the paper were never released; the defaults are the
 public ImageNet-21k checkpoints of the same architectures (both at 224 px).
@@ -43,13 +46,28 @@ def demo_models(config: ml_collections.ConfigDict, steps_scale: float = 1.0) -> 
   config.cache_dir = "~/.cache/vitcnn_jax"
 
 
+def demo3_models(config: ml_collections.ConfigDict) -> None:
+  """Three demo models as a mapping: the ViT (CLS), the BiT and the GAP ViT."""
+  config.models = ml_collections.ConfigDict()
+  for name, variant, layers, label in (("vit", "vit_demo", common.VIT_LAYERS, "ViT (demo)"),
+                                       ("bit", "bit_demo", common.BIT_LAYERS, "BiT (demo)"),
+                                       ("vit_gap", "vit_gap_demo", common.VIT_LAYERS, "ViT GAP (demo)")):
+    train = train_configs.train_config(variant)
+    config.models[name] = common.model("", layers, label, resolution=train.model.image_size)
+    config.models[name].train = train
+  config.data = common.fashion_mnist("t10k")
+  config.cache_dir = "~/.cache/vitcnn_jax"
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   demo = common.is_demo(arg)
   arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else 10240,
                          batch=256 if demo else 1024, repeats=3 if demo else 20, seed=0)
   config = ml_collections.ConfigDict()
   config.analysis = "cka"
-  if demo:
+  if arg.variant == "demo3":
+    demo3_models(config)
+  elif demo:
     demo_models(config)
   elif arg.variant in PAIRS:
     (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
@@ -58,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo', 'demo3']}.")
   config.num_examples = arg.examples  # paper: 10,240 ...
   config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
   config.repeats = arg.repeats  # paper: mean of 20 repeats

@@ -24,8 +24,8 @@ def run_control(config: ml_collections.ConfigDict) -> None:
 
 
 def is_demo(arg: str | None) -> bool:
-  """Whether `:arg` asks for the offline demo variant (its first word is `demo`)."""
-  return (arg or "").split(",")[0] == "demo"
+  """Whether `:arg` asks for an offline demo variant (its first word starts with `demo`)."""
+  return (arg or "").split(",")[0].startswith("demo")
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:

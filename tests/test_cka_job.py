@@ -142,3 +142,30 @@ def test_bad_config_fields_are_named(ckpts, tmp_path):
   assert r.returncode != 0 and "--config.model_x.checkpoint=" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)
   assert r.returncode != 0 and "config.data.source='csv'" in r.stderr
+
+
+def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):
+  """config.models = {name: spec}: every pair's block from one HSIC matrix, equal to
+  the two-model run's blocks for the same two models."""
+  import ml_collections
+  from configs import cka_vit_resnet, common
+  from vitcnn_jax import analyses
+  vit, bit = ckpts
+  third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
+  config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
+  del config["model_x"], config["model_y"]
+  config.models = ml_collections.ConfigDict({
+      "a_vit": common.model(vit, common.VIT_LAYERS, "ViT"),
+      "b_bit": common.model(bit, common.BIT_LAYERS, "BiT", resolution=32),
+      "c_gap": common.model(third, common.VIT_LAYERS, "ViT GAP")})
+  config.data = common.data("synthetic", num_examples=64)
+  analyses.run(config, str(tmp_path / "wd"))
+  z = np.load(tmp_path / "wd" / "cka.npz")
+  pairs = ["a_vit_a_vit", "a_vit_b_bit", "a_vit_c_gap", "b_bit_b_bit", "b_bit_c_gap", "c_gap_c_gap"]
+  assert sorted(k[4:] for k in z.files if k.startswith("cka_")) == sorted(pairs)
+  assert z["cka_a_vit_c_gap"].shape == (12, 12) and z["cka_b_bit_c_gap"].shape == (31, 12)
+  for tag in pairs:
+    assert (tmp_path / "wd" / f"cka_{tag}.png").exists()
+  two = np.load(one_device / "cka.npz")
+  for three_tag, two_tag in (("a_vit_a_vit", "xx"), ("a_vit_b_bit", "xy"), ("b_bit_b_bit", "yy")):
+    assert_close(z[f"cka_{three_tag}"], two[f"cka_{two_tag}"], RUNS_BOUND, three_tag)

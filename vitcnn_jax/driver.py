@@ -72,11 +72,15 @@ class Analysis(Protocol):
 
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
                 optional: Sequence[str] = (), hint: str = "") -> dict[str, pipeline.Loaded]:
-  """The models of the config fields `required` and of those `optional` that are set."""
+  """The models of the config fields `required` and of those `optional` that are set,
+  or, where the config has a mapping `models` (name -> spec), all of those."""
   if config.num_examples < 1 or config.batch_size < 1:
     raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
                      f"{config.batch_size} must be >= 1.")
-  keys = list(required) + [k for k in optional if config.get(k)]
+  if config.get("models"):
+    keys = [f"models.{name}" for name in config.models]
+  else:
+    keys = list(required) + [k for k in optional if config.get(k)]
   return {k: pipeline.load_model(config, k, hint) for k in keys}
 
 

@@ -28,13 +28,20 @@ from vitcnn_jax.models import common
 
 @dataclasses.dataclass
 class Loaded:
-  key: str  # config field, e.g. "model_x"
+  key: str  # config field: "model_x", or "models.NAME" for a mapping of models
   path: str  # the checkpoint read
   label: str
   model: Any
   params: Any
   names: list[str]
   policy: str
+
+  @property
+  def short(self) -> str:
+    """A short name for files and arrays: "x" for model_x, NAME for models.NAME."""
+    if self.key.startswith("models."):
+      return self.key[len("models."):]
+    return self.key[-1] if self.key.startswith("model_") else self.key
 
   @property
   def size(self) -> int:
@@ -75,7 +82,8 @@ def overrides(spec: ml_collections.ConfigDict) -> dict:
 
 
 def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
-  spec = config[key]
+  """The model of config field `key` ("model_x", or "models.NAME")."""
+  spec = config.models[key[len("models."):]] if key.startswith("models.") else config[key]
   path = spec.get("checkpoint")
   if not path and spec.get("train"):
     path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")

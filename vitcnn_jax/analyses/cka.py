@@ -1,4 +1,4 @@
-"""Minibatch CKA within and across two models (paper Figs 1, 2, B.1).
+"""Minibatch CKA within and across any number of models (paper Figs 1, 2, B.1).
 
 Protocol (paper, Appendix A): `num_examples` examples sampled without
 replacement, minibatches of `batch_size`, HSIC accumulated over minibatches;
@@ -62,13 +62,18 @@ build = CKA
 
 
 def _blocks(models):
-  """(tag, model a, model b, rows, columns) for every pair a <= b: "xx", "xy", "yy"."""
-  spans, start = {}, 0
+  """(tag, model a, model b, rows, columns) for every pair a, b with a not after b;
+  tags "xx", "xy", "yy" for model_x/model_y, "vit_bit" for models.vit/models.bit."""
+  spans, start = [], 0
   for m in models:
-    spans[m.key] = slice(start, start + len(m.names))
+    spans.append(slice(start, start + len(m.names)))
     start += len(m.names)
-  return [(a.key[-1] + b.key[-1], a, b, spans[a.key], spans[b.key])
-          for a in models for b in models if a.key <= b.key]
+  out = []
+  for i, a in enumerate(models):
+    for j, b in enumerate(models[i:], i):
+      tag = a.short + b.short if len(a.short) == len(b.short) == 1 else f"{a.short}_{b.short}"
+      out.append((tag, a, b, spans[i], spans[j]))
+  return out
 
 
 def _arrays_and_summary(config, models, per_repeat: np.ndarray):
@@ -86,7 +91,7 @@ def _arrays_and_summary(config, models, per_repeat: np.ndarray):
   }
   arrays = {f"cka_{t}": mean[r, c] for t, _, _, r, c in blocks}
   arrays.update({f"std_{t}": std[r, c] for t, _, _, r, c in blocks})
-  arrays.update({f"names_{m.key[-1]}": np.asarray(m.names) for m in models})
+  arrays.update({f"names_{m.short}": np.asarray(m.names) for m in models})
   arrays["per_repeat"] = per_repeat
   return arrays, summary
 
