@@ -40,14 +40,14 @@ def _images(n: int) -> np.ndarray:
 def _jax_models():
   import jax
   from configs import common
-  from vitcnn_jax import pipeline, representations
+  from vitcnn_jax import loading, representations
   from vitcnn_jax.models import BiT, ViT, vit
   out = []
   for key, model, capture in (("model_x", ViT(num_classes=1000, **vit.decode_variant("B/16")), common.VIT_LAYERS),
                               ("model_y", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
     params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
     names = list(representations.point_shapes(model, params, list(capture)))
-    out.append(pipeline.Loaded(key, "<random init>", key, model, params, names, "resize"))
+    out.append(loading.Loaded(key, "<random init>", key, model, params, names, "resize"))
   return out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from vitcnn_jax import data
+from vitcnn_jax import loading
 from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import preprocess
@@ -33,7 +34,7 @@ FETCH_EVERY = 32  # steps whose device results are fetched to the host together
 class Forward:
   """What a step sees of the models: their captured points on this device's rows."""
 
-  def __init__(self, models: dict[str, pipeline.Loaded], params: dict, images: dict,
+  def __init__(self, models: dict[str, loading.Loaded], params: dict, images: dict,
                points: dict[str, Sequence[str]]):
     self.models, self._params, self._images, self._points = models, params, images, points
 
@@ -71,7 +72,7 @@ class Analysis(Protocol):
 
 
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
-                optional: Sequence[str] = (), hint: str = "") -> dict[str, pipeline.Loaded]:
+                optional: Sequence[str] = (), hint: str = "") -> dict[str, loading.Loaded]:
   """The models of the config fields `required` and of those `optional` that are set,
   or, where the config has a mapping `models` (name -> spec), all of those."""
   if config.num_examples < 1 or config.batch_size < 1:
@@ -81,10 +82,10 @@ def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
     keys = [f"models.{name}" for name in config.models]
   else:
     keys = list(required) + [k for k in optional if config.get(k)]
-  return {k: pipeline.load_model(config, k, hint) for k in keys}
+  return {k: loading.load_model(config, k, hint) for k in keys}
 
 
-def compile_pass(p: Pass, models: dict[str, pipeline.Loaded], mesh) -> Callable:
+def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:
   names = list(p.points)
 
   def local(params, images, labels, mask):
@@ -133,7 +134,7 @@ class _State:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
-        models: dict[str, pipeline.Loaded]) -> dict | None:
+        models: dict[str, loading.Loaded]) -> dict | None:
   """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its files."""
   batch = config.batch_size
   source = pipeline.make_source(config.data)

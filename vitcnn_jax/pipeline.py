@@ -1,105 +1,26 @@
-"""The shared data path: config -> models, data source, and per-step global batches.
+"""The input pipeline: data sources, sampling, and per-step global batches.
 
 Every analysis consumes steps of `device_count` minibatches: each device holds
 one whole minibatch (so per-minibatch statistics such as HSIC need no
 communication), and each process loads only the minibatches of its own devices.
+A model here is anything with `size` and `policy` (loading.Loaded).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 from typing import Any, Iterator, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import checkpoints
 from vitcnn_jax import data
-from vitcnn_jax import fileio
 from vitcnn_jax import parallel
 from vitcnn_jax import preprocess
-from vitcnn_jax import representations
-from vitcnn_jax import results
-from vitcnn_jax.models import common
 
-
-@dataclasses.dataclass
-class Loaded:
-  key: str  # config field: "model_x", or "models.NAME" for a mapping of models
-  path: str  # the checkpoint read
-  label: str
-  model: Any
-  params: Any
-  names: list[str]
-  policy: str
-
-  @property
-  def short(self) -> str:
-    """A short name for files and arrays: "x" for model_x, NAME for models.NAME."""
-    if self.key.startswith("models."):
-      return self.key[len("models."):]
-    return self.key[-1] if self.key.startswith("model_") else self.key
-
-  @property
-  def size(self) -> int:
-    size = common.to_pair(self.model.image_size)
-    if size[0] != size[1]:
-      raise ValueError(f"config.{self.key}: non-square inputs {size} are not supported here.")
-    return size[0]
-
-
-def _reachable(path: str, key: str, hint: str) -> None:
-  try:
-    ok = fileio.exists(path)
-    why = "no such file"
-  except ImportError as e:
-    ok, why = False, str(e)
-  except Exception as e:  # network or credential errors of remote filesystems
-    ok, why = False, f"{type(e).__name__}: {e}"
-  if not ok:
-    raise FileNotFoundError(
-        f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
-        f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
-
-
-def trained_checkpoint(spec: ml_collections.ConfigDict, cache_dir: str) -> str:
-  """Path of the model `spec.train` describes, training it first if not cached."""
-  from vitcnn_jax import train  # pylint: disable=g-import-not-at-top  (optax only when training)
-  cache_dir = os.path.expanduser(cache_dir)
-  tag = results.fingerprint(spec.train.to_dict())
-  path = os.path.join(cache_dir, f"{spec.train.name}-{tag}.npz")
-  if not fileio.exists(path):
-    train.train(spec.train, path, cache_dir)
-  return path
-
-
-def overrides(spec: ml_collections.ConfigDict) -> dict:
-  """The `load_model` overrides a model spec sets (unset ones are None)."""
-  return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
-
-
-def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
-  """The model of config field `key` ("model_x", or "models.NAME")."""
-  spec = config.models[key[len("models."):]] if key.startswith("models.") else config[key]
-  path = spec.get("checkpoint")
-  if not path and spec.get("train"):
-    path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")
-  if not path:
-    raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
-  _reachable(checkpoints.split_tower(path)[0], key, hint)
-  model, params = checkpoints.load_model(path, **overrides(spec))
-  patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
-  names = list(representations.point_shapes(model, params, patterns))
-  if not names:
-    raise ValueError(f"config.{key}.capture={patterns} matches no representation point of "
-                     f"{path}; list them with configs/inspect.py.")
-  policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
-  if policy not in preprocess.POLICIES:
-    raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")
-  return Loaded(key, path, spec.get("label") or model.family, model, params, names, policy)
+Loaded = Any  # loading.Loaded: only .size and .policy are used here
 
 
 SOURCES = ("tfds", "folder", "idx", "synthetic")

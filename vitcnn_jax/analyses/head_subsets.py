@@ -14,7 +14,6 @@ through the block's output projection (bias excluded).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np

@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import checkpoints
-from vitcnn_jax import pipeline
+from vitcnn_jax import loading
 from vitcnn_jax import representations
 from vitcnn_jax import results
 from vitcnn_jax.models import common
@@ -17,7 +17,7 @@ from vitcnn_jax.models import common
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not config.get("checkpoint"):
     raise ValueError("config.checkpoint is empty: pass --config.checkpoint=/path/or/gs://file.npz")
-  overrides = pipeline.overrides(config)
+  overrides = loading.overrides(config)
   _, reading = checkpoints.load_params(config.checkpoint)
   model, params = checkpoints.load_model(config.checkpoint, **overrides)
   points = representations.point_shapes(model, params, config.get("capture") or None)

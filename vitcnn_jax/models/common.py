@@ -10,7 +10,6 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 from flax import traverse_util
 import jax
-import jax.numpy as jnp
 
 Array = jax.Array
 
