@@ -49,7 +49,7 @@ def test_cls_conventions():
   bound = likely(t * t) * ceiling
   assert_close(renorm, ceiling, bound, "renormalize")
   assert_close(dropped, ceiling * (t - 1) / t, bound, "drop")  # CLS mass counts as distance 0
-  with pytest.raises(ValueError, match="config.cls='keep'"):
+  with pytest.raises(ValueError, match="cls='keep' is not one of"):
     ad.mean_distance(w, dist, 1, "keep")
 
 

@@ -41,7 +41,7 @@ class SyntheticSource:
 
   def __init__(self, num_examples: int, size: int = 32, seed: int = 0):
     if num_examples < 1:
-      raise ValueError(f"config.data.num_examples={num_examples}: a synthetic source needs >= 1.")
+      raise ValueError(f"num_examples={num_examples}: a synthetic source needs >= 1.")
     self.name = f"synthetic({num_examples}, {size}px)"
     self.n, self.size, self.seed = num_examples, size, seed
 
@@ -170,13 +170,13 @@ class FolderSource:
   def __init__(self, root: str, labels: str = ""):
     self.name = f"folder:{root}"
     if not os.path.isdir(root):
-      raise FileNotFoundError(f"config.data.path={root!r} is not a directory.")
+      raise FileNotFoundError(f"{root!r} is not a directory.")
     entries = sorted(os.listdir(root))
     classes = [e for e in entries if os.path.isdir(os.path.join(root, e))]
     files: list[tuple[str, int]] = []
     if classes:
       if labels:
-        raise ValueError(f"config.data.labels={labels!r} is for a flat folder, but {root} has "
+        raise ValueError(f"labels={labels!r} are for a flat folder, but {root} has "
                          f"class sub-folders ({classes[:3]}...), which are the labels.")
       for label, c in enumerate(classes):
         for f in sorted(os.listdir(os.path.join(root, c))):

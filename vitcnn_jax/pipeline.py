@@ -29,6 +29,17 @@ SOURCES = ("tfds", "folder", "idx", "synthetic")
 def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> data.Source:
   """The configured source; `split` overrides cfg.split (e.g. train vs test)."""
   kind, split = cfg.get("source"), split or cfg.get("split")
+  if kind not in SOURCES:
+    raise ValueError(f"config.data.source={kind!r} is not one of {SOURCES}.")
+  try:
+    return _source(cfg, kind, split)
+  except (FileNotFoundError, ValueError, KeyError) as e:
+    fields = {"folder": "path, labels", "idx": "path, split", "tfds": "name, split, data_dir",
+              "synthetic": "num_examples"}[kind]
+    raise type(e)(f"config.data (source={kind!r}; fields {fields}): {e}") from e
+
+
+def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> data.Source:
   if kind == "tfds":
     return data.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
                            cfg.get("image_key", "image"), cfg.get("label_key", "label"))
@@ -36,9 +47,7 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
     return data.FolderSource(cfg.path, cfg.get("labels", ""))
   if kind == "idx":
     return data.IdxSource(cfg.path, split)
-  if kind == "synthetic":
-    return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
-  raise ValueError(f"config.data.source={kind!r} is not one of {SOURCES}.")
+  return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 
 def check_batching(num_examples: int, batch_size: int) -> None:

@@ -52,7 +52,7 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
                                                          blocks[-1]})
   missing = [b for b in chosen if b not in blocks]
   if missing:
-    raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
+    raise ValueError(f"plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
   for b in chosen:
     ax1.plot(np.sort(mean[list(blocks).index(b)]), "o-", ms=4, label=f"block {b}")

@@ -37,7 +37,7 @@ def mean_distance(weights: jax.Array, dist: jax.Array, num_prefix: int,
   if cls == "renormalize":
     w = w / w.sum(axis=-1, keepdims=True)
   elif cls != "drop":
-    raise ValueError(f"config.cls={cls!r} is not one of {CLS_CONVENTIONS}.")
+    raise ValueError(f"cls={cls!r} is not one of {CLS_CONVENTIONS}.")
   return jnp.einsum("bhqk,qk->bhq", w, dist, precision=jax.lax.Precision.HIGHEST).mean(axis=-1)
 
 
@@ -62,6 +62,10 @@ class AttentionDistance:
     self.names = [n for n in self.m.names if n.endswith("/attn/weights") and not n.startswith("map/")]
     if not self.names:
       raise ValueError("config.model.capture selects no `blockNN/attn/weights`.")
+    blocks = [int(n.split("/")[0][5:]) for n in self.names]
+    missing = [b for b in config.plot_blocks if b not in blocks]
+    if missing:
+      raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks {blocks}.")
     self.points = {"model": self.names}
     self.patch = patch[0]
     self.ceiling = distance_matrix(self.m.model.grid, self.patch)
