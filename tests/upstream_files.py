@@ -51,6 +51,18 @@ def _under(prefix: str, tree: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return {f"{prefix}/{k}": v for k, v in tree.items()}
 
 
+def _vit_head(r: Rand, width: int, pre_logits: int | None,
+              num_classes: int | None) -> dict[str, np.ndarray]:
+  """Optional pre_logits (Dense + tanh in the model) and optional classifier."""
+  w, feat = {}, width
+  if pre_logits:
+    w["pre_logits/kernel"], w["pre_logits/bias"] = r.kernel(width, pre_logits), r.bias(pre_logits)
+    feat = pre_logits
+  if num_classes:
+    w["head/kernel"], w["head/bias"] = r.kernel(feat, num_classes), r.bias(num_classes)
+  return w
+
+
 def vt_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
            mlp: int = 96, patch: int = 8, grid: int = 4, num_classes: int | None = 7,
            pool: str = "token", pre_logits: int | None = None) -> dict[str, np.ndarray]:
@@ -69,12 +81,7 @@ def vt_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
     w.update(_under(f"{b}/LayerNorm_2", _ln(r, width)))
     w.update(_under(f"{b}/MlpBlock_3", _mlp(r, width, mlp)))
   w.update(_under("Transformer/encoder_norm", _ln(r, width)))
-  feat = width
-  if pre_logits:
-    w["pre_logits/kernel"], w["pre_logits/bias"] = r.kernel(width, pre_logits), r.bias(pre_logits)
-    feat = pre_logits
-  if num_classes:
-    w["head/kernel"], w["head/bias"] = r.kernel(feat, num_classes), r.bias(num_classes)
+  w.update(_vit_head(r, width, pre_logits, num_classes))
   return w
 
 
@@ -111,12 +118,7 @@ def bv_vit(seed: int = 0, *, width: int = 48, depth: int = 2, heads: int = 3,
     w.update(_under("MAPHead_0/MultiHeadDotProductAttention_0", _attention(r, width, heads)))
     w.update(_under("MAPHead_0/LayerNorm_0", _ln(r, width)))
     w.update(_under("MAPHead_0/MlpBlock_0", _mlp(r, width, mlp)))
-  feat = width
-  if rep_size:
-    w["pre_logits/kernel"], w["pre_logits/bias"] = r.kernel(width, rep_size), r.bias(rep_size)
-    feat = rep_size
-  if num_classes:
-    w["head/kernel"], w["head/bias"] = r.kernel(feat, num_classes), r.bias(num_classes)
+  w.update(_vit_head(r, width, rep_size, num_classes))
   return {prefix + k: v for k, v in w.items()}
 
 
