@@ -11,6 +11,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Every in-process test sees 8 fake CPU devices (set before JAX is imported), so
+# analyses run sharded everywhere; child processes choose their own count.
+IN_PROCESS_DEVICES = 8
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={IN_PROCESS_DEVICES}").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 
 def require(module: str):
   """Imports `module`; a missing one skips locally but fails when CI is set."""
@@ -31,15 +39,81 @@ def device_env(devices: int) -> dict[str, str]:
   return dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
 
 
-def run_main(*args: str, devices: int = 1, check: bool = True, timeout: int = 300):
-  """`python main.py ARGS` in a fresh process with `devices` fake CPU devices."""
+def run_main(*args: str, devices: int | None = None, check: bool = True, timeout: int = 300):
+  """`python main.py ARGS`: in this process (the config file and its `--config.X=V`
+  overrides applied as main.py would, then the analysis run directly) when
+  `devices` is None; in a fresh process with `devices` fake CPU devices otherwise,
+  or when the flags need main.py itself."""
   import subprocess  # pylint: disable=g-import-not-at-top
-  env = device_env(devices)
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=timeout)
+  r = _in_process(args) if devices is None else None
+  if r is None:
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
+                       env=device_env(devices or 1), capture_output=True, text=True, timeout=timeout)
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
   return r
+
+
+def _config_from_flags(args):
+  """(config, workdir) from main.py flags, or None if only main.py can parse them."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  flags = dict(a.split("=", 1) for a in args if a.startswith("--") and "=" in a)
+  if len(flags) != len(args) or not {"--config", "--workdir"} <= set(flags):
+    return None
+  file, _, arg = flags.pop("--config").partition(":")
+  spec = importlib.util.spec_from_file_location("config_under_test", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(arg or None)
+  workdir = flags.pop("--workdir")
+  for name, text in flags.items():
+    if not name.startswith("--config."):
+      return None
+    *parents, leaf = name[len("--config."):].split(".")
+    node = config
+    for p in parents:
+      node = node.get(p)
+      if node is None:
+        return None
+    if leaf not in node:
+      return None
+    kind = node.get_type(leaf)
+    if kind is bool:
+      value = text.lower() in ("1", "true", "yes")
+    elif kind in (int, float, str):
+      value = kind(text)
+    elif kind in (tuple, list):
+      try:
+        value = kind(ast.literal_eval(text))
+      except (ValueError, SyntaxError):
+        return None
+    else:
+      return None
+    node[leaf] = value
+  config.lock()
+  return config, workdir
+
+
+def _in_process(args):
+  """Runs the analysis of main.py flags here; a CompletedProcess-like result."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import traceback  # pylint: disable=g-import-not-at-top
+  parsed = _config_from_flags(args)
+  if parsed is None:
+    return None
+  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+  out, err = io.StringIO(), io.StringIO()
+  code = 0
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      analyses.run(*parsed)
+    except Exception:  # pylint: disable=broad-except  (reported like main.py's traceback)
+      traceback.print_exc()
+      code = 1
+  return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def pytest_addoption(parser):

@@ -58,7 +58,7 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/attention_distance.py:b16,examples=24,batch=8",
            f"--workdir={wd}", f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
-           "--config.data.num_examples=40", devices=2)
+           "--config.data.num_examples=40")
   summary = json.loads((wd / "attention_distance.json").read_text())
   got = np.asarray(summary["mean_distance_px"])
   assert got.shape == (2, 3) and summary["blocks"] == [0, 1]
@@ -89,7 +89,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=64,batch=4",
           f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
           "--config.data.num_examples=64", "--config.save_every_seconds=0"]
-  run_main(*args, f"--workdir={tmp_path / 'whole'}")
+  run_main(*args, f"--workdir={tmp_path / 'whole'}", devices=1)
   wd = tmp_path / "killed"
   proc = subprocess.Popen([sys.executable, f"{ROOT}/main.py", *args, f"--workdir={wd}"], cwd=ROOT,
                           env=device_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -111,8 +111,8 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   assert int(saved["position"][2]) >= 1
   saved["open/distance"] = saved["open/distance"] + 64.0
   np.savez(shifted / "attention_distance_state.npz", **saved)
-  run_main(*args, f"--workdir={wd}")
-  run_main(*args, f"--workdir={shifted}")
+  run_main(*args, f"--workdir={wd}", devices=1)  # a state is resumed on as many devices
+  run_main(*args, f"--workdir={shifted}", devices=1)
   whole = np.load(tmp_path / "whole" / "attention_distance.npz")["mean_distance"]
   np.testing.assert_array_equal(np.load(wd / "attention_distance.npz")["mean_distance"], whole)
   np.testing.assert_allclose(np.load(shifted / "attention_distance.npz")["mean_distance"], whole + 1.0,

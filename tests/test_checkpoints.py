@@ -236,3 +236,18 @@ def test_gs_path_without_backend_says_what_to_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow", None)
   with pytest.raises(ImportError, match=r"gs://vit_models/x\.npz.*pip install gcsfs"):
     fileio.read_bytes("gs://vit_models/x.npz")
+
+
+def test_gs_path_without_network_fails_at_once(monkeypatch):
+  """gcsfs would retry for about a minute; an unresolvable host is reported at once."""
+  import socket
+  import time
+
+  def no_dns(*args, **kwargs):
+    raise socket.gaierror(-2, "Name or service not known")
+
+  monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+  start = time.time()
+  with pytest.raises(FileNotFoundError, match=r"gs://vit_models/x\.npz: cannot reach storage\.googleapis\.com"):
+    fileio.read_bytes("gs://vit_models/x.npz")
+  assert time.time() - start < 5

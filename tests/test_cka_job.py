@@ -40,14 +40,15 @@ def _flags(ckpts, workdir, *extra):
           "--config.data.source=synthetic", "--config.data.num_examples=64", *extra]
 
 
-def _run(args, devices=1, check=True):
+def _run(args, devices=None, check=True):
+  """In this process (8 devices) unless `devices` asks for a child process."""
   return run_main(*args, devices=devices, check=check)
 
 
 @pytest.fixture(scope="module")
 def one_device(ckpts, tmp_path_factory):
   wd = tmp_path_factory.mktemp("one")
-  _run(_flags(ckpts, wd))
+  _run(_flags(ckpts, wd), devices=1)
   return wd
 
 
@@ -93,7 +94,7 @@ def test_matches_an_independent_float64_computation(one_device, ckpts):
 
 
 def test_eight_devices_equal_one_device(one_device, ckpts, tmp_path):
-  _run(_flags(ckpts, tmp_path), devices=8)
+  _run(_flags(ckpts, tmp_path))
   a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "8 devices vs 1")
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
@@ -119,12 +120,12 @@ def test_two_processes_equal_one_process(one_device, ckpts, tmp_path):
 
 
 def test_interrupted_run_resumes_to_the_same_result(one_device, ckpts, tmp_path):
-  r = _run(_flags(ckpts, tmp_path, "--config.stop_after=4"))
+  r = _run(_flags(ckpts, tmp_path, "--config.stop_after=4"), devices=1)
   assert "Stopped after 4 steps" in r.stdout
   assert (tmp_path / "cka_state.npz").exists() and not (tmp_path / "cka.npz").exists()
   state = np.load(tmp_path / "cka_state.npz")
   assert tuple(state["position"]) == (0, 0, 4)  # pass 0, repeat 0, after step 4
-  _run(_flags(ckpts, tmp_path))
+  _run(_flags(ckpts, tmp_path), devices=1)
   np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"],
                                 np.load(one_device / "cka.npz")["per_repeat"])
 

@@ -8,7 +8,8 @@ import upstream_files as uf
 from conftest import ROOT, run_main
 
 def _main(*args: str):
-  return run_main(*args, check=False)
+  """main.py itself, in a child process: these tests are about its flags."""
+  return run_main(*args, devices=1, check=False)
 
 
 def test_inspect_writes_architecture_and_points(tmp_path):

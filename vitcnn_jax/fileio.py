@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import socket
 import tempfile
 from typing import IO, Callable
 
@@ -11,6 +13,30 @@ from etils import epath
 
 def _is_remote(path: str) -> bool:
   return "://" in str(path)
+
+
+_HOSTS = {"gs": "storage.googleapis.com"}
+
+
+def _check_network(path: str) -> None:
+  """Fails at once when the storage host cannot even be resolved: gcsfs would
+  retry for about a minute, logging a traceback per attempt."""
+  host = _HOSTS.get(str(path).split("://")[0])
+  if host is None:
+    return
+  try:  # the backend first: installing it is the more useful advice
+    importlib.import_module("gcsfs")
+  except ImportError:
+    try:
+      importlib.import_module("tensorflow")
+    except ImportError as e:
+      raise ImportError(f"Reading {path} needs `pip install gcsfs` (or tensorflow) for gs:// "
+                        "paths; or copy the file locally and pass the local path.") from e
+  try:
+    socket.getaddrinfo(host, 443)
+  except OSError as e:
+    raise FileNotFoundError(f"{path}: cannot reach {host} ({e}); no network? Copy the file "
+                            "locally (e.g. `gsutil cp`) and pass the local path.") from e
 
 
 def _epath(path: str) -> epath.Path:
@@ -30,6 +56,7 @@ def read_bytes(path: str) -> bytes:
       raise FileNotFoundError(f"No such file: {path}")
     with open(path, "rb") as f:
       return f.read()
+  _check_network(path)
   try:
     return _epath(path).read_bytes()
   except ImportError as e:
@@ -45,6 +72,7 @@ def exists(path: str) -> bool:
   path = os.fspath(path)
   if not _is_remote(path):
     return os.path.exists(path)
+  _check_network(path)
   try:
     return _epath(path).exists()
   except ImportError as e:

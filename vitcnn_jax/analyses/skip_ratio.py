@@ -35,6 +35,14 @@ def ratio_and_cosine(z: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
   return ratio, cos
 
 
+def _masked_sum(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
+  """Sum over the examples axis of the valid rows only: a padding row's infinite
+  ratio times a zero mask would be NaN."""
+  shape = [1] * x.ndim
+  shape[axis] = -1
+  return jnp.where(mask.reshape(shape) > 0, x, 0.0).sum(axis=axis)
+
+
 def _vit_names(depth: int) -> list[str]:
   return [f"block{b:02d}/{p}" for b in range(depth) for _, z, f in VIT_SUBLAYERS for p in (z, f)]
 
@@ -73,12 +81,12 @@ class SkipRatio:
     pairs = [(out[f"block{b:02d}/{z}"], out[f"block{b:02d}/{f}"])
              for b in range(self.depth) for _, z, f in VIT_SUBLAYERS]
     r, c = (jnp.stack(v) for v in zip(*[ratio_and_cosine(z, f) for z, f in pairs]))  # (2 depth, B, T)
-    sums = {"vit_ratio": jnp.einsum("lbt,b->lt", r, mask), "vit_cosine": jnp.einsum("lbt,b->lt", c, mask)}
+    sums = {"vit_ratio": _masked_sum(r, mask, 1), "vit_cosine": _masked_sum(c, mask, 1)}
     if self.bit is not None:
       out = forward("model_y")
       r, c = zip(*[ratio_and_cosine(out[f"{u}/shortcut"], out[f"{u}/conv3"]) for u in self.units])
-      sums["bit_ratio"] = jnp.stack([x.mean(axis=(1, 2)) for x in r]) @ mask  # mean over positions
-      sums["bit_cosine"] = jnp.stack([x.mean(axis=(1, 2)) for x in c]) @ mask
+      sums["bit_ratio"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in r]), mask, 1)
+      sums["bit_cosine"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in c]), mask, 1)
     return sums
 
   def finalize(self, sums):
