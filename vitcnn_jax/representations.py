@@ -7,8 +7,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from vitcnn_jax import parallel
-from vitcnn_jax import preprocess
 from vitcnn_jax.models import common
 
 
@@ -30,19 +28,3 @@ def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
 
   shapes = jax.eval_shape(forward, params, images)
   return {name: shapes[name] for name in order}
-
-
-def capture_fn(model, capture: str | Sequence[str] | None, mesh):
-  """jit: (params, images) -> {name: activation}, data-parallel over `mesh`.
-
-  Images (global, batch-sharded; uint8 are mapped to [-1, 1]) in, activations
-  out with the same batch sharding; params replicated. Only the selected
-  points are materialised.
-  """
-  def f(params, images):
-    if images.dtype == jax.numpy.uint8:
-      images = preprocess.to_model_range(images)
-    return model.apply({"params": params}, images, capture=capture)[1]
-
-  return jax.jit(f, in_shardings=(parallel.replicated(mesh), parallel.batch_sharding(mesh)),
-                 out_shardings=parallel.batch_sharding(mesh))
