@@ -62,8 +62,8 @@ def part_ours(n_images: int, batch: int) -> dict:
   models = _jax_models()
   mesh = parallel.mesh()
   by_key = {m.key: m for m in models}
-  step = driver.compile_pass(cka_job.CKA(ml_collections.ConfigDict({"repeats": 1}), by_key),
-                             by_key, mesh)
+  job = ml_collections.ConfigDict(dict(repeats=1, num_examples=n_images, batch_size=batch))
+  step = driver.compile_pass(cka_job.CKA(job, by_key), by_key, mesh)
   params = [parallel.replicate(mesh, m.params) for m in models]
   images = _images(n_images)
   mask = np.ones((batch,), np.float32)

@@ -65,8 +65,9 @@ class HeadSubsets:
   def passes(self):
     return [self] if self.config.tap == "heads" else [self, _Projected(self)]
 
-  def _heads(self, forward):
-    return forward("model_x")[f"{self.blk}/attn/heads"][:, self.vit.model.num_prefix_tokens:]
+  def heads(self, out: dict):
+    """(B, N, H, hd) per-head outputs of the spatial tokens, from the captured points."""
+    return out[f"{self.blk}/attn/heads"][:, self.vit.model.num_prefix_tokens:]
 
   def step(self, forward, labels, mask) -> dict:
     del labels
@@ -76,7 +77,7 @@ class HeadSubsets:
     w = out[f"{self.blk}/attn/weights"]
     sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
     if self.config.tap == "heads":
-      heads = self._heads(forward)  # (B, N, H, hd)
+      heads = self.heads(out)
       res = forward("model_y")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
       sums["hsic"] = cka.hsic_matrix(reps, mask)
@@ -129,7 +130,7 @@ class _Projected:
     del labels
     kernel = self.a.vit.params["Transformer"][f"encoderblock_{self.a.config.block}"][
         "MultiHeadDotProductAttention_0"]["out"]["kernel"]
-    heads = self.a._heads(forward)  # pylint: disable=protected-access
+    heads = self.a.heads(forward("model_x"))
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("model_y")
     return {"hsic": cka.hsic_matrix(reps + [res[n] for n in self.a.res_names], mask)}
