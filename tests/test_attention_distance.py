@@ -86,9 +86,10 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   import time
   from conftest import device_env
   ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=64,batch=4",
+  # 256 steps, the state written after each: the kill lands long before the end.
+  args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=1024,batch=4",
           f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
-          "--config.data.num_examples=64", "--config.save_every_seconds=0"]
+          "--config.data.num_examples=1024", "--config.save_every_seconds=0"]
   run_main(*args, f"--workdir={tmp_path / 'whole'}", devices=1)
   wd = tmp_path / "killed"
   proc = subprocess.Popen([sys.executable, f"{ROOT}/main.py", *args, f"--workdir={wd}"], cwd=ROOT,
@@ -102,14 +103,14 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert not (wd / "attention_distance.npz").exists(), "finished before it could be killed"
-  # A copy whose saved partial sums are shifted by 64 px per head: a resume that
-  # really continues from the state ends 1 px (64 / 64 examples) higher.
+  # A copy whose saved partial sums are shifted by 1024 px per head: a resume that
+  # really continues from the state ends 1 px (1024 / 1024 examples) higher.
   shifted = tmp_path / "shifted"
   shifted.mkdir()
   with np.load(state) as z:
     saved = {k: z[k] for k in z.files}
   assert int(saved["position"][2]) >= 1
-  saved["open/distance"] = saved["open/distance"] + 64.0
+  saved["open/distance"] = saved["open/distance"] + 1024.0
   np.savez(shifted / "attention_distance_state.npz", **saved)
   run_main(*args, f"--workdir={wd}", devices=1)  # a state is resumed on as many devices
   run_main(*args, f"--workdir={shifted}", devices=1)

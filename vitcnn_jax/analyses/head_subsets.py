@@ -65,7 +65,7 @@ class HeadSubsets:
   def passes(self):
     return [self] if self.config.tap == "heads" else [self, _Projected(self)]
 
-  def heads(self, out: dict):
+  def spatial_heads(self, out: dict):
     """(B, N, H, hd) per-head outputs of the spatial tokens, from the captured points."""
     return out[f"{self.blk}/attn/heads"][:, self.vit.model.num_prefix_tokens:]
 
@@ -77,7 +77,7 @@ class HeadSubsets:
     w = out[f"{self.blk}/attn/weights"]
     sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
     if self.config.tap == "heads":
-      heads = self.heads(out)
+      heads = self.spatial_heads(out)
       res = forward("model_y")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
       sums["hsic"] = cka.hsic_matrix(reps, mask)
@@ -130,7 +130,7 @@ class _Projected:
     del labels
     kernel = self.a.vit.params["Transformer"][f"encoderblock_{self.a.config.block}"][
         "MultiHeadDotProductAttention_0"]["out"]["kernel"]
-    heads = self.a.heads(forward("model_x"))
+    heads = self.a.spatial_heads(forward("model_x"))
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("model_y")
     return {"hsic": cka.hsic_matrix(reps + [res[n] for n in self.a.res_names], mask)}
