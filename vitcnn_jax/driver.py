@@ -185,12 +185,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
         step, ran = step + 1, ran + 1
         bar.update(1, b.examples)
         stop = bool(config.get("stop_after")) and ran >= config.stop_after
-        if stop or len(pending) >= FETCH_EVERY or time.time() - last_save > config.get("save_every_seconds", 60):
+        due = stop or time.time() - last_save > config.get("save_every_seconds", 60)
+        if due or len(pending) >= FETCH_EVERY:
           fetch()
-          if stop or time.time() - last_save > config.get("save_every_seconds", 60):
-            state.open = sums
-            save((pi, repeat, step))
-            last_save = time.time()
+        if due:
+          state.open = sums
+          save((pi, repeat, step))
+          last_save = time.time()
         if stop:
           bar.close()
           print(f"Stopped after {ran} steps as asked (config.stop_after); state in {state.path}.")
