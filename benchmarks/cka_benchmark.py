@@ -43,11 +43,11 @@ def _jax_models():
   from vitcnn_jax import loading, representations
   from vitcnn_jax.models import BiT, ViT, vit
   out = []
-  for key, model, capture in (("model_x", ViT(num_classes=1000, **vit.decode_variant("B/16")), common.VIT_LAYERS),
-                              ("model_y", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
+  for name, model, capture in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16")), common.VIT_LAYERS),
+                               ("resnet", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
     params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
     names = list(representations.point_shapes(model, params, list(capture)))
-    out.append(loading.Loaded(key, "<random init>", key, model, params, names, "resize"))
+    out.append(loading.Loaded(name, "<random init>", name, model, params, names, "resize"))
   return out
 
 
@@ -61,7 +61,7 @@ def part_ours(n_images: int, batch: int) -> dict:
 
   models = _jax_models()
   mesh = parallel.mesh()
-  by_key = {m.key: m for m in models}
+  by_key = {m.name: m for m in models}
   job = ml_collections.ConfigDict(dict(repeats=1, num_examples=n_images, batch_size=batch))
   step = driver.compile_pass(cka_job.CKA(job, by_key), by_key, mesh)
   params = [parallel.replicate(mesh, m.params) for m in models]

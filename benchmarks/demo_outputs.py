@@ -1,12 +1,13 @@
 r"""Every analysis's `:demo` output, run and compared across two checkouts.
 
   python benchmarks/demo_outputs.py run DIR            # each demo into DIR/<config>
-  python benchmarks/demo_outputs.py compare DIR_A DIR_B [--tol 1e-6]
+  python benchmarks/demo_outputs.py compare DIR_A DIR_B [--tol 1e-6] [--rename OLD=NEW[.T] ...]
 
 For refactors that must not change results: run it in the old checkout and in
 the new one (same demo-model cache, so the same trained models), then compare
 every array of every npz. Prints one line per array and exits 1 if any differs
-by more than `--tol` (absolute) or changes shape, dtype or presence.
+by more than `--tol` (absolute) or changes shape, dtype or presence. `--rename`
+maps an array of DIR_A to its new name in DIR_B (`.T`: transposed there too).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def run(out_dir: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def compare(a: str, b: str, tol: float) -> int:
+def compare(a: str, b: str, tol: float, rename: dict[str, str]) -> int:
   bad = 0
   for name in CONFIGS:
     files = sorted(f for f in os.listdir(os.path.join(a, name))
@@ -44,12 +45,17 @@ def compare(a: str, b: str, tol: float) -> int:
         bad += 1
         continue
       with np.load(pa) as za, np.load(pb) as zb:
-        for key in sorted(set(za.files) | set(zb.files)):
-          if key not in za.files or key not in zb.files:
+        new = {k: rename.get(k, k) for k in za.files}
+        gone = set(zb.files) - {n.removesuffix(".T") for n in new.values()}
+        for key in sorted(set(za.files) | gone):
+          target = new.get(key, key).removesuffix(".T")
+          if key not in za.files or target not in zb.files:
             print(f"MISSING {name}/{f}:{key} in {'ab'[key in za.files]}")
             bad += 1
             continue
-          x, y = za[key], zb[key]
+          x, y = za[key], zb[target]
+          if new[key].endswith(".T"):
+            y = y.T
           if x.shape != y.shape or x.dtype != y.dtype:
             print(f"DIFFERS {name}/{f}:{key} {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
             bad += 1
@@ -76,11 +82,12 @@ def main() -> int:
   c.add_argument("a")
   c.add_argument("b")
   c.add_argument("--tol", type=float, default=1e-6)
+  c.add_argument("--rename", nargs="*", default=[], metavar="OLD=NEW[.T]")
   args = parser.parse_args()
   if args.cmd == "run":
     run(args.dir)
     return 0
-  return compare(args.a, args.b, args.tol)
+  return compare(args.a, args.b, args.tol, dict(r.split("=", 1) for r in args.rename))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ Variants: `b16`, `b32`, `l16` (default; the paper's Fig 3 model family), `h14`,
 
 import ml_collections
 
+from configs import cka_vit_resnet
 from configs import common
-from configs import train as train_configs
 
 VIT = {"b16": ("B_16", "ViT-B/16"), "b32": ("B_32", "ViT-B/32"), "l16": ("L_16", "ViT-L/16"),
        "h14": ("H_14", "ViT-H/14")}
@@ -24,14 +24,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.analysis = "attention_distance"
   capture = ["block*/attn/weights"]
   if demo:
-    train = train_configs.train_config("vit_demo")
-    config.model = common.model("", capture, "ViT (demo)")
-    config.model.train = train
-    config.data = common.fashion_mnist("t10k")
-    config.cache_dir = "~/.cache/vitcnn_jax"
+    cka_vit_resnet.demo_models(config, ("vit",))
+    config.models.vit.capture = capture
   elif arg.variant in VIT:
     name, label = VIT[arg.variant]
-    config.model = common.model(f"gs://vit_models/imagenet21k/ViT-{name}.npz", capture, label)
+    config.models = dict(vit=common.model(f"gs://vit_models/imagenet21k/ViT-{name}.npz", capture, label))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

@@ -9,10 +9,14 @@ Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
 Fashion-MNIST (once; cached in `cache_dir`), reloads them through load_model
-and runs the same CKA job on the held-out test images. `demo3` compares three
-models (adding the ViT trained with GAP instead of CLS) through the mapping
-`config.models` (name -> model spec), which takes any number of checkpoints:
-every pair of models gets its block of the CKA matrix and a heatmap.
+and runs the same CKA job on the held-out test images. `demo3` adds a third
+model, the ViT trained with GAP instead of CLS.
+
+Models are the mapping `config.models` (name -> model spec), here `vit` and
+`resnet`; it takes any number of checkpoints under any names (add one with
+`--config.models.NAME...` only in a config file: flags set existing fields).
+Every pair of models, in name order, gets its block of the one CKA matrix
+(arrays `cka_A_B`) and a heatmap `cka_A_B.png`.
 
 The JFT-300M models of the paper were never released; the defaults are the
 public ImageNet-21k checkpoints of the same architectures (both at 224 px).
@@ -33,27 +37,23 @@ PAIRS = {
 }
 
 
-def demo_models(config: ml_collections.ConfigDict, steps_scale: float = 1.0) -> None:
+DEMO_MODELS = {  # name -> (demo training variant, layers, label)
+    "vit": ("vit_demo", common.VIT_LAYERS, "ViT (demo)"),
+    "resnet": ("bit_demo", common.BIT_LAYERS, "BiT (demo)"),
+    "vit_gap": ("vit_gap_demo", common.VIT_LAYERS, "ViT GAP (demo)"),
+}
+
+
+def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet"),
+                steps_scale: float = 1.0) -> None:
   """Tiny Fashion-MNIST models trained on first use (cached in config.cache_dir)."""
-  for key, variant, layers, label in (("model_x", "vit_demo", common.VIT_LAYERS, "ViT (demo)"),
-                                      ("model_y", "bit_demo", common.BIT_LAYERS, "BiT (demo)")):
+  config.models = ml_collections.ConfigDict()
+  for name in names:
+    variant, layers, label = DEMO_MODELS[name]
     train = train_configs.train_config(variant)
     # npz files do not record a BiT's input size: run at the training resolution.
-    config[key] = common.model("", layers, label, resolution=train.model.image_size)
-    train.steps = max(1, int(train.steps * steps_scale))
-    config[key].train = train
-  config.data = common.fashion_mnist("t10k")
-  config.cache_dir = "~/.cache/vitcnn_jax"
-
-
-def demo3_models(config: ml_collections.ConfigDict) -> None:
-  """Three demo models as a mapping: the ViT (CLS), the BiT and the GAP ViT."""
-  config.models = ml_collections.ConfigDict()
-  for name, variant, layers, label in (("vit", "vit_demo", common.VIT_LAYERS, "ViT (demo)"),
-                                       ("bit", "bit_demo", common.BIT_LAYERS, "BiT (demo)"),
-                                       ("vit_gap", "vit_gap_demo", common.VIT_LAYERS, "ViT GAP (demo)")):
-    train = train_configs.train_config(variant)
     config.models[name] = common.model("", layers, label, resolution=train.model.image_size)
+    train.steps = max(1, int(train.steps * steps_scale))
     config.models[name].train = train
   config.data = common.fashion_mnist("t10k")
   config.cache_dir = "~/.cache/vitcnn_jax"
@@ -66,13 +66,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.analysis = "cka"
   if arg.variant == "demo3":
-    demo3_models(config)
+    demo_models(config, ("vit", "resnet", "vit_gap"))
   elif demo:
     demo_models(config)
   elif arg.variant in PAIRS:
     (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
-    config.model_x = common.model(VIT.format(vit), common.VIT_LAYERS, vit_label)
-    config.model_y = common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224)
+    config.models = dict(
+        vit=common.model(VIT.format(vit), common.VIT_LAYERS, vit_label),
+        resnet=common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

@@ -30,13 +30,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.analysis = "head_subsets"
   if demo:
     cka_vit_resnet.demo_models(config)
-    config.model_y.capture = ("block1/unit01/out", "block2/unit01/out")
+    config.models.resnet.capture = ("block1/unit01/out", "block2/unit01/out")
     heads = 4
   elif arg.variant in PAIRS:
     vit, vit_label, res, res_label, heads = PAIRS[arg.variant]
-    config.model_x = common.model(f"gs://vit_models/imagenet21k/ViT-{vit}.npz", ["**"], vit_label)
-    config.model_y = common.model(f"gs://bit_models/BiT-M-{res}.npz", LOWER_RESNET, res_label,
-                                  resolution=224)
+    config.models = dict(
+        vit=common.model(f"gs://vit_models/imagenet21k/ViT-{vit}.npz", ["**"], vit_label),
+        resnet=common.model(f"gs://bit_models/BiT-M-{res}.npz", LOWER_RESNET, res_label,
+                            resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

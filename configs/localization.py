@@ -11,8 +11,8 @@ ViT); then `examples=`, `batch=`. `--config.layer=` picks another point,
 
 import ml_collections
 
+from configs import cka_vit_resnet
 from configs import common
-from configs import train as train_configs
 
 MODELS = {
     "l16": ("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-L/16", "block23/out"),
@@ -28,15 +28,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.analysis = "localization"
   if demo:
-    config.model = common.model("", ["**"], "ViT (demo)")
-    config.model.train = train_configs.train_config("vit_demo")
-    config.data = common.fashion_mnist("t10k")
-    config.cache_dir = "~/.cache/vitcnn_jax"
+    cka_vit_resnet.demo_models(config, ("vit",))
+    config.models.vit.capture = ("**",)
     config.layer = "block03/out"
   elif arg.variant in MODELS:
     path, label, layer = MODELS[arg.variant]
     overrides = {"resolution": 224} if arg.variant == "r50" else {}
-    config.model = common.model(path, ["**"], label, **overrides)
+    name = "resnet" if arg.variant == "r50" else "vit"
+    config.models = {name: common.model(path, ["**"], label, **overrides)}
     config.data = common.imagenet_validation()
     config.cache_dir = ""
     config.layer = layer

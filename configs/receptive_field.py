@@ -22,10 +22,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if demo:
     cka_vit_resnet.demo_models(config)
   elif arg.variant == "b32_r50":
-    config.model_x = common.model("gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz", ["**"],
-                                  "ViT-B/32", resolution=224)
-    config.model_y = common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
-                                  resolution=224)
+    config.models = dict(
+        vit=common.model("gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz", ["**"],
+                         "ViT-B/32", resolution=224),
+        resnet=common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
+                            resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

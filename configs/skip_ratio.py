@@ -27,9 +27,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     cka_vit_resnet.demo_models(config)
   elif arg.variant in PAIRS:
     path, label = PAIRS[arg.variant]
-    config.model_x = common.model(path, ["**"], label)
-    config.model_y = common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
-                                  resolution=224)
+    config.models = dict(
+        vit=common.model(path, ["**"], label),
+        resnet=common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1", resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

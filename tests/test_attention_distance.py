@@ -57,7 +57,7 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/attention_distance.py:b16,examples=24,batch=8",
-           f"--workdir={wd}", f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
+           f"--workdir={wd}", f"--config.models.vit.checkpoint={ckpt}", "--config.data.source=synthetic",
            "--config.data.num_examples=40")
   summary = json.loads((wd / "attention_distance.json").read_text())
   got = np.asarray(summary["mean_distance_px"])
@@ -88,7 +88,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   # 256 steps, the state written after each: the kill lands long before the end.
   args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=1024,batch=4",
-          f"--config.model.checkpoint={ckpt}", "--config.data.source=synthetic",
+          f"--config.models.vit.checkpoint={ckpt}", "--config.data.source=synthetic",
           "--config.data.num_examples=1024", "--config.save_every_seconds=0"]
   run_main(*args, f"--workdir={tmp_path / 'whole'}", devices=1)
   wd = tmp_path / "killed"

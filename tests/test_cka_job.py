@@ -35,8 +35,8 @@ def ckpts(tmp_path_factory):
 def _flags(ckpts, workdir, *extra):
   vit, bit = ckpts
   return [f"--config={ROOT}/configs/cka_vit_resnet.py:examples={EXAMPLES},batch={BATCH},repeats={REPEATS}",
-          f"--workdir={workdir}", f"--config.model_x.checkpoint={vit}",
-          f"--config.model_y.checkpoint={bit}", "--config.model_y.overrides.resolution=32",
+          f"--workdir={workdir}", f"--config.models.vit.checkpoint={vit}",
+          f"--config.models.resnet.checkpoint={bit}", "--config.models.resnet.overrides.resolution=32",
           "--config.data.source=synthetic", "--config.data.num_examples=64", *extra]
 
 
@@ -57,13 +57,15 @@ def test_writes_results_and_figures(one_device):
   summary = json.loads((wd / "cka.json").read_text())
   assert summary["num_examples"] == EXAMPLES and summary["repeats"] == REPEATS
   z = np.load(wd / "cka.npz")
-  nx, ny = len(z["names_x"]), len(z["names_y"])
-  assert nx == 12 and ny == 31  # 6 per ViT block; root 2 + 4 units x 7 + head
-  assert z["cka_xx"].shape == (nx, nx) and z["cka_yy"].shape == (ny, ny) and z["cka_xy"].shape == (nx, ny)
-  assert z["per_repeat"].shape == (REPEATS, nx + ny, nx + ny)
-  np.testing.assert_allclose(np.diag(z["cka_xx"]), 1, atol=1e-12)  # float64 HSIC / itself
-  assert (z["std_xy"] > 0).any()  # repeats use different samples
-  for tag in ("xx", "yy", "xy"):
+  nv, nr = len(z["names_vit"]), len(z["names_resnet"])
+  assert nv == 12 and nr == 31  # 6 per ViT block; root 2 + 4 units x 7 + head
+  # Models in name order: resnet, then vit.
+  assert z["cka_vit_vit"].shape == (nv, nv) and z["cka_resnet_resnet"].shape == (nr, nr)
+  assert z["cka_resnet_vit"].shape == (nr, nv)
+  assert z["per_repeat"].shape == (REPEATS, nr + nv, nr + nv)
+  np.testing.assert_allclose(np.diag(z["cka_vit_vit"]), 1, atol=1e-12)  # float64 HSIC / itself
+  assert (z["std_resnet_vit"] > 0).any()  # repeats use different samples
+  for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
     assert (wd / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -76,7 +78,7 @@ def test_matches_an_independent_float64_computation(one_device, ckpts):
   my, py = checkpoints.load_model(bit, resolution=32)
   pairs = [("block00/ln1", "root/conv"), ("block01/out", "block3/unit01/conv2"),
            ("block01/mlp/hidden", "head/preact")]
-  names_x, names_y = list(z["names_x"]), list(z["names_y"])
+  names_vit, names_resnet = list(z["names_vit"]), list(z["names_resnet"])
   for repeat in range(REPEATS):
     idx = data.sample(64, EXAMPLES, 0, repeat)
     xs, ys = {}, {}
@@ -89,7 +91,7 @@ def test_matches_an_independent_float64_computation(one_device, ckpts):
         ys.setdefault(b, []).append(np.asarray(oy[b]))
     for a, b in pairs:
       ref = np_minibatch_cka(xs[a], ys[b])
-      ours = z["per_repeat"][repeat, names_x.index(a), len(names_x) + names_y.index(b)]
+      ours = z["per_repeat"][repeat, len(names_resnet) + names_vit.index(a), names_resnet.index(b)]
       assert_close(ours, ref, RUNS_BOUND, f"repeat {repeat}: {a} x {b}")
 
 
@@ -137,10 +139,10 @@ def test_bad_config_fields_are_named(ckpts, tmp_path):
   assert r.returncode != 0 and "last minibatch of 2" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.num_examples=100"), check=False)
   assert r.returncode != 0 and "source has 64" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.model_x.capture=block*/nothing"), check=False)
+  r = _run(_flags(ckpts, tmp_path, "--config.models.vit.capture=block*/nothing"), check=False)
   assert r.returncode != 0 and "capture=" in r.stderr and "matches no representation point" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.model_x.checkpoint=gs://nowhere/x.npz"), check=False)
-  assert r.returncode != 0 and "--config.model_x.checkpoint=" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.models.vit.checkpoint=gs://nowhere/x.npz"), check=False)
+  assert r.returncode != 0 and "--config.models.vit.checkpoint=" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)
   assert r.returncode != 0 and "config.data.source='csv'" in r.stderr
 
@@ -154,7 +156,6 @@ def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):
   vit, bit = ckpts
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
-  del config["model_x"], config["model_y"]
   config.models = ml_collections.ConfigDict({
       "a_vit": common.model(vit, common.VIT_LAYERS, "ViT"),
       "b_bit": common.model(bit, common.BIT_LAYERS, "BiT", resolution=32),
@@ -168,5 +169,6 @@ def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):
   for tag in pairs:
     assert (tmp_path / "wd" / f"cka_{tag}.png").exists()
   two = np.load(one_device / "cka.npz")
-  for three_tag, two_tag in (("a_vit_a_vit", "xx"), ("a_vit_b_bit", "xy"), ("b_bit_b_bit", "yy")):
+  for three_tag, two_tag in (("a_vit_a_vit", "vit_vit"), ("b_bit_b_bit", "resnet_resnet")):
     assert_close(z[f"cka_{three_tag}"], two[f"cka_{two_tag}"], RUNS_BOUND, three_tag)
+  assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")

@@ -188,7 +188,7 @@ class _Recorder:
 def test_each_process_loads_only_its_devices_minibatches(monkeypatch):
   """2 processes x 2 local devices, minibatches of 4: step 0 covers minibatches 0-3."""
   indices = np.arange(100, 130)  # 30 examples: 7 minibatches of 4 and one of 2
-  model = loading.Loaded("model_x", "", "m", type("M", (), {"image_size": 8})(), None, [], "resize")
+  model = loading.Loaded("vit", "", "m", type("M", (), {"image_size": 8})(), None, [], "resize")
   monkeypatch.setattr(pipeline.jax, "local_device_count", lambda: 2)
   monkeypatch.setattr(pipeline.jax, "device_count", lambda: 4)
   seen = {}

@@ -29,9 +29,9 @@ def test_config_end_to_end_matches_direct_computation(tmp_path, tap):
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(2, 1, 1, 1)))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/head_subsets.py:examples=32,batch=16", f"--workdir={wd}",
-           f"--config.model_x.checkpoint={vit}", f"--config.model_y.checkpoint={bit}",
-           "--config.model_y.overrides.resolution=32",
-           "--config.model_y.capture=block1/unit0[12]/out", "--config.subset_size=2",
+           f"--config.models.vit.checkpoint={vit}", f"--config.models.resnet.checkpoint={bit}",
+           "--config.models.resnet.overrides.resolution=32",
+           "--config.models.resnet.capture=block1/unit0[12]/out", "--config.subset_size=2",
            "--config.data.source=synthetic", "--config.data.num_examples=40", f"--config.tap={tap}")
   s = json.loads((wd / "head_subsets.json").read_text())
   assert s["resnet_layers"] == ["block1/unit01/out", "block1/unit02/out"]

@@ -42,7 +42,7 @@ def test_config_end_to_end(tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/localization.py:b32,examples=32,batch=16", f"--workdir={wd}",
-           f"--config.model.checkpoint={vit}", "--config.layer=block01/out",
+           f"--config.models.vit.checkpoint={vit}", "--config.layer=block01/out",
            "--config.data.source=synthetic", "--config.data.num_examples=40")
   z = np.load(wd / "localization.npz")
   assert z["cka"].shape == (16, 16) and list(z["grid"]) == [4, 4]
@@ -52,6 +52,6 @@ def test_config_end_to_end(tmp_path):
   assert summary["tokens"] == [5, 10]
   assert (wd / "localization.png").read_bytes()[:4] == b"\x89PNG"
   r = run_main(f"--config={ROOT}/configs/localization.py:b32", f"--workdir={wd}",
-               f"--config.model.checkpoint={vit}", "--config.layer=block09/out",
+               f"--config.models.vit.checkpoint={vit}", "--config.layer=block09/out",
                "--config.data.source=synthetic", "--config.data.num_examples=40", check=False)
   assert r.returncode != 0 and "config.layer='block09/out'" in r.stderr

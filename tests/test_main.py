@@ -38,3 +38,27 @@ def test_bad_config_field_is_named(tmp_path):
   r = _main(f"--config={ROOT}/configs/inspect.py:{tmp_path}/x.npz", f"--workdir={tmp_path}",
             "--config.analysis=cka")
   assert r.returncode != 0 and "no field 'num_examples' that analysis 'cka' needs" in r.stderr
+
+
+def test_old_model_flags_name_the_new_field(tmp_path):
+  r = _main(f"--config={ROOT}/configs/cka_vit_resnet.py", f"--workdir={tmp_path}",
+            "--config.model_y.checkpoint=/x/bit.npz")
+  assert r.returncode != 0 and "use --config.models.resnet.checkpoint" in r.stderr
+
+
+def test_model_names_are_checked_against_the_analysis(tmp_path):
+  """Before any checkpoint is read: old fields, missing and unread names."""
+  import ml_collections
+  import pytest
+  from configs import common, skip_ratio
+  from vitcnn_jax import analyses
+  config = skip_ratio.get_config("b16_r50")
+  config.models.extra = common.model("/x.npz", ["**"], "extra")
+  with pytest.raises(ValueError, match=r"\['extra'\] would be ignored"):
+    analyses.run(config, str(tmp_path))
+  del config.models["extra"], config.models["vit"]
+  with pytest.raises(ValueError, match=r"reads vit, resnet \(optional\), so \['vit'\] is missing"):
+    analyses.run(config, str(tmp_path))
+  config.model_x = ml_collections.ConfigDict(dict(checkpoint="/x.npz"))
+  with pytest.raises(ValueError, match="move this spec to config.models.vit"):
+    analyses.run(config, str(tmp_path))

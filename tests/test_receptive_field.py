@@ -44,13 +44,13 @@ def test_config_end_to_end_matches_direct_gradient(tmp_path):
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/receptive_field.py:examples=6,batch=4", f"--workdir={wd}",
-           f"--config.model_x.checkpoint={vit}", "--config.model_x.overrides.resolution=32",
-           f"--config.model_y.checkpoint={bit}", "--config.model_y.overrides.resolution=32",
+           f"--config.models.vit.checkpoint={vit}", "--config.models.vit.overrides.resolution=32",
+           f"--config.models.resnet.checkpoint={bit}", "--config.models.resnet.overrides.resolution=32",
            "--config.data.source=synthetic", "--config.data.num_examples=10")
   z = np.load(wd / "receptive_field.npz")
-  assert list(z["x_names"]) == ["block00/attn/residual", "block00/out", "block01/attn/residual", "block01/out"]
-  assert list(z["y_names"])[:2] == ["root/conv", "block1/unit01/out"] and len(z["y_names"]) == 5
-  assert z["x_maps"].shape == (4, 32, 32) and z["y_maps"].shape == (5, 32, 32)
+  assert list(z["vit_names"]) == ["block00/attn/residual", "block00/out", "block01/attn/residual", "block01/out"]
+  assert list(z["resnet_names"])[:2] == ["root/conv", "block1/unit01/out"] and len(z["resnet_names"]) == 5
+  assert z["vit_maps"].shape == (4, 32, 32) and z["resnet_maps"].shape == (5, 32, 32)
   assert json.loads((wd / "receptive_field.json").read_text())["num_examples"] == 6
   assert (wd / "receptive_field.png").read_bytes()[:4] == b"\x89PNG"
   # Direct: d(channel mean of the centre token of block01/out)/d input, one image at a time.
@@ -66,8 +66,8 @@ def test_config_end_to_end_matches_direct_gradient(tmp_path):
   ref = np.mean([np.abs(np.asarray(jax.grad(f)(jnp.asarray(im)))).sum(-1) for im in imgs], axis=0)
   # Gradients from two float32 evaluations (batched jacrev, per-image grad): the backward
   # pass makes as many roundings as the forward, relative to the largest gradient.
-  assert_close(z["x_maps"][3], ref, 2 * network(VIT_ROUNDINGS) * float(np.abs(ref).max()), "ViT map")
+  assert_close(z["vit_maps"][3], ref, 2 * network(VIT_ROUNDINGS) * float(np.abs(ref).max()), "ViT map")
   # The root conv (7x7, stride 2) sees a 7x7 window around its centre output.
-  support = z["y_maps"][0] > 0
+  support = z["resnet_maps"][0] > 0
   ys, xs = np.nonzero(support)
   assert (ys.max() - ys.min() + 1, xs.max() - xs.min() + 1) == (7, 7)

@@ -66,8 +66,8 @@ def test_main_job_on_a_missing_tfds_dataset_says_how_to_prepare_it(runtime_venv,
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
   r = _run(runtime_venv, "main.py", f"--config={ROOT}/configs/cka_vit_resnet.py",
-           f"--workdir={tmp_path / 'wd'}", f"--config.model_x.checkpoint={vit}",
-           f"--config.model_y.checkpoint={bit}", f"--config.data.data_dir={tmp_path / 'tfds'}")
+           f"--workdir={tmp_path / 'wd'}", f"--config.models.vit.checkpoint={vit}",
+           f"--config.models.resnet.checkpoint={bit}", f"--config.data.data_dir={tmp_path / 'tfds'}")
   assert r.returncode != 0
   assert "No module named" not in r.stderr, r.stderr[-3000:]
   assert "not prepared" in r.stderr and "tfds build imagenet2012" in r.stderr, r.stderr[-3000:]

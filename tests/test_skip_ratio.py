@@ -28,8 +28,8 @@ def test_ratio_and_cosine_analytic():
 def _main(tmp_path, vit_path, bit_path, name):
   wd = tmp_path / name
   run_main(f"--config={ROOT}/configs/skip_ratio.py:examples=16,batch=8", f"--workdir={wd}",
-           f"--config.model_x.checkpoint={vit_path}", f"--config.model_y.checkpoint={bit_path}",
-           "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
+           f"--config.models.vit.checkpoint={vit_path}", f"--config.models.resnet.checkpoint={bit_path}",
+           "--config.models.resnet.overrides.resolution=32", "--config.data.source=synthetic",
            "--config.data.num_examples=20")
   return wd
 

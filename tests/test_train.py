@@ -103,7 +103,7 @@ def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
   flags = [f"--config={ROOT}/configs/cka_vit_resnet.py:demo,examples=64,batch=16,repeats=1",
            f"--workdir={tmp_path / 'wd'}", f"--config.cache_dir={tmp_path / 'cache'}",
            f"--config.data.path={idx_dir}"]
-  for key in ("model_x", "model_y"):
+  for key in ("models.vit", "models.resnet"):
     flags += [f"--config.{key}.train.steps=4", f"--config.{key}.train.data.path={idx_dir}",
               f"--config.{key}.train.warmup_steps=1"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -112,7 +112,7 @@ def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert "test accuracy" in r.stdout
   wd = tmp_path / "wd"
-  for f in ("cka.npz", "cka.json", "cka_xx.png", "cka_yy.png", "cka_xy.png"):
+  for f in ("cka.npz", "cka.json", "cka_vit_vit.png", "cka_resnet_resnet.png", "cka_resnet_vit.png"):
     assert (wd / f).exists(), f
   cached = sorted(os.listdir(tmp_path / "cache"))
   assert any(f.startswith("vit_demo-") and f.endswith(".npz") for f in cached)

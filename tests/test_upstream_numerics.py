@@ -168,9 +168,9 @@ def test_a_headless_image_tower_runs_through_the_cka_job(tmp_path):
   bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/cka_vit_resnet.py:examples=16,batch=8,repeats=1",
-           f"--workdir={wd}", f"--config.model_x.checkpoint={tower}:img",
-           "--config.model_x.overrides.resolution=32", f"--config.model_y.checkpoint={bit}",
-           "--config.model_y.overrides.resolution=32", "--config.data.source=synthetic",
+           f"--workdir={wd}", f"--config.models.vit.checkpoint={tower}:img",
+           "--config.models.vit.overrides.resolution=32", f"--config.models.resnet.checkpoint={bit}",
+           "--config.models.resnet.overrides.resolution=32", "--config.data.source=synthetic",
            "--config.data.num_examples=20")
   z = np.load(wd / "cka.npz")
-  assert z["cka_xy"].shape == (12, 31) and np.isfinite(z["cka_xy"]).all()
+  assert z["cka_resnet_vit"].shape == (31, 12) and np.isfinite(z["cka_resnet_vit"]).all()

@@ -71,18 +71,38 @@ class Analysis(Protocol):
   def plot(self, arrays: dict[str, np.ndarray], summary: dict, workdir: str) -> None: ...
 
 
-def load_models(config: ml_collections.ConfigDict, required: Sequence[str],
+# The fields of the models before they were a mapping, and their names now.
+LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
+
+
+def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | None,
                 optional: Sequence[str] = (), hint: str = "") -> dict[str, loading.Loaded]:
-  """The models of the config fields `required` and of those `optional` that are set,
-  or, where the config has a mapping `models` (name -> spec), all of those."""
+  """The models of `config.models` (name -> spec), by name.
+
+  `required` names the models an analysis reads (with `optional` ones it reads
+  when present); None means any number of models under any names.
+  """
   if config.num_examples < 1 or config.batch_size < 1:
     raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
                      f"{config.batch_size} must be >= 1.")
-  if config.get("models"):
-    keys = [f"models.{name}" for name in config.models]
-  else:
-    keys = list(required) + [k for k in optional if config.get(k)]
-  return {k: loading.load_model(config, k, hint) for k in keys}
+  for old, new in LEGACY_FIELDS.items():
+    if old in config:
+      raise ValueError(f"config.{old}: models are now the mapping config.models (name -> spec); "
+                       f"move this spec to config.models.{new} (configs/*.py show the names "
+                       "each analysis reads).")
+  names = list(config.get("models") or {})
+  wanted = "any names" if required is None else ", ".join(
+      [*required, *(f"{n} (optional)" for n in optional)])
+  if not names:
+    raise ValueError(f"config.models is empty; give it the models to analyse ({wanted}){hint}")
+  if required is not None:
+    missing = [n for n in required if n not in names]
+    extra = [n for n in names if n not in (*required, *optional)]
+    if missing or extra:
+      raise ValueError(f"config.models has {names}; this analysis reads {wanted}"
+                       f"{f', so {missing} is missing' if missing else ''}"
+                       f"{f', so {extra} would be ignored: remove or rename it' if extra else ''}.")
+  return {n: loading.load_model(config, n, hint) for n in names}
 
 
 def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:

@@ -1,5 +1,5 @@
 """The configured models: checkpoints (or demo models, trained once), capture lists,
-preprocessing policies. `config.model_x` style fields or a mapping `config.models`."""
+preprocessing policies, from the mapping `config.models` (name -> model spec)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from vitcnn_jax.models import common
 
 @dataclasses.dataclass
 class Loaded:
-  key: str  # config field: "model_x", or "models.NAME" for a mapping of models
+  name: str  # its name in config.models: arrays, files and figures use it
   path: str  # the checkpoint read
   label: str
   model: Any
@@ -29,11 +29,9 @@ class Loaded:
   policy: str
 
   @property
-  def short(self) -> str:
-    """A short name for files and arrays: "x" for model_x, NAME for models.NAME."""
-    if self.key.startswith("models."):
-      return self.key[len("models."):]
-    return self.key[-1] if self.key.startswith("model_") else self.key
+  def key(self) -> str:
+    """Its config field, for messages."""
+    return f"models.{self.name}"
 
   @property
   def size(self) -> int:
@@ -72,9 +70,9 @@ def overrides(spec: ml_collections.ConfigDict) -> dict:
   return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
 
 
-def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> Loaded:
-  """The model of config field `key` ("model_x", or "models.NAME")."""
-  spec = config.models[key[len("models."):]] if key.startswith("models.") else config[key]
+def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> Loaded:
+  """The model `config.models[name]`."""
+  spec, key = config.models[name], f"models.{name}"
   path = spec.get("checkpoint")
   if not path and spec.get("train"):
     path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")
@@ -90,4 +88,4 @@ def load_model(config: ml_collections.ConfigDict, key: str, hint: str = "") -> L
   policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
   if policy not in preprocess.POLICIES:
     raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")
-  return Loaded(key, path, spec.get("label") or model.family, model, params, names, policy)
+  return Loaded(name, path, spec.get("label") or model.family, model, params, names, policy)

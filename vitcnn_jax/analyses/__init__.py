@@ -1,6 +1,7 @@
 """Analyses chosen by name (`config.analysis`).
 
-A module either defines `MODELS` (the config fields of the models it reads)
+A module either defines `MODELS` (the names in `config.models` it reads, None
+for any)
 and `build(config, models) -> driver.Analysis`, which the driver runs, or (not
 yet ported) `run(config, workdir)`.
 """

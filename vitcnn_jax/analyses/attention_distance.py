@@ -41,7 +41,7 @@ def mean_distance(weights: jax.Array, dist: jax.Array, num_prefix: int,
   return jnp.einsum("bhqk,qk->bhq", w, dist, precision=jax.lax.Precision.HIGHEST).mean(axis=-1)
 
 
-MODELS = ("model",)
+MODELS = ("vit",)
 
 
 class AttentionDistance:
@@ -53,20 +53,20 @@ class AttentionDistance:
     pipeline.check_batching(config.num_examples, config.batch_size)
     if config.cls not in CLS_CONVENTIONS:
       raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
-    self.config, self.m = config, models["model"]
+    self.config, self.m = config, models["vit"]
     if self.m.model.family != "vit":
-      raise ValueError(f"config.model: attention distance needs a ViT, got a {self.m.model.family} checkpoint.")
+      raise ValueError(f"config.models.vit: attention distance needs a ViT, got a {self.m.model.family} checkpoint.")
     patch = common.to_pair(self.m.model.patch_size)
     if patch[0] != patch[1]:
-      raise ValueError(f"config.model: non-square patches {patch} are not supported.")
+      raise ValueError(f"config.models.vit: non-square patches {patch} are not supported.")
     self.names = [n for n in self.m.names if n.endswith("/attn/weights") and not n.startswith("map/")]
     if not self.names:
-      raise ValueError("config.model.capture selects no `blockNN/attn/weights`.")
+      raise ValueError("config.models.vit.capture selects no `blockNN/attn/weights`.")
     blocks = [int(n.split("/")[0][5:]) for n in self.names]
     missing = [b for b in config.plot_blocks if b not in blocks]
     if missing:
       raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks {blocks}.")
-    self.points = {"model": self.names}
+    self.points = {"vit": self.names}
     self.patch = patch[0]
     self.ceiling = distance_matrix(self.m.model.grid, self.patch)
 
@@ -75,7 +75,7 @@ class AttentionDistance:
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    out = forward("model")
+    out = forward("vit")
     dist = jnp.asarray(self.ceiling, jnp.float32)
     per = jnp.stack([mean_distance(out[n], dist, self.m.model.num_prefix_tokens, self.config.cls)
                      for n in self.names])  # (L, B, H)

@@ -22,7 +22,7 @@ DEMO_HINT = (", or run the offline demo: python main.py "
              "--config=configs/cka_vit_resnet.py:demo --workdir=/tmp/cka_demo")
 
 
-MODELS, OPTIONAL_MODELS = ("model_x",), ("model_y",)
+MODELS = None  # any number of models, under any names
 HINT = DEMO_HINT
 
 
@@ -63,7 +63,7 @@ build = CKA
 
 def _blocks(models):
   """(tag, model a, model b, rows, columns) for every pair a, b with a not after b;
-  tags "xx", "xy", "yy" for model_x/model_y, "vit_bit" for models.vit/models.bit."""
+  tag "vit_resnet" for models named vit and resnet."""
   spans, start = [], 0
   for m in models:
     spans.append(slice(start, start + len(m.names)))
@@ -71,8 +71,7 @@ def _blocks(models):
   out = []
   for i, a in enumerate(models):
     for j, b in enumerate(models[i:], i):
-      tag = a.short + b.short if len(a.short) == len(b.short) == 1 else f"{a.short}_{b.short}"
-      out.append((tag, a, b, spans[i], spans[j]))
+      out.append((f"{a.name}_{b.name}", a, b, spans[i], spans[j]))
   return out
 
 
@@ -81,7 +80,7 @@ def _arrays_and_summary(config, models, per_repeat: np.ndarray):
   blocks = _blocks(models)
   summary = {
       "analysis": "cka",
-      "models": {m.key: {"label": m.label, "checkpoint": m.path, "layers": m.names}
+      "models": {m.name: {"label": m.label, "checkpoint": m.path, "layers": m.names}
                  for m in models},
       "num_examples": config.num_examples, "batch_size": config.batch_size,
       "repeats": config.repeats, "devices": jax.device_count(),
@@ -91,7 +90,7 @@ def _arrays_and_summary(config, models, per_repeat: np.ndarray):
   }
   arrays = {f"cka_{t}": mean[r, c] for t, _, _, r, c in blocks}
   arrays.update({f"std_{t}": std[r, c] for t, _, _, r, c in blocks})
-  arrays.update({f"names_{m.short}": np.asarray(m.names) for m in models})
+  arrays.update({f"names_{m.name}": np.asarray(m.names) for m in models})
   arrays["per_repeat"] = per_repeat
   return arrays, summary
 

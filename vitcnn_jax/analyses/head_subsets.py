@@ -4,7 +4,7 @@ Pass 1: mean attention distance of every head of `config.block` (the
 attention_distance analysis). Heads are sorted from most local to most global
 and cut into sliding windows of `config.subset_size` heads (stride
 `config.subset_stride`). Pass 2: minibatch CKA between each subset's
-representation and each ResNet layer of `config.model_y.capture`.
+representation and each ResNet layer of `config.models.resnet.capture`.
 
 Tap point (`config.tap`; the paper leaves it open): "heads" (default) takes the
 subset's per-head outputs before the output projection, flattened over tokens
@@ -35,7 +35,7 @@ def subsets(order: np.ndarray, size: int, stride: int) -> list[list[int]]:
   return [order[i:i + size].tolist() for i in range(0, len(order) - size + 1, stride)]
 
 
-MODELS = ("model_x", "model_y")
+MODELS = ("vit", "resnet")
 
 
 class HeadSubsets:
@@ -49,17 +49,17 @@ class HeadSubsets:
     if config.tap not in TAPS:
       raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
     pipeline.check_batching(config.num_examples, config.batch_size)
-    self.config, self.vit, self.res = config, models["model_x"], models["model_y"]
+    self.config, self.vit, self.res = config, models["vit"], models["resnet"]
     if self.vit.model.family != "vit" or self.res.model.family != "bit":
-      raise ValueError("config.model_x must be a ViT and config.model_y a BiT ResNet.")
+      raise ValueError("config.models.vit must be a ViT and config.models.resnet a BiT ResNet.")
     if not 0 <= config.block < self.vit.model.depth:
       raise ValueError(f"config.block={config.block} is outside 0..{self.vit.model.depth - 1}.")
     self.blk, self.heads = f"block{config.block:02d}", self.vit.model.num_heads
     self.res_names = list(self.res.names)
     one_pass = config.tap == "heads"
-    self.points = {"model_x": [f"{self.blk}/attn/weights"] + [f"{self.blk}/attn/heads"] * one_pass}
+    self.points = {"vit": [f"{self.blk}/attn/weights"] + [f"{self.blk}/attn/heads"] * one_pass}
     if one_pass:
-      self.points["model_y"] = self.res_names
+      self.points["resnet"] = self.res_names
     self.groups: list[list[int]] = []
 
   def passes(self):
@@ -71,14 +71,14 @@ class HeadSubsets:
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    out = forward("model_x")
+    out = forward("vit")
     dist = jnp.asarray(ad.distance_matrix(self.vit.model.grid, int(np.ravel(self.vit.model.patch_size)[0])),
                        jnp.float32)
     w = out[f"{self.blk}/attn/weights"]
     sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
     if self.config.tap == "heads":
       heads = self.spatial_heads(out)
-      res = forward("model_y")
+      res = forward("resnet")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
       sums["hsic"] = cka.hsic_matrix(reps, mask)
     return sums
@@ -120,7 +120,7 @@ class _Projected:
 
   def __init__(self, a: HeadSubsets):
     self.a = a
-    self.points = {"model_x": [f"{a.blk}/attn/heads"], "model_y": a.res_names}
+    self.points = {"vit": [f"{a.blk}/attn/heads"], "resnet": a.res_names}
     self.groups: list[list[int]] = []
 
   def setup(self, done) -> None:
@@ -130,9 +130,9 @@ class _Projected:
     del labels
     kernel = self.a.vit.params["Transformer"][f"encoderblock_{self.a.config.block}"][
         "MultiHeadDotProductAttention_0"]["out"]["kernel"]
-    heads = self.a.spatial_heads(forward("model_x"))
+    heads = self.a.spatial_heads(forward("vit"))
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
-    res = forward("model_y")
+    res = forward("resnet")
     return {"hsic": cka.hsic_matrix(reps + [res[n] for n in self.a.res_names], mask)}
 
 

@@ -43,7 +43,7 @@ def token_patch_hsic(tokens: jax.Array, patches: jax.Array, mask: jax.Array) -> 
   return cka.hsic_matrix(acts, mask)
 
 
-MODELS = ("model",)
+MODELS = None  # one model, under any name (a ViT or a ResNet)
 
 
 class Localization:
@@ -52,12 +52,15 @@ class Localization:
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     pipeline.check_batching(config.num_examples, config.batch_size)
-    self.config, self.m = config, models["model"]
+    if len(models) != 1:
+      raise ValueError(f"config.models has {list(models)}; localization reads one model.")
+    (self.key, self.m), = models.items()
+    self.config = config
     self.layer = config.layer
     if self.layer not in self.m.names:
       raise ValueError(f"config.layer={self.layer!r} is not a representation point of {self.m.path}; "
                        f"e.g. {self.m.names[-3:]} (configs/inspect.py lists them).")
-    self.points = {"model": [self.layer]}
+    self.points = {self.key: [self.layer]}
     size = self.m.size
     probe = jax.eval_shape(lambda p, x: self.m.model.apply({"params": p}, x, capture=self.layer)[1][self.layer],
                            self.m.params, jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))
@@ -76,8 +79,8 @@ class Localization:
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    tokens, _ = to_tokens(forward("model")[self.layer], self.m.model.num_prefix_tokens)
-    return {"hsic": token_patch_hsic(tokens, to_patches(forward.inputs("model"), self.grid), mask)}
+    tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
+    return {"hsic": token_patch_hsic(tokens, to_patches(forward.inputs(self.key), self.grid), mask)}
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]

@@ -62,7 +62,7 @@ def layer_names(model, pre_residual: bool) -> list[str]:
   raise ValueError(f"Receptive fields are defined here for ViT and BiT, not {model.family}.")
 
 
-MODELS, OPTIONAL_MODELS = ("model_x",), ("model_y",)
+MODELS = None  # any number of ViTs and ResNets
 
 
 class ReceptiveField:
@@ -90,14 +90,14 @@ class ReceptiveField:
     arrays, summary = {}, {"analysis": "receptive_field", "num_examples": self.config.num_examples,
                            "pre_residual": self.config.pre_residual, "models": {}}
     for key, m in self.models.items():
-      arrays[f"{key[-1]}_maps"] = sums[0][0][key] / self.config.num_examples
-      arrays[f"{key[-1]}_names"] = np.asarray(self.points[key])
+      arrays[f"{key}_maps"] = sums[0][0][key] / self.config.num_examples
+      arrays[f"{key}_names"] = np.asarray(self.points[key])
       summary["models"][key] = {"checkpoint": m.path, "label": m.label, "layers": self.points[key],
                                 "input_size": common.to_pair(m.model.image_size)[0]}
     return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k[-1]}_maps"])
+    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k}_maps"])
                                for k, m in self.models.items()],
                               results.workdir_path(workdir, "receptive_field.png"))
 

@@ -51,7 +51,7 @@ def _bit_units(names: list[str]) -> list[str]:
   return sorted({n.rsplit("/", 1)[0] for n in names if n.endswith("/conv3")})
 
 
-MODELS, OPTIONAL_MODELS = ("model_x",), ("model_y",)
+MODELS, OPTIONAL_MODELS = ("vit",), ("resnet",)
 
 
 class SkipRatio:
@@ -60,30 +60,30 @@ class SkipRatio:
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     pipeline.check_batching(config.num_examples, config.batch_size)
-    self.config, self.vit, self.bit = config, models["model_x"], models.get("model_y")
+    self.config, self.vit, self.bit = config, models["vit"], models.get("resnet")
     if self.vit.model.family != "vit":
-      raise ValueError(f"config.model_x must be a ViT, got a {self.vit.model.family} checkpoint.")
+      raise ValueError(f"config.models.vit must be a ViT, got a {self.vit.model.family} checkpoint.")
     self.depth = self.vit.model.depth
-    self.points = {"model_x": _vit_names(self.depth)}
+    self.points = {"vit": _vit_names(self.depth)}
     self.units = []
     if self.bit is not None:
       if self.bit.model.family != "bit":
-        raise ValueError(f"config.model_y must be a BiT ResNet, got a {self.bit.model.family} checkpoint.")
+        raise ValueError(f"config.models.resnet must be a BiT ResNet, got a {self.bit.model.family} checkpoint.")
       self.units = _bit_units(self.bit.names)
-      self.points["model_y"] = [f"{u}/{p}" for u in self.units for p in BIT_POINTS]
+      self.points["resnet"] = [f"{u}/{p}" for u in self.units for p in BIT_POINTS]
 
   def passes(self):
     return [self]
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    out = forward("model_x")
+    out = forward("vit")
     pairs = [(out[f"block{b:02d}/{z}"], out[f"block{b:02d}/{f}"])
              for b in range(self.depth) for _, z, f in VIT_SUBLAYERS]
     r, c = (jnp.stack(v) for v in zip(*[ratio_and_cosine(z, f) for z, f in pairs]))  # (2 depth, B, T)
     sums = {"vit_ratio": _masked_sum(r, mask, 1), "vit_cosine": _masked_sum(c, mask, 1)}
     if self.bit is not None:
-      out = forward("model_y")
+      out = forward("resnet")
       r, c = zip(*[ratio_and_cosine(out[f"{u}/shortcut"], out[f"{u}/conv3"]) for u in self.units])
       sums["bit_ratio"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in r]), mask, 1)
       sums["bit_cosine"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in c]), mask, 1)
