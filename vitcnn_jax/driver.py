@@ -222,9 +222,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       save((pi, repeat + 1, 0) if repeat + 1 < p.repeats else (pi + 1, 0, 0))
   bar.close()
   arrays, summary = analysis.finalize(state.done)
-  if is_main:
-    results.write_npz(results.workdir_path(workdir, f"{analysis.name}.npz"), **arrays)
-    results.write_json(results.workdir_path(workdir, f"{analysis.name}.json"), summary)
-    analysis.plot(arrays, summary, workdir)
-    print(f"Wrote {analysis.name}.{{npz,json}} and figures to {workdir}")
+  write(workdir, analysis.name, summary, arrays, analysis.plot)
   return summary
+
+
+def write(workdir: str, name: str, summary: dict, arrays: dict[str, np.ndarray] | None = None,
+          plot: Callable | None = None) -> None:
+  """NAME.json (and NAME.npz, figures), atomically, from process 0 only."""
+  if jax.process_index() != 0:
+    return
+  if arrays is not None:
+    results.write_npz(results.workdir_path(workdir, f"{name}.npz"), **arrays)
+  results.write_json(results.workdir_path(workdir, f"{name}.json"), summary)
+  if plot is not None:
+    plot(arrays, summary, workdir)
+  print(f"Wrote {name}.{'{npz,json}' if arrays is not None else 'json'}"
+        f"{' and figures' if plot else ''} to {workdir}")

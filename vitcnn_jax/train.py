@@ -81,6 +81,13 @@ def evaluate(model, params, source: data.Source, size: int, policy: str, mesh,
   return hits / n
 
 
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`configs/train.py`: trains `config.train`, exports to `config.export` (default
+  WORKDIR/NAME.npz). Not an analysis: it makes a model, with optimizer state."""
+  export = config.get("export") or os.path.join(workdir, f"{config.train.name}.npz")
+  return train(config.train, export, workdir)
+
+
 def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> dict[str, Any]:
   """Trains `config.model` on `config.data` and writes `export_path` (npz) + .json."""
   train_src = pipeline.make_source(config.data, config.data.split)

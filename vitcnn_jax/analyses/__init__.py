@@ -1,9 +1,9 @@
 """Analyses chosen by name (`config.analysis`).
 
-A module either defines `MODELS` (the names in `config.models` it reads, None
-for any)
-and `build(config, models) -> driver.Analysis`, which the driver runs, or (not
-yet ported) `run(config, workdir)`.
+An analysis module defines `MODELS` (the names in `config.models` it reads;
+None: any) and `build(config, models) -> driver.Analysis`, which the driver
+runs; `inspect` reads one checkpoint and runs no data, so it has `run(config,
+workdir)` and writes through `driver.write`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import importlib
 import ml_collections
 
 ANALYSES = ("attention_distance", "cka", "head_subsets", "inspect", "localization",
-            "receptive_field", "skip_ratio", "train")
+            "receptive_field", "skip_ratio")
+# Jobs a config may name that are not analyses: training makes a model (optimizer
+# state, its own checkpoints) rather than reducing representations to sums.
+OTHER_JOBS = {"train": "vitcnn_jax.train"}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):
   name = config.get("analysis")
-  if name not in ANALYSES:
-    raise ValueError(f"config.analysis={name!r} is not one of {ANALYSES}.")
-  module = importlib.import_module(f"vitcnn_jax.analyses.{name}")
+  if name not in ANALYSES and name not in OTHER_JOBS:
+    raise ValueError(f"config.analysis={name!r} is not one of {ANALYSES + tuple(OTHER_JOBS)}.")
+  module = importlib.import_module(OTHER_JOBS.get(name, f"vitcnn_jax.analyses.{name}"))
   try:
     if hasattr(module, "build"):
       from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top

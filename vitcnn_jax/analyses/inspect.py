@@ -8,9 +8,9 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import checkpoints
+from vitcnn_jax import driver
 from vitcnn_jax import loading
 from vitcnn_jax import representations
-from vitcnn_jax import results
 from vitcnn_jax.models import common
 
 
@@ -34,8 +34,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
-  path = results.workdir_path(workdir, "inspect.json")
-  results.write_json(path, summary)
   lines = [f"{model.family} ({reading.fmt} format) {fields}"]
   lines += [f"  {k:20s} from {v}" + ("  [assumed: pass --config.overrides." + k + "=... if "
                                        "it was trained otherwise]" if k in summary["assumed"] else "")
@@ -44,5 +42,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
            f"{len(points)} representation points (per-example shapes):"]
   lines += [f"  {p['name']:40s} {tuple(p['shape'])}" for p in summary["points"]]
   print("\n".join(lines))
-  print(f"Wrote {path}")
+  driver.write(workdir, "inspect", summary)
   return summary
