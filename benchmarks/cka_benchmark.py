@@ -11,6 +11,10 @@ memory (ru_maxrss) is its own. Prints, in one run:
   - our CKA overhead (time beyond the forward passes) vs torch-cka's
   - peak memory of each
   - max |CKA - float64 reference| for ours
+
+`--compare REV` instead times our part for git revision REV (a temporary
+worktree, running its own copy of this script) and for this checkout,
+alternating `--rounds` times in one run, and prints both and their ratio.
 """
 
 from __future__ import annotations
@@ -189,12 +193,38 @@ def part_torch_cka(n_images: int, batch: int) -> dict:
               layers_y=len(r50_layers), peak_gib=_peak_gib())
 
 
-def _run_part(name: str, args) -> dict:
-  r = subprocess.run([sys.executable, __file__, "--part", name, "--images", str(args.images),
-                      "--batch", str(args.batch)], capture_output=True, text=True, cwd=ROOT)
+def _run_part(name: str, args, root: str = ROOT) -> dict:
+  r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", os.path.basename(__file__)),
+                      "--part", name, "--images", str(args.images), "--batch", str(args.batch)],
+                     capture_output=True, text=True, cwd=root)
   if r.returncode:
-    raise RuntimeError(f"part {name} failed:\n{r.stderr[-4000:]}")
+    raise RuntimeError(f"part {name} failed in {root}:\n{r.stderr[-4000:]}")
   return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def compare(rev: str, args) -> None:
+  """Our part at `rev` and here, interleaved (rev, here, rev, here, ...)."""
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    tree = os.path.join(tmp, "rev")
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", tree, rev], cwd=ROOT, check=True)
+    try:
+      runs = {rev: [], "this checkout": []}
+      for r in range(args.rounds):
+        for label, root in ((rev, tree), ("this checkout", ROOT)):
+          runs[label].append(_run_part("ours", args, root))
+          got = runs[label][-1]
+          print(f"round {r + 1} {label}: ours {got['ours_s']:.1f} s, forward only "
+                f"{got['forward_s']:.1f} s, peak {got['peak_gib']:.2f} GiB", flush=True)
+    finally:
+      subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False)
+  med = {k: {f: float(np.median([x[f] for x in v])) for f in ("ours_s", "forward_s", "peak_gib")}
+         for k, v in runs.items()}
+  for k, m in med.items():
+    print(f"{k}: median ours {m['ours_s']:.1f} s (CKA beyond the forward "
+          f"{m['ours_s'] - m['forward_s']:.1f} s), forward only {m['forward_s']:.1f} s, "
+          f"peak {m['peak_gib']:.2f} GiB")
+  print(f"this checkout / {rev}: {med['this checkout']['ours_s'] / med[rev]['ours_s']:.3f}x time")
 
 
 def main():
@@ -203,7 +233,12 @@ def main():
   ap.add_argument("--images", type=int, default=256)
   ap.add_argument("--batch", type=int, default=32)
   ap.add_argument("--skip_torch_cka", action="store_true")
+  ap.add_argument("--compare", default="", metavar="REV")
+  ap.add_argument("--rounds", type=int, default=2)
   args = ap.parse_args()
+  if args.compare:
+    compare(args.compare, args)
+    return
   parts = {"ours": part_ours, "reference": part_reference, "torch_cka": part_torch_cka}
   if args.part:
     print(json.dumps(parts[args.part](args.images, args.batch)))

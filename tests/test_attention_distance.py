@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import upstream_files as uf
-from conftest import ROOT, run_main
+from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, likely, network
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import attention_distance as ad
@@ -63,13 +63,13 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   got = np.asarray(summary["mean_distance_px"])
   assert got.shape == (2, 3) and summary["blocks"] == [0, 1]
   assert (wd / "attention_distance.png").read_bytes()[:4] == b"\x89PNG"
-  # Independent: weights captured eagerly, distances in float64 NumPy.
+  # Independent: weights captured by a separate forward, distances in float64 NumPy.
   model, params = checkpoints.load_model(ckpt)
   idx = data.sample(40, 24, 0, 0)
   imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
-  _, out = model.apply({"params": params}, imgs, capture="**/attn/weights")
+  out = forward(model, params, imgs, "**/attn/weights")
   d = ad.distance_matrix((4, 4), 8)
-  # Attention weights from two float32 forwards (jit and eager), then 24 x 16 x 16 sums.
+  # Attention weights from two float32 forwards (compiled separately), then 24 x 16 x 16 sums.
   bound = d.max() * (network(VIT_ROUNDINGS) + likely(24 * 16 * 16))
   for i in range(2):
     w = np.asarray(out[f"block{i:02d}/attn/weights"], np.float64)[:, :, 1:, 1:]

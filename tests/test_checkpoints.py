@@ -58,12 +58,11 @@ def test_vt_cls_row_is_folded_into_cls(tmp_path):
 
 
 def _random_params(model, size):
+  """Random float32 values in the model's parameter tree (shapes traced, not run)."""
   x = np.zeros((1, size, size, 3), np.float32)
-  params = model.init(jax.random.PRNGKey(0), x)["params"]
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  return jax.tree_util.tree_unflatten(
-      tree, [l + 0.1 * jax.random.normal(k, l.shape) for l, k in zip(leaves, keys)])
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
+  rng = np.random.default_rng(1)
+  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
 
 
 ROUND_TRIP = [

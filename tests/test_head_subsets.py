@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import upstream_files as uf
-from conftest import ROOT, run_main
+from conftest import ROOT, forward, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, likely, network
 from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, data
@@ -38,19 +38,19 @@ def test_config_end_to_end_matches_direct_computation(tmp_path, tap):
   assert len(s["subsets"]) == 3 and all(len(g) == 2 for g in s["subsets"])
   assert np.all(np.diff(s["subset_distance_px"]) >= -1e-9)  # local -> global
   assert (wd / "head_subsets.png").read_bytes()[:4] == b"\x89PNG"
-  # Direct computation in NumPy from eagerly captured activations.
+  # Direct computation in NumPy from separately captured activations.
   mv, pv = checkpoints.load_model(vit)
   mr, pr = checkpoints.load_model(bit, resolution=32)
   idx = data.sample(40, 32, 0, 0)
   imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
-  _, ov = mv.apply({"params": pv}, imgs, capture="block00/attn/*")
-  _, orr = mr.apply({"params": pr}, imgs, capture="block1/unit0[12]/out")
+  ov = forward(mv, pv, imgs, "block00/attn/*")
+  orr = forward(mr, pr, imgs, "block1/unit0[12]/out")
   d = ad.distance_matrix((4, 4), 8)
   w = np.asarray(ov["block00/attn/weights"], np.float64)[:, :, 1:, 1:]
   assert_close(s["head_distance_px"], (w * d).sum(-1).mean(-1).mean(0),
                d.max() * (network(VIT_ROUNDINGS) + likely(32 * 16 * 16)), "head distances")
   heads = np.asarray(ov["block00/attn/heads"])[:, 1:]
-  # Activations of two float32 forwards (jit and eager) perturb each side's Gram
+  # Activations of two float32 forwards (compiled separately) perturb each side's Gram
   # by twice their relative difference: 4x per CKA, on top of the CKA's own bound.
   bound = cka_bound(16, 8 * 8 * 128) + 4 * (network(VIT_ROUNDINGS) + network(BIT_ROUNDINGS))
   for i, g in enumerate(s["subsets"]):

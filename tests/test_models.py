@@ -21,7 +21,7 @@ def _added(out, total: str, a: str, b: str) -> None:
 
 def _init(model, size=32):
   x = jax.random.normal(jax.random.PRNGKey(1), (2, size, size, 3))
-  return model.init(jax.random.PRNGKey(0), x)["params"], x
+  return jax.jit(model.init)(jax.random.PRNGKey(0), x)["params"], x
 
 
 def test_vit_names_in_network_order_and_shapes():

@@ -63,7 +63,8 @@ def test_config_end_to_end_matches_direct_gradient(tmp_path):
     _, out = model.apply({"params": params}, img[None], capture="block01/out")
     return out["block01/out"][0, centre].mean()
 
-  ref = np.mean([np.abs(np.asarray(jax.grad(f)(jnp.asarray(im)))).sum(-1) for im in imgs], axis=0)
+  grad = jax.jit(jax.grad(f))
+  ref = np.mean([np.abs(np.asarray(grad(jnp.asarray(im)))).sum(-1) for im in imgs], axis=0)
   # Gradients from two float32 evaluations (batched jacrev, per-image grad): the backward
   # pass makes as many roundings as the forward, relative to the largest gradient.
   assert_close(z["vit_maps"][3], ref, 2 * network(VIT_ROUNDINGS) * float(np.abs(ref).max()), "ViT map")

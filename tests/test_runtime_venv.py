@@ -2,13 +2,18 @@
 
 The test venv pulls in more through torch and timm, so a missing runtime
 dependency would pass unnoticed there: this builds the Makefile's runtime venv
-from scratch and runs each optional path in it.
+from scratch and runs each optional path in it. The venv is kept in the cache,
+keyed by requirements.txt and the Python version, so it is built once per
+machine and again whenever the requirements change.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -43,12 +48,16 @@ CHECK = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def runtime_venv(tmp_path_factory):
-  venv = tmp_path_factory.mktemp("runtime") / "venv"
-  r = subprocess.run(["make", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                     text=True, timeout=900)
-  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-  return venv / "bin" / "python"
+def runtime_venv():
+  with open(os.path.join(ROOT, "requirements.txt"), "rb") as f:
+    key = hashlib.sha256(f.read() + sys.version.encode()).hexdigest()[:16]
+  venv = os.path.join(os.path.expanduser("~/.cache/vitcnn_jax"), f"runtime-venv-{key}")
+  if not os.path.exists(os.path.join(venv, ".runtime")):  # make's stamp: a complete install
+    shutil.rmtree(venv, ignore_errors=True)
+    r = subprocess.run(["make", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  return os.path.join(venv, "bin", "python")
 
 
 def _run(python, *args, timeout=300):

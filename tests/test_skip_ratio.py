@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
-from conftest import ROOT, run_main
+from conftest import ROOT, forward, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, likely, network
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import skip_ratio as sr
@@ -59,8 +59,8 @@ def test_matches_direct_computation(tmp_path):
   idx = data.sample(20, 16, 0, 0)
   imgs = (np.stack(data.SyntheticSource(20, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
   model, params = checkpoints.load_model(vit)
-  _, out = model.apply({"params": params}, imgs)
-  # Activations from two float32 forwards (jit, eager), then two 48-term norms: a
+  out = forward(model, params, imgs)
+  # Activations from two float32 forwards (compiled separately), then two 48-term norms: a
   # ratio or cosine moves by twice the relative difference of its operands.
   vit_bound = 2 * (network(VIT_ROUNDINGS) + likely(48))
   for b in range(2):
@@ -73,7 +73,7 @@ def test_matches_direct_computation(tmp_path):
       cos = (ff * oo).sum(-1) / (np.linalg.norm(ff, axis=-1) * np.linalg.norm(oo, axis=-1))
       assert_close(z["vit_cosine"][b, s], cos.mean(0), vit_bound, f"cosine {b} {s}")
   model, params = checkpoints.load_model(bit, resolution=32)
-  _, out = model.apply({"params": params}, imgs)
+  out = forward(model, params, imgs)
   assert list(z["bit_units"]) == [f"block{i}/unit01" for i in range(1, 5)]
   for i, u in enumerate(z["bit_units"]):
     s, c = np.asarray(out[f"{u}/shortcut"], np.float64), np.asarray(out[f"{u}/conv3"], np.float64)
