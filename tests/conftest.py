@@ -18,6 +18,16 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={IN_PROCESS_DEVICES}").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for this test session and its child processes: the same
+# models and steps recur across tests (fresh per session: nothing carries over).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitcnn_jax_xla_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 def require(module: str):
@@ -136,7 +146,16 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def forward(model, params, images, capture=None) -> dict:
-  """{point: activation} of one compiled forward (eager Flax is many times slower)."""
+  """{point: activation} of one compiled forward (eager Flax is many times slower),
+  in the model's order (a compiled function returns dicts sorted by key)."""
   import jax  # pylint: disable=g-import-not-at-top
   kw = {} if capture is None else {"capture": capture if isinstance(capture, str) else tuple(capture)}
-  return jax.jit(lambda p, x: model.apply({"params": p}, x, **kw)[1])(params, images)
+  order = []
+
+  def f(p, x):
+    out = model.apply({"params": p}, x, **kw)[1]
+    order.extend(out)
+    return out
+
+  out = jax.jit(f)(params, images)
+  return {k: out[k] for k in order}

@@ -51,7 +51,7 @@ def test_config_end_to_end(tmp_path):
   summary = json.loads((wd / "localization.json").read_text())
   assert summary["tokens"] == [5, 10]
   assert (wd / "localization.png").read_bytes()[:4] == b"\x89PNG"
-  r = run_main(f"--config={ROOT}/configs/localization.py:b32", f"--workdir={wd}",
+  r = run_main(f"--config={ROOT}/configs/localization.py:b32,examples=32,batch=16", f"--workdir={wd}",
                f"--config.models.vit.checkpoint={vit}", "--config.layer=block09/out",
                "--config.data.source=synthetic", "--config.data.num_examples=40", check=False)
   assert r.returncode != 0 and "config.layer='block09/out'" in r.stderr

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import forward
 from numerics import assert_close, likely, worst
 from vitcnn_jax.models import BiT, Capture, Mixer, ViT, bit, get_model, vit
 
@@ -141,7 +142,7 @@ def test_variants():
 def test_bit_names_and_unit_arithmetic():
   model = BiT(num_classes=5, width=0.5, depth=(1, 2, 1, 1))
   params, x = _init(model, 64)
-  _, out = model.apply({"params": params}, x)
+  out = forward(model, params, x)
   unit = ["preact", "shortcut", "conv1", "preact2", "conv2", "preact3", "conv3", "out"]
   expected = ["root/conv", "root/pool"]
   for b, n in enumerate((1, 2, 1, 1), 1):
@@ -156,7 +157,7 @@ def test_bit_names_and_unit_arithmetic():
 def test_bit_max_pool_pads_with_zeros_not_minus_infinity():
   model = BiT(num_classes=5, width=0.5, depth=(1, 1, 1, 1))
   params, x = _init(model, 32)
-  _, out = model.apply({"params": params}, x, capture="root/*")
+  out = forward(model, params, x, "root/*")
   conv = np.asarray(out["root/conv"])
 
   def pool(pad_value):

@@ -75,6 +75,23 @@ class Analysis(Protocol):
 LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
 
 
+def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dict | None:
+  """Checks what needs no model (config values, the data), then loads the models
+  and builds and runs the analysis of `module` (see `vitcnn_jax.analyses`)."""
+  if config.num_examples < 1 or config.batch_size < 1:
+    raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
+                     f"{config.batch_size} must be >= 1.")
+  if getattr(module, "HSIC_MINIBATCHES", False):
+    pipeline.check_batching(config.num_examples, config.batch_size)
+  source = pipeline.make_source(config.data)
+  if config.num_examples > len(source):
+    raise ValueError(f"config.num_examples={config.num_examples}, but the data ({source.name}) has "
+                     f"{len(source)} examples, sampled without replacement; lower config.num_examples.")
+  models = load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
+                       getattr(module, "HINT", ""))
+  return run(config, workdir, module.build(config, models), models, source)
+
+
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | None,
                 optional: Sequence[str] = (), hint: str = "") -> dict[str, loading.Loaded]:
   """The models of `config.models` (name -> spec), by name.
@@ -82,9 +99,6 @@ def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | Non
   `required` names the models an analysis reads (with `optional` ones it reads
   when present); None means any number of models under any names.
   """
-  if config.num_examples < 1 or config.batch_size < 1:
-    raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
-                     f"{config.batch_size} must be >= 1.")
   for old, new in LEGACY_FIELDS.items():
     if old in config:
       raise ValueError(f"config.{old}: models are now the mapping config.models (name -> spec); "
@@ -154,10 +168,9 @@ class _State:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
-        models: dict[str, loading.Loaded]) -> dict | None:
+        models: dict[str, loading.Loaded], source: data.Source) -> dict | None:
   """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its files."""
   batch = config.batch_size
-  source = pipeline.make_source(config.data)
   mesh = parallel.mesh()
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   is_main = jax.process_index() == 0

@@ -1,8 +1,9 @@
 """Analyses chosen by name (`config.analysis`).
 
 An analysis module defines `MODELS` (the names in `config.models` it reads;
-None: any) and `build(config, models) -> driver.Analysis`, which the driver
-runs; `inspect` reads one checkpoint and runs no data, so it has `run(config,
+None: any), `build(config, models) -> driver.Analysis`, which the driver runs,
+and optionally `HSIC_MINIBATCHES = True` (each step's rows are HSIC minibatches,
+so their sizes are checked before any model is loaded); `inspect` reads one checkpoint and runs no data, so it has `run(config,
 workdir)` and writes through `driver.write`.
 """
 
@@ -27,9 +28,7 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   try:
     if hasattr(module, "build"):
       from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top
-      models = driver.load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
-                                  getattr(module, "HINT", ""))
-      return driver.run(config, workdir, module.build(config, models), models)
+      return driver.run_analysis(config, workdir, module)
     return module.run(config, workdir)
   except AttributeError as e:
     if isinstance(e.__context__, KeyError):  # how ConfigDict reports a missing field

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 from vitcnn_jax.models import common
@@ -50,7 +49,6 @@ class AttentionDistance:
   repeats, labels = 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    pipeline.check_batching(config.num_examples, config.batch_size)
     if config.cls not in CLS_CONVENTIONS:
       raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
     self.config, self.m = config, models["vit"]

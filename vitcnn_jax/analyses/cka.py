@@ -14,7 +14,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -23,6 +22,7 @@ DEMO_HINT = (", or run the offline demo: python main.py "
 
 
 MODELS = None  # any number of models, under any names
+HSIC_MINIBATCHES = True
 HINT = DEMO_HINT
 
 
@@ -31,7 +31,6 @@ class CKA:
   name, title, labels = "cka", "CKA", False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    pipeline.check_batching(config.num_examples, config.batch_size)
     if config.repeats < 1:
       raise ValueError(f"config.repeats={config.repeats} must be >= 1.")
     self.config, self.models = config, list(models.values())

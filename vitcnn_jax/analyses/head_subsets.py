@@ -19,7 +19,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
@@ -36,6 +35,7 @@ def subsets(order: np.ndarray, size: int, stride: int) -> list[list[int]]:
 
 
 MODELS = ("vit", "resnet")
+HSIC_MINIBATCHES = True
 
 
 class HeadSubsets:
@@ -48,7 +48,6 @@ class HeadSubsets:
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     if config.tap not in TAPS:
       raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
-    pipeline.check_batching(config.num_examples, config.batch_size)
     self.config, self.vit, self.res = config, models["vit"], models["resnet"]
     if self.vit.model.family != "vit" or self.res.model.family != "bit":
       raise ValueError("config.models.vit must be a ViT and config.models.resnet a BiT ResNet.")

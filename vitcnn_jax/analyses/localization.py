@@ -15,7 +15,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -44,6 +43,7 @@ def token_patch_hsic(tokens: jax.Array, patches: jax.Array, mask: jax.Array) -> 
 
 
 MODELS = None  # one model, under any name (a ViT or a ResNet)
+HSIC_MINIBATCHES = True
 
 
 class Localization:
@@ -51,7 +51,6 @@ class Localization:
   name, title, repeats, labels = "localization", "localization", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    pipeline.check_batching(config.num_examples, config.batch_size)
     if len(models) != 1:
       raise ValueError(f"config.models has {list(models)}; localization reads one model.")
     (self.key, self.m), = models.items()

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -59,7 +58,6 @@ class SkipRatio:
   name, title, repeats, labels = "skip_ratio", "skip ratio", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    pipeline.check_batching(config.num_examples, config.batch_size)
     self.config, self.vit, self.bit = config, models["vit"], models.get("resnet")
     if self.vit.model.family != "vit":
       raise ValueError(f"config.models.vit must be a ViT, got a {self.vit.model.family} checkpoint.")
