@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 WORKDIR ?= workdir/cka_demo
+# Test processes: one per core, at most 4 (each holds 8 fake devices and its compiles).
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) apt-get
 
@@ -33,4 +35,4 @@ demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
 test: install-test dataset
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -131,12 +131,25 @@ def pytest_addoption(parser):
                    help="print the largest error/bound ratio of every float32 comparison")
 
 
+@pytest.fixture(autouse=True)
+def _tolerances(request):
+  """Moves this test's float32 comparisons into its report, so that they reach
+  the summary from pytest-xdist's worker processes too."""
+  import numerics  # pylint: disable=g-import-not-at-top
+  yield
+  request.node.user_properties += [("tolerance", (str(t), str(w), float(e), float(b)))
+                                   for t, w, e, b in numerics.RECORD]
+  numerics.RECORD.clear()
+
+
 def pytest_terminal_summary(terminalreporter, config):
   if not config.getoption("--tolerances"):
     return
-  import numerics  # pylint: disable=g-import-not-at-top
+  records = [value for reports in terminalreporter.stats.values() for r in reports
+             if getattr(r, "when", "") == "teardown"
+             for key, value in getattr(r, "user_properties", ()) if key == "tolerance"]
   worst: dict[str, tuple[float, float, float, str]] = {}
-  for test, what, err, bound in numerics.RECORD:
+  for test, what, err, bound in records:
     ratio = err / bound if bound else float("inf")
     if test not in worst or ratio > worst[test][0]:
       worst[test] = (ratio, err, bound, what)
