@@ -142,7 +142,7 @@ def test_bad_config_fields_are_named(ckpts, tmp_path):
   r = _run(_flags(ckpts, tmp_path, "--config.num_examples=100"), check=False)
   assert r.returncode != 0 and "config.num_examples=100, but the data" in r.stderr and "has 64 examples" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.models.vit.capture=block*/nothing"), check=False)
-  assert r.returncode != 0 and "capture=" in r.stderr and "matches no representation point" in r.stderr
+  assert r.returncode != 0 and "capture: " in r.stderr and "match no representation point" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.models.vit.checkpoint=gs://nowhere/x.npz"), check=False)
   assert r.returncode != 0 and "--config.models.vit.checkpoint=" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)

@@ -11,6 +11,7 @@ the family and checks the result against the model it describes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import logging
 import re
@@ -44,9 +45,22 @@ class Reading:
   assumed: tuple[str, ...] = ()  # fields no tensor decides: defaults, overridable
 
 
+_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_npz last read there
+
+
+def digest(path: str) -> str:
+  """Content hash of a checkpoint file (`file.npz:tower` hashes the file): the bytes
+  this process loaded from it, or read now if it loaded none."""
+  file, _ = split_tower(path)
+  if file not in _DIGESTS:
+    _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]
+  return _DIGESTS[file]
+
+
 def read_npz(path: str) -> dict[str, np.ndarray]:
   """All arrays of an npz file; bfloat16 (stored as void) becomes float32."""
   data = fileio.read_bytes(path)
+  _DIGESTS[path] = hashlib.sha256(data).hexdigest()[:16]
   bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error)
   try:
     loaded = np.load(io.BytesIO(data), allow_pickle=False)
@@ -135,11 +149,23 @@ def split_tower(path: str) -> tuple[str, str | None]:
 
 
 def _select(flat: dict[str, np.ndarray], path: str, tower: str | None) -> dict[str, np.ndarray]:
-  """big_vision keeps params under `params/` or `opt/target/`; towers under `name/`."""
-  for prefix in _PREFIXES:
-    if any(k.startswith(prefix) for k in flat):
-      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
-      break
+  """big_vision keeps params under `params/` or `opt/target/`; towers under `name/`.
+
+  Keys beside the params tree (optimizer state, step counters) are left out with
+  a logged warning; two different params trees in one file are an error.
+  """
+  found = [p for p in _PREFIXES if any(k.startswith(p) for k in flat)]
+  if found:
+    trees = [{k[len(p):]: v for k, v in flat.items() if k.startswith(p)} for p in found]
+    if len(trees) == 2 and (trees[0].keys() != trees[1].keys() or any(
+        not np.array_equal(v, trees[1][k]) for k, v in trees[0].items())):
+      raise CheckpointError(f"{path}: holds two different parameter trees, under "
+                            f"{found[0]!r} and {found[1]!r}; save the one you mean alone.")
+    left = sorted(k for k in flat if not k.startswith(tuple(found)))
+    if left:
+      log.warning("%s: reading the parameters under %r; left out %d other keys (%s%s).", path,
+                  found[0], len(left), ", ".join(left[:5]), " ..." if len(left) > 5 else "")
+    flat = trees[0]
   groups = sorted({k.split("/")[0] for k in flat if "/" in k})
   towers = [g for g in groups if g in ("img", "txt", "image", "text")]
   if tower is None:
@@ -180,10 +206,25 @@ def check_params(model, params: Params, path: str = "<params>") -> None:
           f"from the file needs {want[k]}; the file is internally inconsistent.")
 
 
+def _check_values(flat: dict[str, np.ndarray], path: str) -> None:
+  """Model tensors are finite floating-point arrays (bfloat16 is float32 by now)."""
+  for k, v in flat.items():
+    if v.dtype.kind != "f":
+      raise CheckpointError(f"{path}: key {k!r} has dtype {v.dtype}, shape {v.shape}; model "
+                            "tensors are floating point. The file is not a model checkpoint "
+                            "or was written wrongly.")
+    bad = int(v.size - np.count_nonzero(np.isfinite(v)))
+    if bad:
+      raise CheckpointError(f"{path}: key {k!r} ({v.dtype}, shape {v.shape}) holds {bad} "
+                            "non-finite values (NaN or inf); the file is corrupt or comes from "
+                            "a diverged run.")
+
+
 def load_params(path: str) -> tuple[str, Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = split_tower(path)
   flat = _select(read_npz(file), path, tower)
+  _check_values(flat, path)
   fmt, io_ = detect(flat, path)
   keys = Keys(flat, path, fmt)
   reading = io_.read(keys)
@@ -207,6 +248,11 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
     if "image_size" in overrides:
       raise ValueError("Pass either resolution= or image_size=, not both.")
     overrides["image_size"] = overrides.pop("resolution")
+  size = overrides.get("image_size")
+  if size is not None and not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                                  and s > 0 for s in np.atleast_1d(np.asarray(size, object))):
+    raise ValueError(f"load_model({path!r}): resolution={size!r} must be a positive integer "
+                     "or a (height, width) pair of them.")
   for k, v in overrides.items():
     if k not in fields:
       raise ValueError(f"load_model({path!r}): unknown override {k}={v!r}; "

@@ -108,19 +108,48 @@ class CKAResult:
   xy: np.ndarray | None
 
 
-def cka_from_hsic(hsic: np.ndarray, names: Sequence[str]) -> np.ndarray:
-  """Normalise an accumulated HSIC matrix; bad self-HSIC is an error naming the layer."""
+def fourth_moments(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
+  """(L,) sum over the valid examples of sum_d x_d^4 for each layer: the scale a
+  self-HSIC is judged against in `cka_from_hsic`."""
+  out = []
+  for a in acts:
+    x2 = jnp.square(jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32))
+    m4 = jnp.square(x2).sum(axis=1)
+    out.append(m4.sum() if mask is None else (m4 * mask.astype(jnp.float32)).sum())
+  return jnp.stack(out)
+
+
+# A constant layer's centred features are float32 rounding, at most about
+# c u |x_d| per entry (c^2 below NOISE for the minibatch mean of up to ~10^4
+# rows), so its self-HSIC, the squared Frobenius norm of that noise's
+# covariance, stays below (NOISE u^2)^2 E[sum_d x_d^4]. A real layer with
+# spread s per feature on an offset m is there only if s/m < sqrt(NOISE) u ~ 6e-6.
+NOISE = 1e4
+U32 = 2.0 ** -24
+
+
+def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
+                  mean_m4: np.ndarray | None = None) -> np.ndarray:
+  """Normalise an accumulated HSIC matrix. A self-HSIC that is not finite, not
+  positive, or (given each layer's mean `fourth_moments`) at float32's rounding
+  level is an error naming the layer and the likely cause."""
   hsic = np.asarray(hsic, np.float64)
   diag = np.diag(hsic)
-  for name, v in zip(names, diag):
+  if not np.any(hsic) and (mean_m4 is None or not np.any(mean_m4)):
+    raise FloatingPointError("CKA: every HSIC is zero: no minibatch of at least "
+                             f"{MIN_BATCH} examples was processed (or every activation is zero).")
+  floors = (np.zeros(len(diag)) if mean_m4 is None
+            else (NOISE * U32 ** 2) ** 2 * np.asarray(mean_m4, np.float64))
+  for name, v, floor in zip(names, diag, floors):
     if not np.isfinite(v):
       raise FloatingPointError(f"CKA: self-HSIC of layer {name!r} is {v}; the activations "
                                "overflowed or contain NaN/inf.")
-    if v <= 0:
+    if v <= floor:
       raise FloatingPointError(
-          f"CKA: self-HSIC of layer {name!r} is {v:.3g} (must be > 0). The layer is "
-          "constant over examples, or the minibatches are too small for the unbiased "
-          "estimator: use larger batches.")
+          f"CKA: layer {name!r} is constant over the examples (self-HSIC {v:.3g}"
+          f"{f', at float32 rounding level for its feature scale' if v > 0 else ''}), so "
+          "its CKA with anything is meaningless. Check the inputs: are the images "
+          "identical or blank? (A layer that is constant by design cannot be compared.)")
   return hsic / np.sqrt(np.outer(diag, diag))
 
 
@@ -136,8 +165,9 @@ class MinibatchCKA:
     self.names_y = list(names_y) if names_y is not None else None
     size = len(self.names) if self.names_y is None else len(self.names_x) + len(self.names_y)
     self.hsic = np.zeros((size, size), np.float64)
-    self.batches = 0
-    self._update = jax.jit(hsic_matrix)
+    self.moments = np.zeros((size,), np.float64)  # summed fourth_moments
+    self.examples = 0
+    self._update = jax.jit(lambda acts: (hsic_matrix(acts), fourth_moments(acts)))
 
   @property
   def names(self) -> list[str]:
@@ -163,17 +193,15 @@ class MinibatchCKA:
     if n < MIN_BATCH:
       raise ValueError(f"MinibatchCKA.update: batch of {n} examples; the unbiased HSIC "
                        f"needs at least {MIN_BATCH}.")
-    self.add(self._update(acts))
-
-  def add(self, hsic: jax.Array) -> None:
-    """Adds a precomputed (L, L) HSIC1 matrix (e.g. the psum of a sharded step)."""
+    hsic, moments = self._update(acts)
     self.hsic += np.asarray(hsic, np.float64)
-    self.batches += 1
+    self.moments += np.asarray(moments, np.float64)
+    self.examples += n
 
   def result(self) -> CKAResult:
-    if not self.batches:
+    if not self.examples:
       raise ValueError("MinibatchCKA.result() before any update().")
-    cka = cka_from_hsic(self.hsic, self.names)
+    cka = cka_from_hsic(self.hsic, self.names, self.moments / self.examples)
     lx = len(self.names_x)
     if self.names_y is None:
       return CKAResult(self.names_x, [], cka, None, None)

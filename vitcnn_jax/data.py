@@ -12,6 +12,7 @@ Sources: tfds (`tfds.data_source`, array_record, no TensorFlow), image folders
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 from typing import Protocol, Sequence
 
@@ -26,6 +27,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".
 class Source(Protocol):
   name: str
   num_classes: int
+  identity: str  # changes whenever the examples may have: resumed states check it
 
   def __len__(self) -> int: ...
 
@@ -40,9 +42,11 @@ class SyntheticSource:
   num_classes = 10
 
   def __init__(self, num_examples: int, size: int = 32, seed: int = 0):
-    if num_examples < 1:
-      raise ValueError(f"num_examples={num_examples}: a synthetic source needs >= 1.")
+    if num_examples < 1 or size < 4:
+      raise ValueError(f"num_examples={num_examples}, size={size}: a synthetic source needs "
+                       "at least 1 example of at least 4x4 pixels.")
     self.name = f"synthetic({num_examples}, {size}px)"
+    self.identity = f"{self.name} seed {seed}"
     self.n, self.size, self.seed = num_examples, size, seed
 
   def __len__(self) -> int:
@@ -100,6 +104,8 @@ class TfdsSource:
                      "Set --config.data.image_key.")
     label = features[label_key] if label_key in features else None
     self.num_classes = getattr(label, "num_classes", 0) or 0
+    self.identity = (f"{self.name} version {builder.info.version} in {builder.data_path}, "
+                     f"{len(self.ds)} examples, keys {image_key}/{label_key}")
 
   def __len__(self) -> int:
     return len(self.ds)
@@ -196,6 +202,11 @@ class FolderSource:
           "class sub-folders.")
     self.files = files
     self.num_classes = len(classes) if classes else max(i for _, i in files) + 1
+    listing = hashlib.sha256()
+    for path, label in files:  # names, sizes, times and labels: edits change it
+      st = os.stat(path)
+      listing.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{label}\n".encode())
+    self.identity = f"{self.name} ({len(files)} files, listing {listing.hexdigest()[:16]})"
 
   def __len__(self) -> int:
     return len(self.files)
@@ -256,6 +267,8 @@ class IdxSource:
       raise ValueError(f"{paths['images']}: images {self.x.shape} do not match labels "
                        f"{self.y.shape} in {paths['labels']}.")
     self.num_classes = int(self.y.max()) + 1
+    digest = hashlib.sha256(self.x.tobytes() + self.y.tobytes()).hexdigest()[:16]
+    self.identity = f"{self.name} (contents {digest})"
 
   def __len__(self) -> int:
     return len(self.x)

@@ -11,6 +11,7 @@ honours `stop_after`, and writes the results atomically from process 0.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable, Protocol, Sequence
 
@@ -19,6 +20,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from vitcnn_jax import checkpoints
 from vitcnn_jax import data
 from vitcnn_jax import loading
 from vitcnn_jax import parallel
@@ -81,6 +83,9 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dic
   if config.num_examples < 1 or config.batch_size < 1:
     raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
                      f"{config.batch_size} must be >= 1.")
+  for field in ("seed", "stop_after", "save_every_seconds"):
+    if config.get(field, 0) < 0:
+      raise ValueError(f"config.{field}={config.get(field)} must be >= 0.")
   if getattr(module, "HSIC_MINIBATCHES", False):
     pipeline.check_batching(config.num_examples, config.batch_size)
   source = pipeline.make_source(config.data)
@@ -130,20 +135,24 @@ def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:
   return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), axis, axis, axis), out_specs=P()))
 
 
-def _fingerprint(config: ml_collections.ConfigDict, models, source: data.Source) -> str:
+def _identity(config: ml_collections.ConfigDict, models, source: data.Source) -> dict:
+  """What determines a run's result, by part: a resumed state must match every part.
+  Checkpoints and data count by their contents, not their paths."""
   cfg = config.to_dict()
   for volatile in ("stop_after", "save_every_seconds"):
     cfg.pop(volatile, None)
-  return results.fingerprint({"config": cfg, "source": source.name, "devices": jax.device_count(),
-                              "models": {k: (m.path, m.names) for k, m in models.items()}})
+  return {"config": results.fingerprint(cfg), "data": source.identity,
+          "device count": jax.device_count(),
+          "checkpoints": {k: checkpoints.digest(m.path) for k, m in models.items()},
+          "representation points": results.fingerprint({k: m.names for k, m in models.items()})}
 
 
 class _State:
   """Where a run stands: finished sums per pass and repeat, and the open ones."""
 
-  def __init__(self, path: str, fingerprint: str):
-    self.path, self.fingerprint = path, fingerprint
-    saved = results.read_state(path, fingerprint) or {}
+  def __init__(self, path: str, identity: dict):
+    self.path, self.identity = path, identity
+    saved = results.read_state(path, identity) or {}
     self.position = tuple(int(v) for v in saved.get("position", (0, 0, 0)))  # pass, repeat, step
     self.done: list[list[Sums]] = []
     self.open: Sums = {}
@@ -163,8 +172,8 @@ class _State:
     arrays = {f"done/{p}/{r}/{k}": v for p, reps in enumerate(self.done)
               for r, sums in enumerate(reps) for k, v in sums.items()}
     arrays.update({f"open/{k}": v for k, v in self.open.items()})
-    results.write_npz(self.path, fingerprint=self.fingerprint, position=np.asarray(self.position),
-                      **arrays)
+    results.write_npz(self.path, identity=json.dumps(self.identity, default=str),
+                      position=np.asarray(self.position), **arrays)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
@@ -175,7 +184,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   is_main = jax.process_index() == 0
   state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
-                 _fingerprint(config, models, source))
+                 _identity(config, models, source))
   passes = list(analysis.passes())
   per_repeat = pipeline.num_steps(config.num_examples, batch)
   total = sum(p.repeats for p in passes) * per_repeat

@@ -92,7 +92,10 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
+  umask = os.umask(0)
+  os.umask(umask)
   try:
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results private to this user
     with os.fdopen(fd, "wb") as f:
       write(f)
     os.replace(tmp, path)

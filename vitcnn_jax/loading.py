@@ -82,9 +82,10 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
   model, params = checkpoints.load_model(path, **overrides(spec))
   patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
   names = list(representations.point_shapes(model, params, patterns))
-  if not names:
-    raise ValueError(f"config.{key}.capture={patterns} matches no representation point of "
-                     f"{path}; list them with configs/inspect.py.")
+  unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]
+  if unmatched:  # one misspelt pattern among several would silently drop a layer type
+    raise ValueError(f"config.{key}.capture: {unmatched} of {patterns} match no "
+                     f"representation point of {path}; list them with configs/inspect.py.")
   policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
   if policy not in preprocess.POLICIES:
     raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -28,16 +29,26 @@ def write_npz(path: str, **arrays: Any) -> None:
   fileio.atomic_write(path, write)
 
 
-def read_state(path: str, fingerprint: str) -> dict[str, np.ndarray] | None:
-  """A saved accumulator state, or None; a state from another config is an error."""
+def read_state(path: str, identity: dict[str, Any]) -> dict[str, np.ndarray] | None:
+  """A saved state, or None; a state of another run (`identity`: what determines the
+  result, by part) is an error naming the parts that differ."""
   if not fileio.exists(path):
     return None
-  with np.load(io.BytesIO(fileio.read_bytes(path)), allow_pickle=False) as z:
-    state = {k: z[k] for k in z.files}
-  if str(state.get("fingerprint")) != fingerprint:
+  try:
+    with np.load(io.BytesIO(fileio.read_bytes(path)), allow_pickle=False) as z:
+      state = {k: z[k] for k in z.files}
+    saved = json.loads(str(state["identity"]))
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+    raise ValueError(f"{path}: not a readable state file ({type(e).__name__}: {e}); delete it "
+                     "to start over (its partial results are lost).") from e
+  if saved != json.loads(json.dumps(identity, default=str)):
+    differ = sorted(k for k in set(saved) | set(identity)
+                    if json.dumps(saved.get(k), sort_keys=True, default=str)
+                    != json.dumps(identity.get(k), sort_keys=True, default=str))
     raise ValueError(
-        f"{path} holds the state of a run with a different config; use a new --workdir "
-        "or delete the file to start over.")
+        f"{path} holds the state of another run: its {', '.join(differ)} differ from this "
+        "run's. Resuming would mix the two. Use a new --workdir, or delete the file to "
+        "start over.")
   return state
 
 

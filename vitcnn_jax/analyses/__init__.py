@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 
+import jax
 import ml_collections
+
+from vitcnn_jax import workdir as workdir_lib
 
 ANALYSES = ("attention_distance", "cka", "head_subsets", "inspect", "localization",
             "receptive_field", "skip_ratio")
@@ -25,6 +28,14 @@ def run(config: ml_collections.ConfigDict, workdir: str):
   if name not in ANALYSES and name not in OTHER_JOBS:
     raise ValueError(f"config.analysis={name!r} is not one of {ANALYSES + tuple(OTHER_JOBS)}.")
   module = importlib.import_module(OTHER_JOBS.get(name, f"vitcnn_jax.analyses.{name}"))
+  if jax.process_index() != 0:  # process 0 alone writes, so it alone checks and locks
+    return _run(module, name, config, workdir)
+  workdir = workdir_lib.check(workdir)
+  with workdir_lib.lock(workdir):
+    return _run(module, name, config, workdir)
+
+
+def _run(module, name: str, config: ml_collections.ConfigDict, workdir: str):
   try:
     if hasattr(module, "build"):
       from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top

@@ -47,10 +47,12 @@ class CKA:
     for key, names in self.points.items():
       out = forward(key)
       acts += [out[n] for n in names]
-    return {"hsic": cka.hsic_matrix(acts, mask)}
+    return {"hsic": cka.hsic_matrix(acts, mask), "moments": cka.fourth_moments(acts, mask)}
 
   def finalize(self, sums):
-    per_repeat = np.asarray([cka.cka_from_hsic(s["hsic"], self.names) for s in sums[0]])
+    n = self.config.num_examples
+    per_repeat = np.asarray([cka.cka_from_hsic(s["hsic"], self.names, s["moments"] / n)
+                             for s in sums[0]])
     return _arrays_and_summary(self.config, self.models, per_repeat)
 
   def plot(self, arrays, summary, workdir: str) -> None:

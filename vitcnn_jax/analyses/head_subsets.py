@@ -80,6 +80,7 @@ class HeadSubsets:
       res = forward("resnet")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
       sums["hsic"] = cka.hsic_matrix(reps, mask)
+      sums["moments"] = cka.fourth_moments(reps, mask)
     return sums
 
   def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
@@ -95,9 +96,11 @@ class HeadSubsets:
         a[i, g] = 1
       a[len(groups):, self.heads:] = np.eye(len(self.res_names))
       hsic = a @ sums[0][0]["hsic"] @ a.T
+      moments = a @ sums[0][0]["moments"]  # a subset's: the sum of its heads'
     else:
-      hsic = sums[1][0]["hsic"]
-    full = cka.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names)
+      hsic, moments = sums[1][0]["hsic"], sums[1][0]["moments"]
+    full = cka.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names,
+                             moments / self.config.num_examples)
     sub_cka = full[:len(groups), len(groups):]
     sub_dist = [float(head_dist[g].mean()) for g in groups]
     summary = {"analysis": "head_subsets", "block": self.config.block, "tap": self.config.tap,
@@ -132,7 +135,8 @@ class _Projected:
     heads = self.a.spatial_heads(forward("vit"))
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("resnet")
-    return {"hsic": cka.hsic_matrix(reps + [res[n] for n in self.a.res_names], mask)}
+    reps += [res[n] for n in self.a.res_names]
+    return {"hsic": cka.hsic_matrix(reps, mask), "moments": cka.fourth_moments(reps, mask)}
 
 
 build = HeadSubsets

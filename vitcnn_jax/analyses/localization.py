@@ -36,10 +36,9 @@ def to_patches(images: jax.Array, grid: tuple[int, int]) -> jax.Array:
   return x.reshape(b, gh * gw, -1)
 
 
-def token_patch_hsic(tokens: jax.Array, patches: jax.Array, mask: jax.Array) -> jax.Array:
-  """(N+P, N+P) HSIC1 matrix over [tokens..., patches...] for one minibatch."""
-  acts = [tokens[:, i] for i in range(tokens.shape[1])] + [patches[:, j] for j in range(patches.shape[1])]
-  return cka.hsic_matrix(acts, mask)
+def to_columns(tokens: jax.Array, patches: jax.Array) -> list[jax.Array]:
+  """[token 0, ..., token N-1, patch 0, ..., patch P-1], each (B, features)."""
+  return [tokens[:, i] for i in range(tokens.shape[1])] + [patches[:, j] for j in range(patches.shape[1])]
 
 
 MODELS = None  # one model, under any name (a ViT or a ResNet)
@@ -79,11 +78,14 @@ class Localization:
   def step(self, forward, labels, mask) -> dict:
     del labels
     tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
-    return {"hsic": token_patch_hsic(tokens, to_patches(forward.inputs(self.key), self.grid), mask)}
+    acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
+    return {"hsic": cka.hsic_matrix(acts, mask), "moments": cka.fourth_moments(acts, mask)}
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
-    tok_patch = cka.cka_from_hsic(sums[0][0]["hsic"], names)[:self.n, self.n:]
+    s = sums[0][0]
+    tok_patch = cka.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
+    tok_patch = tok_patch[:self.n, self.n:]
     summary = {"analysis": "localization", "checkpoint": self.m.path, "label": self.m.label,
                "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,
                "tokens": self.tokens, "own_patch_cka_mean": float(np.mean(np.diag(tok_patch)))}

@@ -15,6 +15,7 @@ import numpy as np
 
 from vitcnn_jax import checkpoints
 from vitcnn_jax.models import bit
+from vitcnn_jax.models import common
 
 FAMILY = "bit"
 OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
@@ -98,10 +99,14 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
 
 
 def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> None:
-  """Fully convolutional: any resolution runs, and the file records none."""
-  del r, native, path
+  """Fully convolutional: any resolution of at least 32 px runs (the network
+  downsamples by 32), and the file records none."""
+  del r, native
   if cfg.get("image_size") is None:
     cfg.pop("image_size", None)
+  elif min(common.to_pair(cfg["image_size"])) < 32:
+    raise ValueError(f"{path}: resolution={cfg['image_size']!r}; a BiT ResNet downsamples by 32, "
+                     "so it needs at least 32 px.")
 
 
 def default_format(model) -> str:

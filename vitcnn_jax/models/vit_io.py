@@ -169,6 +169,10 @@ def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> N
     raise checkpoints.CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
+  bad = [b for b in cfg.get("no_skip") or () if not 0 <= b < cfg["depth"]]
+  if bad:
+    raise ValueError(f"{path}: no_skip={tuple(cfg['no_skip'])} names blocks {bad}, but the "
+                     f"model has blocks 0..{cfg['depth'] - 1}.")
   patch, new = common.to_pair(cfg["patch_size"]), common.to_pair(cfg["image_size"])
   if new[0] % patch[0] or new[1] % patch[1]:
     raise ValueError(f"resolution {new} is not a multiple of the patch size {patch}.")

@@ -1,0 +1,72 @@
+"""Checkpoint files that would load into a wrong model: refused, naming the file and key."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from vitcnn_jax import checkpoints
+from vitcnn_jax.checkpoints import CheckpointError
+
+VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.dtype("U3")])
+def test_non_floating_tensors_are_refused(tmp_path, dtype):
+  w = uf.mixer(0)
+  w["MixerBlock_1/token_mixing/Dense_0/kernel"] = w["MixerBlock_1/token_mixing/Dense_0/kernel"].astype(dtype)
+  path = uf.save(tmp_path / "m.npz", w)
+  with pytest.raises(CheckpointError, match=rf"m\.npz: key 'MixerBlock_1/token_mixing/Dense_0/"
+                                            rf"kernel' has dtype {np.dtype(dtype)}"):
+    checkpoints.load_model(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_are_refused_with_their_count(tmp_path, bad):
+  w = uf.vt_vit(0, **VIT)
+  w["Transformer/encoderblock_1/MlpBlock_3/Dense_0/bias"][[3, 5, 7]] = bad
+  path = uf.save(tmp_path / "v.npz", w)
+  with pytest.raises(CheckpointError, match=r"v\.npz: key 'Transformer/encoderblock_1/MlpBlock_3/"
+                                            r"Dense_0/bias' .* holds 3 non-finite values"):
+    checkpoints.load_model(path)
+
+
+def test_bfloat16_stays_loadable(tmp_path):
+  import ml_dtypes
+  w = uf.vt_vit(0, **VIT)
+  w["head/bias"] = w["head/bias"].astype(ml_dtypes.bfloat16).view(np.void)  # how npz stores it
+  _, params = checkpoints.load_model(uf.save(tmp_path / "b.npz", w))
+  assert params["head"]["bias"].dtype == np.float32
+
+
+def _big_vision(prefix):
+  return {f"{prefix}{k}": v for k, v in uf.bv_vit(0, prefix="", **VIT).items()}
+
+
+def test_two_different_parameter_trees_are_refused(tmp_path):
+  w = {**_big_vision("params/"), **{k: v + 1 for k, v in _big_vision("opt/target/").items()}}
+  with pytest.raises(CheckpointError, match=r"two\.npz: holds two different parameter trees, "
+                                            r"under 'opt/target/' and 'params/'"):
+    checkpoints.load_model(uf.save(tmp_path / "two.npz", w))
+  same = {**_big_vision("params/"), **_big_vision("opt/target/")}
+  checkpoints.load_model(uf.save(tmp_path / "same.npz", same))  # one tree, twice: fine
+
+
+def test_keys_beside_the_parameters_are_named_in_a_warning(tmp_path, caplog):
+  w = {**_big_vision("params/"), "opt/state/count": np.zeros((), np.float32),
+       "opt/state/mu/head/bias": np.zeros((7,), np.float32)}
+  with caplog.at_level(logging.WARNING, logger="vitcnn_jax"):
+    checkpoints.load_model(uf.save(tmp_path / "o.npz", w))
+  assert "left out 2 other keys (opt/state/count, opt/state/mu/head/bias)" in caplog.text
+
+
+def test_the_digest_follows_the_contents_not_the_path(tmp_path):
+  path = uf.save(tmp_path / "v.npz", uf.vt_vit(0, **VIT))
+  checkpoints.load_model(path)
+  first = checkpoints.digest(path)
+  uf.save(path, uf.vt_vit(1, **VIT))
+  checkpoints.load_model(path)
+  assert checkpoints.digest(path) != first and checkpoints.digest(path + ":img") == checkpoints.digest(path)

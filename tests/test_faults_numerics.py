@@ -1,0 +1,53 @@
+"""CKA inputs that would give meaningless numbers: constant layers, nothing processed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from vitcnn_jax import analyses, cka
+
+
+def test_identical_images_make_a_constant_layer_an_error_not_cka_one():
+  rng = np.random.default_rng(0)
+  same = np.repeat(rng.standard_normal((1, 64)).astype(np.float32) * 10 + 3, 16, axis=0)
+  m = cka.MinibatchCKA(["varied", "constant"])
+  m.update({"varied": rng.standard_normal((16, 64)).astype(np.float32), "constant": same})
+  assert abs(float(np.asarray(cka.hsic_matrix([same]))[0, 0])) < 1e-20  # rounding, not zero
+  with pytest.raises(FloatingPointError, match=r"layer 'constant' is constant over the examples"
+                                               r".*are the images identical or blank"):
+    m.result()
+
+
+def test_a_small_but_real_variation_is_not_mistaken_for_a_constant():
+  """Centred features are exact in float32 here, so tiny variation on a large
+  offset keeps its CKA (the threshold sits far below any real layer)."""
+  rng = np.random.default_rng(1)
+  base = rng.standard_normal((16, 32)).astype(np.float32)
+  m = cka.MinibatchCKA(["a", "b"])
+  m.update({"a": base, "b": (1000.0 + 0.1 * base).astype(np.float32)})
+  assert m.result().xx[0, 1] > 0.99
+
+
+def test_an_all_zero_hsic_says_nothing_was_processed():
+  with pytest.raises(FloatingPointError, match="no minibatch of at least 4 examples"):
+    cka.cka_from_hsic(np.zeros((2, 2)), ["a", "b"])
+
+
+def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
+  """A folder of one image copied 16 times: every layer is constant."""
+  from PIL import Image
+  from configs import cka_vit_resnet, common
+  folder = tmp_path / "same"
+  folder.mkdir()
+  img = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+  for i in range(16):
+    Image.fromarray(img).save(folder / f"{i:02d}.png")
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  config = cka_vit_resnet.get_config("b16_r50,examples=16,batch=8,repeats=1")
+  del config.models["resnet"]
+  config.models.vit.checkpoint = vit
+  config.data = common.data("folder", path=str(folder))
+  with pytest.raises(FloatingPointError, match=r"layer 'block00/ln1' is constant over the examples"):
+    analyses.run(config, str(tmp_path / "wd"))
