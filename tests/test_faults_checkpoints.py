@@ -70,3 +70,27 @@ def test_the_digest_follows_the_contents_not_the_path(tmp_path):
   uf.save(path, uf.vt_vit(1, **VIT))
   checkpoints.load_model(path)
   assert checkpoints.digest(path) != first and checkpoints.digest(path + ":img") == checkpoints.digest(path)
+
+
+def test_a_member_that_is_not_an_array_is_named(tmp_path):
+  import zipfile
+  path = uf.save(tmp_path / "m.npz", uf.vt_vit(0, **VIT))
+  with zipfile.ZipFile(path, "a") as z:
+    z.writestr("README.txt", "hello")
+  with pytest.raises(CheckpointError, match=r"m\.npz: member 'README.txt' of the archive is not"):
+    checkpoints.load_model(path)
+
+
+def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path):
+  import os
+  from configs import cka_vit_resnet
+  from vitcnn_jax import loading, results
+  config = cka_vit_resnet.get_config("demo")
+  config.cache_dir = str(tmp_path)
+  spec = config.models.vit
+  cached = os.path.join(str(tmp_path), f"{spec.train.name}-{results.fingerprint(spec.train.to_dict())}.npz")
+  with open(cached, "wb") as f:
+    f.write(b"PK\x03\x04 half a file")
+  with pytest.raises(CheckpointError, match=r"config.models.vit: the cached trained model .* "
+                                            r"Delete it to train it again"):
+    loading.load_model(config, "vit")

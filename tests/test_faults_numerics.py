@@ -51,3 +51,33 @@ def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
   config.data = common.data("folder", path=str(folder))
   with pytest.raises(FloatingPointError, match=r"layer 'block00/ln1' is constant over the examples"):
     analyses.run(config, str(tmp_path / "wd"))
+
+
+@pytest.mark.parametrize("scale", [1e15, 1e-15, 2.0 ** 100, 2.0 ** -100])
+def test_cka_does_not_depend_on_the_features_scale(scale):
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((32, 40)).astype(np.float32)
+  y = (x @ rng.standard_normal((40, 24)) + rng.standard_normal((32, 24))).astype(np.float32)
+  want = cka.linear_cka(x, y)
+  assert 0.3 < want < 0.99
+  # Scaling by a power of two is exact; 1e15 moves each entry by one rounding.
+  tol = 4 * cka.U32 * 40 if scale in (1e15, 1e-15) else 0.0
+  assert abs(cka.linear_cka(x * np.float32(scale), y) - want) <= tol + 1e-12
+  big = cka.MinibatchCKA(["x", "y"])
+  ref = cka.MinibatchCKA(["x", "y"])
+  for i in (0, 16):
+    big.update({"x": x[i:i + 16] * np.float32(scale), "y": y[i:i + 16]})
+    ref.update({"x": x[i:i + 16], "y": y[i:i + 16]})
+  assert abs(big.result().xx[0, 1] - ref.result().xx[0, 1]) <= tol + 1e-12
+
+
+def test_linear_cka_refuses_nan_one_example_and_constants():
+  x = np.random.default_rng(3).standard_normal((8, 5)).astype(np.float32)
+  bad = x.copy()
+  bad[2, 3] = np.nan
+  with pytest.raises(ValueError, match="x holds 1 NaN or inf values"):
+    cka.linear_cka(bad, x)
+  with pytest.raises(ValueError, match="needs at least 2 examples, got 1"):
+    cka.linear_cka(x[:1], x[:1])
+  with pytest.raises(FloatingPointError, match="y is constant over the examples"):
+    cka.linear_cka(x, np.repeat(x[:1], 8, axis=0))

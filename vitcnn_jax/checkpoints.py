@@ -75,6 +75,9 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     raise CheckpointError(f"{path}: holds a single array of shape {np.shape(loaded)}, "
                           "not an npz archive of named arrays.")
   for k, v in flat.items():
+    if not isinstance(v, np.ndarray):  # np.load hands back other members as bytes
+      raise CheckpointError(f"{path}: member {k!r} of the archive is not a .npy array; an "
+                            "npz checkpoint holds only arrays.")
     if v.dtype.kind == "V":
       if v.dtype.itemsize != 2:
         raise CheckpointError(f"{path}: key {k!r} has an unknown void dtype {v.dtype}.")

@@ -75,14 +75,66 @@ def hsic1(k: jax.Array, l: jax.Array) -> jax.Array:
 
 def linear_cka(x, y, *, debiased: bool = False) -> float:
   """Full-batch linear CKA between two representations of the same examples."""
-  x, y = jnp.asarray(x), jnp.asarray(y)
+  x, y = np.asarray(x), np.asarray(y)
   if x.shape[0] != y.shape[0]:
     raise ValueError(f"linear_cka: x has {x.shape[0]} examples, y has {y.shape[0]}.")
-  if debiased and x.shape[0] < MIN_BATCH:
-    raise ValueError(f"debiased CKA needs at least {MIN_BATCH} examples, got {x.shape[0]}.")
+  need = MIN_BATCH if debiased else 2
+  if x.shape[0] < need:
+    raise ValueError(f"linear_cka{' (debiased)' if debiased else ''} needs at least {need} "
+                     f"examples, got {x.shape[0]}.")
+  scaled = []
+  for name, a in (("x", x), ("y", y)):
+    if not np.isfinite(a).all():
+      raise ValueError(f"linear_cka: {name} holds {a.size - np.isfinite(a).sum()} NaN or inf values.")
+    scaled.append(jnp.asarray(a, jnp.float32))
+  e = log2_scales(scaled)  # CKA is scale-free: a power of two keeps float32 in range, exactly
+  x, y = (jnp.ldexp(a, -e[i]) for i, a in enumerate(scaled))
   center = center_unbiased if debiased else center_biased
   k, l = center(gram_linear(x)), center(gram_linear(y))
-  return float(_dot(k, l) / jnp.sqrt(_dot(k, k) * _dot(l, l)))
+  kk, ll = float(_dot(k, k)), float(_dot(l, l))
+  # Unnormalised dots: the noise floor of cka_from_hsic times n^2.
+  floors = (NOISE * U32 ** 2) ** 2 * np.asarray(fourth_moments([x, y])) * x.shape[0]
+  for name, v, floor in (("x", kk, floors[0]), ("y", ll, floors[1])):
+    if v <= floor:
+      raise FloatingPointError(f"linear_cka: {name} is constant over the examples, so its CKA "
+                               "with anything is meaningless.")
+  return float(_dot(k, l)) / float(np.sqrt(kk * ll))
+
+
+def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None,
+                axis_name: str | None = None) -> jax.Array:
+  """(L,) int32 exponents e with each layer's max |x| * 2^-e in [0.5, 1) over the
+  valid rows (of every device along `axis_name`); 0 for an all-zero layer."""
+  peaks = []
+  for a in acts:
+    x = jnp.abs(jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)).max(axis=1)
+    peaks.append(x.max() if mask is None else jnp.where(mask > 0, x, 0.0).max())
+  peak = jnp.stack(peaks)
+  if axis_name is not None:
+    peak = jax.lax.pmax(peak, axis_name)
+  return jnp.where(peak > 0, jnp.frexp(peak)[1], 0).astype(jnp.int32)
+
+
+def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
+                   axis_name: str | None = None) -> dict[str, jax.Array]:
+  """One minibatch's HSIC matrix and fourth moments, computed on each layer scaled
+  by a power of two (exact) so that neither overflows or underflows in float32
+  whatever the features' scale; `unscale` restores them in float64 on the host."""
+  e = log2_scales(acts, mask, axis_name)
+  scaled = [jnp.ldexp(a.astype(jnp.float32), -e[i]) for i, a in enumerate(acts)]
+  return {"hsic": hsic_matrix(scaled, mask), "moments": fourth_moments(scaled, mask),
+          "log2_scale": e}
+
+
+def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """`minibatch_sums` in float64 at the features' own scale (other entries kept)."""
+  if "log2_scale" not in got:
+    return got
+  out = dict(got)
+  e = np.asarray(out.pop("log2_scale"), np.float64)
+  out["hsic"] = np.ldexp(np.asarray(got["hsic"], np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
+  out["moments"] = np.ldexp(np.asarray(got["moments"], np.float64), (4 * e).astype(int))
+  return out
 
 
 def hsic_matrix(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
@@ -167,7 +219,7 @@ class MinibatchCKA:
     self.hsic = np.zeros((size, size), np.float64)
     self.moments = np.zeros((size,), np.float64)  # summed fourth_moments
     self.examples = 0
-    self._update = jax.jit(lambda acts: (hsic_matrix(acts), fourth_moments(acts)))
+    self._update = jax.jit(minibatch_sums)
 
   @property
   def names(self) -> list[str]:
@@ -193,9 +245,9 @@ class MinibatchCKA:
     if n < MIN_BATCH:
       raise ValueError(f"MinibatchCKA.update: batch of {n} examples; the unbiased HSIC "
                        f"needs at least {MIN_BATCH}.")
-    hsic, moments = self._update(acts)
-    self.hsic += np.asarray(hsic, np.float64)
-    self.moments += np.asarray(moments, np.float64)
+    got = unscale(jax.device_get(self._update(acts)))
+    self.hsic += got["hsic"]
+    self.moments += got["moments"]
     self.examples += n
 
   def result(self) -> CKAResult:

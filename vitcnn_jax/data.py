@@ -165,6 +165,27 @@ def label_ids(labels: Sequence[str]) -> list[int]:
   return [number[t] for t in labels]
 
 
+class ImageError(ValueError):
+  """An image file that cannot become 8-bit RGB without guessing."""
+
+
+def to_rgb8(im, path: str) -> np.ndarray:
+  """An 8-bit RGB array of a PIL image. 16-bit integer images are scaled from
+  0..65535 (PIL's RGB conversion would clip them, leaving them almost white);
+  float images have no agreed range and are refused."""
+  if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+    a = np.asarray(im, np.int64)
+    if a.min() < 0 or a.max() > 65535:
+      raise ImageError(f"{path}: {im.mode} image with values {a.min()}..{a.max()}, outside "
+                       "16 bits; convert it to 8-bit RGB first.")
+    grey = np.round(a / 257.0).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=-1) if grey.ndim == 2 else grey
+  if im.mode == "F" or im.mode.startswith("F;"):
+    raise ImageError(f"{path}: floating-point image (mode {im.mode}) has no agreed value "
+                     "range; convert it to 8-bit RGB first.")
+  return np.asarray(im.convert("RGB"))
+
+
 class FolderSource:
   """Images under a directory: class sub-folders (labels by sorted name), or flat
   with an optional labels file (`labels`, see `read_labels`), or flat unlabelled.
@@ -184,6 +205,11 @@ class FolderSource:
       if labels:
         raise ValueError(f"labels={labels!r} are for a flat folder, but {root} has "
                          f"class sub-folders ({classes[:3]}...), which are the labels.")
+      loose = [e for e in entries if e.lower().endswith(IMAGE_EXTENSIONS)]
+      if loose:
+        raise ValueError(f"{root} has class sub-folders and also {len(loose)} images beside "
+                         f"them (e.g. {loose[0]}), which would be left out: move them into "
+                         "a class folder or elsewhere.")
       for label, c in enumerate(classes):
         for f in sorted(os.listdir(os.path.join(root, c))):
           if f.lower().endswith(IMAGE_EXTENSIONS):
@@ -218,7 +244,9 @@ class FolderSource:
       path = self.files[int(i)][0]
       try:
         with Image.open(path) as im:
-          out.append(np.asarray(im.convert("RGB")))
+          out.append(to_rgb8(im, path))
+      except ImageError:
+        raise
       except Exception as e:  # PIL raises many types for bad files
         raise ValueError(f"{path}: unreadable image ({type(e).__name__}: {e}).") from e
     return out

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
@@ -59,7 +60,10 @@ class Pass(Protocol):
   labels: bool  # whether steps need class labels
 
   def step(self, forward: Forward, labels: jax.Array, mask: jax.Array) -> Sums:
-    """Sums over this device's valid rows (mask 1); jit-compiled, no I/O."""
+    """Sums over this device's valid rows (mask 1); jit-compiled, no I/O. Floating
+    leaves are summed over devices; integer leaves (e.g. scale exponents) must be
+    equal on all devices and are kept once. A pass may define `host_sums(result)`
+    to turn a step's result into float64 sums on the host (default: as is)."""
 
 
 class Analysis(Protocol):
@@ -129,7 +133,9 @@ def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:
 
   def local(params, images, labels, mask):
     fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points)
-    return jax.tree.map(lambda s: jax.lax.psum(s, parallel.AXIS), p.step(fwd, labels, mask))
+    return jax.tree.map(lambda s: jax.lax.pmax(s, parallel.AXIS)
+                        if jnp.issubdtype(s.dtype, jnp.integer) else jax.lax.psum(s, parallel.AXIS),
+                        p.step(fwd, labels, mask))
 
   axis = P(parallel.AXIS)
   return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), axis, axis, axis), out_specs=P()))
@@ -216,6 +222,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       def fetch():
         nonlocal sums
         for got in jax.device_get(pending):  # one transfer; added in step order
+          got = p.host_sums(got) if hasattr(p, "host_sums") else got
           sums = {k: sums.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
         pending.clear()
 

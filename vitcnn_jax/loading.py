@@ -79,7 +79,14 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
   if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
   _reachable(checkpoints.split_tower(path)[0], key, hint)
-  model, params = checkpoints.load_model(path, **overrides(spec))
+  try:
+    model, params = checkpoints.load_model(path, **overrides(spec))
+  except checkpoints.CheckpointError as e:
+    if spec.get("checkpoint"):
+      raise
+    raise checkpoints.CheckpointError(  # a model this tool trained: no one to download it from
+        f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
+        "train it again.") from e
   patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
   names = list(representations.point_shapes(model, params, patterns))
   unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
+from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -47,7 +48,9 @@ class CKA:
     for key, names in self.points.items():
       out = forward(key)
       acts += [out[n] for n in names]
-    return {"hsic": cka.hsic_matrix(acts, mask), "moments": cka.fourth_moments(acts, mask)}
+    return cka.minibatch_sums(acts, mask, parallel.AXIS)
+
+  host_sums = staticmethod(cka.unscale)
 
   def finalize(self, sums):
     n = self.config.num_examples

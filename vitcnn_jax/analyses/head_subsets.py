@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
+from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
@@ -79,14 +80,15 @@ class HeadSubsets:
       heads = self.spatial_heads(out)
       res = forward("resnet")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
-      sums["hsic"] = cka.hsic_matrix(reps, mask)
-      sums["moments"] = cka.fourth_moments(reps, mask)
+      sums.update(cka.minibatch_sums(reps, mask, parallel.AXIS))
     return sums
 
   def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
     head_dist = distance_sums / self.config.num_examples
     order = np.argsort(head_dist, kind="stable")
     return head_dist, subsets(order, self.config.subset_size, self.config.subset_stride)
+
+  host_sums = staticmethod(cka.unscale)
 
   def finalize(self, sums):
     head_dist, groups = self.subsets(sums[0][0]["distance"])
@@ -136,7 +138,9 @@ class _Projected:
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("resnet")
     reps += [res[n] for n in self.a.res_names]
-    return {"hsic": cka.hsic_matrix(reps, mask), "moments": cka.fourth_moments(reps, mask)}
+    return cka.minibatch_sums(reps, mask, parallel.AXIS)
+
+  host_sums = staticmethod(cka.unscale)
 
 
 build = HeadSubsets

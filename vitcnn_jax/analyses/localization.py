@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
+from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -79,7 +80,9 @@ class Localization:
     del labels
     tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
     acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
-    return {"hsic": cka.hsic_matrix(acts, mask), "moments": cka.fourth_moments(acts, mask)}
+    return cka.minibatch_sums(acts, mask, parallel.AXIS)
+
+  host_sums = staticmethod(cka.unscale)
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
