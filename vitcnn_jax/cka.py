@@ -88,7 +88,7 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
       raise ValueError(f"linear_cka: {name} holds {a.size - np.isfinite(a).sum()} NaN or inf values.")
     scaled.append(jnp.asarray(a, jnp.float32))
   e = log2_scales(scaled)  # CKA is scale-free: a power of two keeps float32 in range, exactly
-  x, y = (jnp.ldexp(a, -e[i]) for i, a in enumerate(scaled))
+  x, y = (a * pow2(-e[i]) for i, a in enumerate(scaled))
   center = center_unbiased if debiased else center_biased
   k, l = center(gram_linear(x)), center(gram_linear(y))
   kk, ll = float(_dot(k, k)), float(_dot(l, l))
@@ -104,7 +104,8 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
 def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None,
                 axis_name: str | None = None) -> jax.Array:
   """(L,) int32 exponents e with each layer's max |x| * 2^-e in [0.5, 1) over the
-  valid rows (of every device along `axis_name`); 0 for an all-zero layer."""
+  valid rows (of every device along `axis_name`); 0 for an all-zero layer; read
+  from the float32 bits (jnp.frexp and ldexp compile to long subnormal-safe code)."""
   peaks = []
   for a in acts:
     x = jnp.abs(jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)).max(axis=1)
@@ -112,7 +113,13 @@ def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   peak = jnp.stack(peaks)
   if axis_name is not None:
     peak = jax.lax.pmax(peak, axis_name)
-  return jnp.where(peak > 0, jnp.frexp(peak)[1], 0).astype(jnp.int32)
+  biased = (jax.lax.bitcast_convert_type(peak, jnp.int32) >> 23) & 0xFF
+  return jnp.where(peak > 0, jnp.clip(biased - 126, -125, 126), 0).astype(jnp.int32)
+
+
+def pow2(e: jax.Array) -> jax.Array:
+  """2.0 ** e in float32, exactly, for integer e in [-126, 127]."""
+  return jax.lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
 
 
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
@@ -121,7 +128,7 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   by a power of two (exact) so that neither overflows or underflows in float32
   whatever the features' scale; `unscale` restores them in float64 on the host."""
   e = log2_scales(acts, mask, axis_name)
-  scaled = [jnp.ldexp(a.astype(jnp.float32), -e[i]) for i, a in enumerate(acts)]
+  scaled = [a.astype(jnp.float32) * pow2(-e[i]) for i, a in enumerate(acts)]
   return {"hsic": hsic_matrix(scaled, mask), "moments": fourth_moments(scaled, mask),
           "log2_scale": e}
 
