@@ -199,7 +199,7 @@ def test_shape_mismatch(tmp_path):
   w["Transformer/encoderblock_1/MlpBlock_3/Dense_0/bias"] = np.zeros((80,), np.float32)
   path = uf.save(tmp_path / "shape.npz", w)
   with pytest.raises(CheckpointError,
-                     match=r"shape\.npz.*encoderblock_1/MlpBlock_0/Dense_0/bias has shape \(80,\).*\(96,\)"):
+                     match=r"shape\.npz.*encoderblock_1/MlpBlock_3/Dense_0/bias has shape \(80,\).*\(96,\)"):
     checkpoints.load_model(path)
 
 

@@ -94,3 +94,45 @@ def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path):
   with pytest.raises(CheckpointError, match=r"config.models.vit: the cached trained model .* "
                                             r"Delete it to train it again"):
     loading.load_model(config, "vit")
+
+
+def test_shape_errors_name_the_files_key_and_where_the_architecture_came_from(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  q = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+  w[q] = w[q].reshape(48, -1)  # heads read from here: (48, 48) says 48 heads of 1
+  with pytest.raises(CheckpointError, match=r"MultiHeadDotProductAttention_1/key/bias has shape "
+                                            r"\(3, 16\), but .* needs \(48, 1\).*num_heads=48 "
+                                            r"\(from .*query/kernel"):
+    checkpoints.load_model(uf.save(tmp_path / "q.npz", w))
+  b = uf.bt_bit(0, depth=(1, 1, 1, 1))
+  k = "resnet/block1/unit01/a/standardized_conv2d/kernel"
+  b[k] = b[k][..., :5]
+  with pytest.raises(CheckpointError, match=rf"{k} has shape \(1, 1, 32, 5\)"):
+    checkpoints.load_model(uf.save(tmp_path / "b.npz", b))
+
+
+def test_an_impossible_architecture_names_the_file(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  w["embedding/kernel"] = w["embedding/kernel"][..., :40]
+  with pytest.raises(CheckpointError, match=r"e\.npz: the architecture read from the file is not "
+                                            r"a valid vit model \(width 40 is not divisible"):
+    checkpoints.load_model(uf.save(tmp_path / "e.npz", w))
+
+
+def test_a_missing_class_token_row_is_named(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  pe = "Transformer/posembed_input/pos_embedding"
+  w[pe] = w[pe][:, 1:]
+  with pytest.raises(CheckpointError, match=r"has 16 rows, a whole 4x4 grid.*class-token row "
+                                            r"is missing"):
+    checkpoints.load_model(uf.save(tmp_path / "p.npz", w))
+
+
+@pytest.mark.parametrize("key", ["embedding/kernel", "cls",
+                                 "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"])
+def test_a_tensor_of_the_wrong_rank_is_named(tmp_path, key):
+  w = uf.vt_vit(0, **VIT)
+  w[key] = w[key].ravel()[:7]
+  with pytest.raises(CheckpointError, match=rf"r\.npz: a malformed vit file.*unexpected rank: "
+                                            rf"{key} \(7,\)"):
+    checkpoints.load_model(uf.save(tmp_path / "r.npz", w))

@@ -191,22 +191,40 @@ def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, An
                         "Expected an official ViT, BiT or Mixer npz (see README, formats).")
 
 
-def check_params(model, params: Params, path: str = "<params>") -> None:
-  """Every parameter present with the shape the model needs, and nothing else."""
+def _file_key(model, key: str, value, fmt: str | None) -> str:
+  """The name `key` (ours) has in a file of format `fmt`, for messages."""
+  if fmt is None:
+    return key
+  try:
+    return next(iter(_families()[model.family].write(model, {key: np.asarray(value)}, fmt)))
+  except Exception:  # pylint: disable=broad-except  (a key the writer maps only with others)
+    return key
+
+
+def check_params(model, params: Params, path: str = "<params>",
+                 reading: Reading | None = None) -> None:
+  """Every parameter present with the shape the model needs, and nothing else.
+  Given the `reading` of a file, errors name the file's keys and say which
+  tensors the architecture was read from."""
   size = models_lib.common.to_pair(model.image_size)
   images = jax.ShapeDtypeStruct((1, *size, 3), np.float32)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
   want = {k: tuple(v.shape) for k, v in flatten(shapes).items()}
-  have = {k: tuple(np.shape(v)) for k, v in flatten(params).items()}
+  flat = flatten(params)
+  have = {k: tuple(np.shape(v)) for k, v in flat.items()}
+  fmt = reading.fmt if reading else None
+  read_as = ("" if reading is None else " The architecture was read as " + ", ".join(
+      f"{f}={reading.config[f]!r} (from {e})" for f, e in reading.evidence.items()) + ".")
   for k in sorted(set(want) | set(have)):
     if k not in have:
-      raise CheckpointError(f"{path}: parameter {k} {want[k]} is missing for {model}.")
+      raise CheckpointError(f"{path}: parameter {k} {want[k]} is missing for {model}.{read_as}")
+    name = _file_key(model, k, flat[k], fmt)
     if k not in want:
-      raise CheckpointError(f"{path}: parameter {k} {have[k]} is not part of the model.")
+      raise CheckpointError(f"{path}: {name} {have[k]} is not part of the model.{read_as}")
     if have[k] != want[k]:
       raise CheckpointError(
-          f"{path}: parameter {k} has shape {have[k]} but the architecture read "
-          f"from the file needs {want[k]}; the file is internally inconsistent.")
+          f"{path}: {name} has shape {have[k]}, but the architecture read from the file "
+          f"needs {want[k]}: the file is internally inconsistent.{read_as}")
 
 
 def _check_values(flat: dict[str, np.ndarray], path: str) -> None:
@@ -230,7 +248,19 @@ def load_params(path: str) -> tuple[str, Reading]:
   _check_values(flat, path)
   fmt, io_ = detect(flat, path)
   keys = Keys(flat, path, fmt)
-  reading = io_.read(keys)
+  try:
+    reading = io_.read(keys)
+  except CheckpointError:
+    raise
+  except (ValueError, IndexError, KeyError) as e:  # e.g. a reshape of a malformed tensor
+    odd = [keys.shape(k) for k, v in flat.items()
+           if (k.endswith("kernel") and v.ndim < 2)
+           or (k.rsplit("/", 1)[-1] in ("cls", "pos_embedding", "probe") and v.ndim != 3)]
+    raise CheckpointError(
+        f"{path}: a malformed {fmt} file: reading it failed with {type(e).__name__}: {e}. "
+        + (f"Tensors of an unexpected rank: {', '.join(odd)}." if odd else
+           "Compare its tensors with configs/inspect.py on an official file of the same model.")
+    ) from e
   keys.finish()
   return io_.FAMILY, reading
 
@@ -273,9 +303,17 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
   native = r.config.get("image_size")
   cfg = {**r.config, **overrides}
   io_.adapt(cfg, r, native, path)
-  model = cls(**cfg)
-  params = unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
-  check_params(model, params, path)
+  try:
+    model = cls(**cfg)
+    params = unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
+    check_params(model, params, path, r)
+  except CheckpointError:
+    raise
+  except (ValueError, TypeError) as e:  # the model refuses the architecture read
+    raise CheckpointError(f"{path}: the architecture read from the file is not a valid "
+                          f"{family} model ({e}). It was read as " + ", ".join(
+                              f"{f}={r.config[f]!r} (from {ev})" for f, ev in r.evidence.items())
+                          + ".") from e
   return model, jax.tree_util.tree_map(jax.numpy.asarray, params)
 
 

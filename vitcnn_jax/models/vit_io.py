@@ -138,6 +138,13 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
         math.isqrt(pe.shape[1] - 1) ** 2 == pe.shape[1] - 1 and math.isqrt(pe.shape[1]) ** 2 != pe.shape[1])):
       # vision_transformer adds the position embedding after prepending cls;
       # folding its first row into cls gives big_vision's equivalent form.
+      rows = pe.shape[1]
+      if math.isqrt(rows) ** 2 == rows and math.isqrt(rows - 1) ** 2 != rows - 1:
+        raise checkpoints.CheckpointError(
+            f"{keys.path}: {pe_key} {pe.shape} has {rows} rows, a whole "
+            f"{math.isqrt(rows)}x{math.isqrt(rows)} grid, but with a class token ('cls') "
+            "a vision_transformer file has one more row, for the class token, first. The "
+            "file is malformed (its class-token row is missing).")
       cls, pe = cls + pe[:, :1], pe[:, 1:]
     p["cls"], cfg["pool"], ev["pool"] = cls, "token", keys.shape("cls")
   elif keys.has("MAPHead_0/probe"):
