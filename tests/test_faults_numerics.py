@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import upstream_files as uf
+from numerics import assert_close, cka_bound, worst
 from vitcnn_jax import analyses, cka
 
 
@@ -81,3 +82,32 @@ def test_linear_cka_refuses_nan_one_example_and_constants():
     cka.linear_cka(x[:1], x[:1])
   with pytest.raises(FloatingPointError, match="y is constant over the examples"):
     cka.linear_cka(x, np.repeat(x[:1], 8, axis=0))
+
+
+def test_devices_with_different_scales_share_exponents_exactly():
+  """8 devices whose rows differ in scale by up to 2^70: the psum of the results
+  brought to the shared exponents equals the float64 sum of each device's own."""
+  import jax
+  from jax.sharding import PartitionSpec as P
+  from vitcnn_jax import parallel
+  mesh = parallel.mesh()
+  n_dev = jax.device_count()
+  rng = np.random.default_rng(4)
+  x = rng.standard_normal((n_dev, 8, 20)).astype(np.float32)
+  x *= (2.0 ** (10 * np.arange(n_dev)))[:, None, None].astype(np.float32)
+  y = rng.standard_normal((n_dev, 8, 12)).astype(np.float32)
+
+  def local(a, b):
+    out = cka.minibatch_sums([a, b], None, parallel.AXIS)
+    return {k: (jax.lax.pmax(v, parallel.AXIS) if k == "log2_scale" else jax.lax.psum(v, parallel.AXIS))
+            for k, v in out.items()}
+
+  f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(parallel.AXIS), P(parallel.AXIS)),
+                            out_specs=P()))
+  got = cka.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))))
+  want = sum(cka.unscale(jax.device_get(cka.minibatch_sums([x[d], y[d]])))["hsic"]
+             for d in range(n_dev))
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
+  # Each device's term: two float32 compilations of one HSIC (cka_bound relative to
+  # the scale, by Cauchy-Schwarz); then an 8-term float32 psum, exact shifts aside.
+  assert_close(got["hsic"] / scale, want / scale, cka_bound(8, 20) + worst(n_dev), "shared exponents")
