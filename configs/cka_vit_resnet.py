@@ -44,8 +44,7 @@ DEMO_MODELS = {  # name -> (demo training variant, layers, label)
 }
 
 
-def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet"),
-                steps_scale: float = 1.0) -> None:
+def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet")) -> None:
   """Tiny Fashion-MNIST models trained on first use (cached in config.cache_dir)."""
   config.models = ml_collections.ConfigDict()
   for name in names:
@@ -53,7 +52,6 @@ def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet"),
     train = train_configs.train_config(variant)
     # npz files do not record a BiT's input size: run at the training resolution.
     config.models[name] = common.model("", layers, label, resolution=train.model.image_size)
-    train.steps = max(1, int(train.steps * steps_scale))
     config.models[name].train = train
   config.data = common.fashion_mnist("t10k")
   config.cache_dir = "~/.cache/vitcnn_jax"

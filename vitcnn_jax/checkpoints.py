@@ -213,8 +213,7 @@ def check_params(model, params: Params, path: str = "<params>",
   flat = flatten(params)
   have = {k: tuple(np.shape(v)) for k, v in flat.items()}
   fmt = reading.fmt if reading else None
-  read_as = ("" if reading is None else " The architecture was read as " + ", ".join(
-      f"{f}={reading.config[f]!r} (from {e})" for f, e in reading.evidence.items()) + ".")
+  read_as = f" {_read_as(reading)}" if reading else ""
   for k in sorted(set(want) | set(have)):
     if k not in have:
       raise CheckpointError(f"{path}: parameter {k} {want[k]} is missing for {model}.{read_as}")
@@ -225,6 +224,12 @@ def check_params(model, params: Params, path: str = "<params>",
       raise CheckpointError(
           f"{path}: {name} has shape {have[k]}, but the architecture read from the file "
           f"needs {want[k]}: the file is internally inconsistent.{read_as}")
+
+
+def _read_as(r: Reading) -> str:
+  """Each architecture field with the tensor it was read from, for messages."""
+  return "The architecture was read as " + ", ".join(
+      f"{f}={r.config[f]!r} (from {e})" for f, e in r.evidence.items()) + "."
 
 
 def _check_values(flat: dict[str, np.ndarray], path: str) -> None:
@@ -311,9 +316,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
     raise
   except (ValueError, TypeError) as e:  # the model refuses the architecture read
     raise CheckpointError(f"{path}: the architecture read from the file is not a valid "
-                          f"{family} model ({e}). It was read as " + ", ".join(
-                              f"{f}={r.config[f]!r} (from {ev})" for f, ev in r.evidence.items())
-                          + ".") from e
+                          f"{family} model ({e}). {_read_as(r)}") from e
   return model, jax.tree_util.tree_map(jax.numpy.asarray, params)
 
 

@@ -92,8 +92,8 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
   center = center_unbiased if debiased else center_biased
   k, l = center(gram_linear(x)), center(gram_linear(y))
   kk, ll = float(_dot(k, k)), float(_dot(l, l))
-  # Unnormalised dots: the noise floor of cka_from_hsic times n^2.
-  floors = (NOISE * U32 ** 2) ** 2 * np.asarray(fourth_moments([x, y])) * x.shape[0]
+  # Unnormalised dots: n^2 times the floor for the mean fourth moment.
+  floors = noise_floor(np.asarray(fourth_moments([x, y])) * x.shape[0])
   for name, v, floor in (("x", kk, floors[0]), ("y", ll, floors[1])):
     if v <= floor:
       raise FloatingPointError(f"linear_cka: {name} is constant over the examples, so its CKA "
@@ -101,18 +101,15 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
   return float(_dot(k, l)) / float(np.sqrt(kk * ll))
 
 
-def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None,
-                axis_name: str | None = None) -> jax.Array:
+def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
   """(L,) int32 exponents e with each layer's max |x| * 2^-e in [0.5, 1) over the
-  valid rows (of every device along `axis_name`); 0 for an all-zero layer; read
-  from the float32 bits (jnp.frexp and ldexp compile to long subnormal-safe code)."""
+  valid rows; 0 for an all-zero layer; read from the float32 bits (jnp.frexp and
+  ldexp compile to long subnormal-safe code)."""
   peaks = []
   for a in acts:
     x = jnp.abs(jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)).max(axis=1)
     peaks.append(x.max() if mask is None else jnp.where(mask > 0, x, 0.0).max())
   peak = jnp.stack(peaks)
-  if axis_name is not None:
-    peak = jax.lax.pmax(peak, axis_name)
   biased = (jax.lax.bitcast_convert_type(peak, jnp.int32) >> 23) & 0xFF
   return jnp.where(peak > 0, jnp.clip(biased - 126, -125, 126), 0).astype(jnp.int32)
 
@@ -209,6 +206,11 @@ NOISE = 1e4
 U32 = 2.0 ** -24
 
 
+def noise_floor(mean_m4: np.ndarray) -> np.ndarray:
+  """The self-HSIC below which a layer is float32 rounding noise (see above)."""
+  return (NOISE * U32 ** 2) ** 2 * np.asarray(mean_m4, np.float64)
+
+
 def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
                   mean_m4: np.ndarray | None = None) -> np.ndarray:
   """Normalise an accumulated HSIC matrix. A self-HSIC that is not finite, not
@@ -219,8 +221,7 @@ def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
   if not np.any(hsic) and (mean_m4 is None or not np.any(mean_m4)):
     raise FloatingPointError("CKA: every HSIC is zero: no minibatch of at least "
                              f"{MIN_BATCH} examples was processed (or every activation is zero).")
-  floors = (np.zeros(len(diag)) if mean_m4 is None
-            else (NOISE * U32 ** 2) ** 2 * np.asarray(mean_m4, np.float64))
+  floors = np.zeros(len(diag)) if mean_m4 is None else noise_floor(mean_m4)
   for name, v, floor in zip(names, diag, floors):
     if not np.isfinite(v):
       raise FloatingPointError(f"CKA: self-HSIC of layer {name!r} is {v}; the activations "

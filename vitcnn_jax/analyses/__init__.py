@@ -3,8 +3,9 @@
 An analysis module defines `MODELS` (the names in `config.models` it reads;
 None: any), `build(config, models) -> driver.Analysis`, which the driver runs,
 and optionally `HSIC_MINIBATCHES = True` (each step's rows are HSIC minibatches,
-so their sizes are checked before any model is loaded); `inspect` reads one checkpoint and runs no data, so it has `run(config,
-workdir)` and writes through `driver.write`.
+so their sizes are checked before any model is loaded). `inspect` reads one
+checkpoint and runs no data, so it has `run(config, workdir)` and writes through
+`driver.write`.
 """
 
 from __future__ import annotations
