@@ -28,7 +28,8 @@ HIGHEST = jax.lax.Precision.HIGHEST
 MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 
-def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+def gram_linear(x: jax.Array, mask: jax.Array | None = None,
+                scale: jax.Array | None = None) -> jax.Array:
   """K = X X^T over examples, any trailing shape flattened (tokens x channels).
 
   Features are centred over the (valid) examples first. Both the biased and
@@ -41,6 +42,8 @@ def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
   mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
   x = (x - mean) * m[:, None] if mask is not None else x - mean
+  if scale is not None:  # a power of two: exact, and fused into the centring pass
+    x = x * scale
   return jnp.matmul(x, x.T, precision=HIGHEST)
 
 
@@ -133,9 +136,8 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   grams, moments, exps = [], [], []
   for a in acts:
     e = log2_scales([a], mask)[0]
-    x = a.astype(jnp.float32) * pow2(-e)
-    grams.append(center_unbiased(gram_linear(x, mask), mask).ravel())
-    moments.append(fourth_moments([x], mask)[0])
+    grams.append(center_unbiased(gram_linear(a, mask, pow2(-e)), mask).ravel())
+    moments.append(fourth_moments([a.astype(jnp.float32) * pow2(-e)], mask)[0])
     exps.append(e)
   e = jnp.stack(exps)
   hsic = _hsic_of_grams(jnp.stack(grams), acts[0].shape[0], mask)
