@@ -72,6 +72,38 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
   assert abs(big.result().xx[0, 1] - ref.result().xx[0, 1]) <= tol + 1e-12
 
 
+def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly():
+  """Features in range take the one-pass branch; times 2^100 they take the rescaled
+  one. Power-of-two scaling is exact, so both give the same bits once unscaled."""
+  import jax
+  x = np.random.default_rng(5).standard_normal((12, 3, 7)).astype(np.float32) * 3 + 1
+  mask = np.ones(12, np.float32)
+  mask[9:] = 0
+  got = [jax.device_get(jax.jit(cka.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
+  (g0, m0, e0), (g1, m1, e1) = got
+  assert e1 - e0 > 40  # the branches differ in exponent, so this compares them
+  assert np.array_equal(np.ldexp(g0.astype(np.float64), 2 * int(e0)),
+                        np.ldexp(g1.astype(np.float64), 2 * int(e1) - 200))
+  assert np.array_equal(np.ldexp(m0.astype(np.float64), int(e0)),
+                        np.ldexp(m1.astype(np.float64), int(e1) - 100))
+  want = x[:9].reshape(9, -1).astype(np.float64)
+  want = want - want.mean(0)
+  assert_close(np.ldexp(g0.astype(np.float64), 2 * int(e0))[:9, :9], want @ want.T,
+               cka_bound(9, 21) * np.abs(want).max() ** 2 * 21, "Gram")
+  assert not np.any(g0[9:]) and not np.any(g0[:, 9:])  # padding rows
+
+
+def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite():
+  """A feature constant at 2^60 (its mean exact, so it centres to zero) beside one
+  that varies by 1: scaled by the Gram alone the mean's fourth power would
+  overflow float32, so this layer is rescaled by its largest |x| instead."""
+  x = np.stack([np.full(8, 2.0 ** 60), np.arange(8) % 3], axis=1).astype(np.float32)
+  got = cka.unscale({k: np.asarray(v) for k, v in cka.minibatch_sums([x]).items()})
+  want = 8 * np.sum(x.astype(np.float64).mean(0) ** 4)
+  assert np.isfinite(got["moments"]).all()
+  assert abs(got["moments"][0] / want - 1) < 8 * cka.U32
+
+
 def test_linear_cka_refuses_nan_one_example_and_constants():
   x = np.random.default_rng(3).standard_normal((8, 5)).astype(np.float32)
   bad = x.copy()

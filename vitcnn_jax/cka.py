@@ -28,8 +28,16 @@ HIGHEST = jax.lax.Precision.HIGHEST
 MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 
-def gram_linear(x: jax.Array, mask: jax.Array | None = None,
-                scale: jax.Array | None = None) -> jax.Array:
+def _centred(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(rows minus the mean over the valid rows, with padding rows zeroed; the mean)."""
+  x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+  m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
+  # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
+  mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
+  return ((x - mean) * m[:, None] if mask is not None else x - mean), mean[0]
+
+
+def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """K = X X^T over examples, any trailing shape flattened (tokens x channels).
 
   Features are centred over the (valid) examples first. Both the biased and
@@ -37,14 +45,8 @@ def gram_linear(x: jax.Array, mask: jax.Array | None = None,
   it float32 Grams of features with a large common offset lose most of their
   digits to cancellation.
   """
-  x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
-  m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
-  # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
-  mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
-  x = (x - mean) * m[:, None] if mask is not None else x - mean
-  if scale is not None:  # a power of two: exact, and fused into the centring pass
-    x = x * scale
-  return jnp.matmul(x, x.T, precision=HIGHEST)
+  c, _ = _centred(x, mask)
+  return jnp.matmul(c, c.T, precision=HIGHEST)
 
 
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -91,12 +93,15 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
       raise ValueError(f"linear_cka: {name} holds {a.size - np.isfinite(a).sum()} NaN or inf values.")
     scaled.append(jnp.asarray(a, jnp.float32))
   e = log2_scales(scaled)  # CKA is scale-free: a power of two keeps float32 in range, exactly
-  x, y = (a * pow2(-e[i]) for i, a in enumerate(scaled))
   center = center_unbiased if debiased else center_biased
-  k, l = center(gram_linear(x)), center(gram_linear(y))
+  grams, floors = [], []
+  for i, a in enumerate(scaled):
+    c, mean = _centred(a * pow2(-e[i]), None)
+    grams.append(center(jnp.matmul(c, c.T, precision=HIGHEST)))
+    # Unnormalised dots: n^2 times the floor for a normalised self-HSIC.
+    floors.append(noise_floor(x.shape[0] ** 2 * float(fourth_moment(mean))))
+  k, l = grams
   kk, ll = float(_dot(k, k)), float(_dot(l, l))
-  # Unnormalised dots: n^2 times the floor for the mean fourth moment.
-  floors = noise_floor(np.asarray(fourth_moments([x, y])) * x.shape[0])
   for name, v, floor in (("x", kk, floors[0]), ("y", ll, floors[1])):
     if v <= floor:
       raise FloatingPointError(f"linear_cka: {name} is constant over the examples, so its CKA "
@@ -122,22 +127,64 @@ def pow2(e: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
 
 
+# A Gram whose largest diagonal entry lies in this range was made without overflow
+# or significant underflow (entries are bounded by the diagonal), so scaling it
+# by a power of two afterwards is exact and equals scaling the features first.
+GRAM_RANGE = (2.0 ** -60, 2.0 ** 60)
+MEAN_RANGE = 2.0 ** 20  # |mean| / sqrt(max diagonal): its 4th power sums in float32
+
+
+def _exponent(v: jax.Array) -> jax.Array:
+  """floor(log2 v) + 1 for a positive normal float32 v (v * 2^-result in [0.5, 1))."""
+  return ((jax.lax.bitcast_convert_type(v, jnp.int32) >> 23) & 0xFF) - 126
+
+
+def scaled_gram(a: jax.Array, mask: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(K 2^-2e, mean 2^-e, e) for one layer, e an int32 exponent with the largest
+  diagonal entry of K 2^-2e below 1, so that HSIC products and fourth moments stay
+  in float32's range whatever the features' scale.
+
+  The Gram is made once from the features as they are; only where it (or the
+  mean) is out of range, e.g. features of 1e20, is it made again from a copy
+  scaled by the largest |x| (`lax.cond` runs just one branch).
+  """
+  c, mean = _centred(a, mask)
+  gram = jnp.matmul(c, c.T, precision=HIGHEST)
+  top = jnp.max(jnp.diagonal(gram))
+  e = (_exponent(top) + 1) // 2
+  top_mean = jnp.max(jnp.abs(mean))
+  fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
+          & (top_mean <= MEAN_RANGE * pow2(e)))
+
+  def as_made(_):
+    return gram * pow2(-2 * e), mean * pow2(-e), e
+
+  def rescaled(_):
+    f = log2_scales([a], mask)[0]
+    c, mean = _centred(a.astype(jnp.float32) * pow2(-f), mask)
+    return jnp.matmul(c, c.T, precision=HIGHEST), mean, f
+
+  return jax.lax.cond(fits, as_made, rescaled, None)
+
+
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
                    axis_name: str | None = None) -> dict[str, jax.Array]:
-  """One minibatch's HSIC matrix and fourth moments, computed on each layer scaled
-  by a power of two (exact) so that neither overflows or underflows in float32
-  whatever the features' scale; `unscale` restores them in float64 on the host.
+  """One minibatch's HSIC matrix and fourth moments of the layers' means, each
+  layer scaled by a power of two (exact, see `scaled_gram`); `unscale` restores
+  them in float64 on the host.
 
   Each device scales by its own exponents; only the small results are brought to
   the exponents shared along `axis_name` (their max), after every Gram is made. A
   collective on the exponents before the Grams would keep every layer's
   activations alive until it ran (measured: 2.3 -> 15 GiB on workload W).
   """
+  n = jnp.asarray(acts[0].shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
   grams, moments, exps = [], [], []
   for a in acts:
-    e = log2_scales([a], mask)[0]
-    grams.append(center_unbiased(gram_linear(a, mask, pow2(-e)), mask).ravel())
-    moments.append(fourth_moments([a.astype(jnp.float32) * pow2(-e)], mask)[0])
+    gram, mean, e = scaled_gram(a, mask)
+    grams.append(center_unbiased(gram, mask).ravel())
+    moments.append(n * fourth_moment(mean))
     exps.append(e)
   e = jnp.stack(exps)
   hsic = _hsic_of_grams(jnp.stack(grams), acts[0].shape[0], mask)
@@ -188,22 +235,19 @@ class CKAResult:
   xy: np.ndarray | None
 
 
-def fourth_moments(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
-  """(L,) sum over the valid examples of sum_d x_d^4 for each layer: the scale a
-  self-HSIC is judged against in `cka_from_hsic`."""
-  out = []
-  for a in acts:
-    x2 = jnp.square(jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32))
-    m4 = jnp.square(x2).sum(axis=1)
-    out.append(m4.sum() if mask is None else (m4 * mask.astype(jnp.float32)).sum())
-  return jnp.stack(out)
+def fourth_moment(mean: jax.Array) -> jax.Array:
+  """sum_d mean_d^4: the scale a self-HSIC is judged against in `cka_from_hsic`.
+  For a constant layer it equals each example's sum_d x_d^4, whose rounding noise
+  the floor bounds; any real spread only raises the self-HSIC above it."""
+  return jnp.sum(jnp.square(jnp.square(mean)))
 
 
 # A constant layer's centred features are float32 rounding, at most about
 # c u |x_d| per entry (c^2 below NOISE for the minibatch mean of up to ~10^4
 # rows), so its self-HSIC, the squared Frobenius norm of that noise's
-# covariance, stays below (NOISE u^2)^2 E[sum_d x_d^4]. A real layer with
-# spread s per feature on an offset m is there only if s/m < sqrt(NOISE) u ~ 6e-6.
+# covariance, stays below (NOISE u^2)^2 sum_d x_d^4, which for a constant layer
+# is sum_d mean_d^4 (`fourth_moment`). A real layer with spread s per feature on
+# an offset m is there only if s/m < sqrt(NOISE) u ~ 6e-6.
 NOISE = 1e4
 U32 = 2.0 ** -24
 
@@ -216,7 +260,7 @@ def noise_floor(mean_m4: np.ndarray) -> np.ndarray:
 def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
                   mean_m4: np.ndarray | None = None) -> np.ndarray:
   """Normalise an accumulated HSIC matrix. A self-HSIC that is not finite, not
-  positive, or (given each layer's mean `fourth_moments`) at float32's rounding
+  positive, or (given each layer's mean `fourth_moment`) at float32's rounding
   level is an error naming the layer and the likely cause."""
   hsic = np.asarray(hsic, np.float64)
   diag = np.diag(hsic)
@@ -249,7 +293,7 @@ class MinibatchCKA:
     self.names_y = list(names_y) if names_y is not None else None
     size = len(self.names) if self.names_y is None else len(self.names_x) + len(self.names_y)
     self.hsic = np.zeros((size, size), np.float64)
-    self.moments = np.zeros((size,), np.float64)  # summed fourth_moments
+    self.moments = np.zeros((size,), np.float64)  # summed n * fourth_moment(mean)
     self.examples = 0
     self._update = jax.jit(minibatch_sums)
 
