@@ -35,11 +35,13 @@ FETCH_EVERY = 32  # steps whose device results are fetched to the host together
 
 
 class Forward:
-  """What a step sees of the models: their captured points on this device's rows."""
+  """What a step sees of the models: their captured points on this device's rows,
+  and `constants`, the arrays its pass's `setup` made (e.g. fitted probes)."""
 
   def __init__(self, models: dict[str, loading.Loaded], params: dict, images: dict,
-               points: dict[str, Sequence[str]]):
+               points: dict[str, Sequence[str]], constants: Any = None):
     self.models, self._params, self._images, self._points = models, params, images, points
+    self.constants = constants
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32 in [-1, 1]."""
@@ -62,8 +64,16 @@ class Pass(Protocol):
   def step(self, forward: Forward, labels: jax.Array, mask: jax.Array) -> Sums:
     """Sums over this device's valid rows (mask 1); jit-compiled, no I/O. Floating
     leaves are summed over devices; integer leaves (e.g. scale exponents) must be
-    equal on all devices and are kept once. A pass may define `host_sums(result)`
-    to turn a step's result into float64 sums on the host (default: as is)."""
+    equal on all devices and are kept once; leaves named `rows/...` are this
+    device's rows themselves, which the host concatenates (valid rows only, in
+    the order of the examples): only for a few rows, e.g. a probe's shots.
+
+    Optional members: `host_sums(result)` turns a step's result into float64
+    sums on the host (default: as is); `setup(done)` runs before the pass with
+    the sums of the passes before it and may set `constants`, a pytree of arrays
+    the step reads as `forward.constants`; `examples(repeat, sources)` gives the
+    (source name, indices) of a repeat (default: `config.num_examples` sampled
+    from the source "data", a new draw each repeat)."""
 
 
 class Analysis(Protocol):
@@ -84,21 +94,24 @@ LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
 def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dict | None:
   """Checks what needs no model (config values, the data), then loads the models
   and builds and runs the analysis of `module` (see `vitcnn_jax.analyses`)."""
-  if config.num_examples < 1 or config.batch_size < 1:
-    raise ValueError(f"config.num_examples={config.num_examples} and config.batch_size="
-                     f"{config.batch_size} must be >= 1.")
+  for field in ("num_examples", "batch_size"):  # (an analysis choosing its own examples has none)
+    if config.get(field, 1) < 1:
+      raise ValueError(f"config.{field}={config.get(field)} must be >= 1.")
   for field in ("seed", "stop_after", "save_every_seconds"):
     if config.get(field, 0) < 0:
       raise ValueError(f"config.{field}={config.get(field)} must be >= 0.")
   if getattr(module, "HSIC_MINIBATCHES", False):
     pipeline.check_batching(config.num_examples, config.batch_size)
-  source = pipeline.make_source(config.data)
-  if config.num_examples > len(source):
-    raise ValueError(f"config.num_examples={config.num_examples}, but the data ({source.name}) has "
-                     f"{len(source)} examples, sampled without replacement; lower config.num_examples.")
+  sources = {"data": pipeline.make_source(config.data)}
+  if getattr(module, "TEST_SPLIT", False):  # e.g. probes: fit on data, score on test
+    sources["test"] = pipeline.make_source(config.data, config.data.test_split)
+  if "num_examples" in config and config.num_examples > len(sources["data"]):
+    raise ValueError(f"config.num_examples={config.num_examples}, but the data ({sources['data'].name}) "
+                     f"has {len(sources['data'])} examples, sampled without replacement; lower "
+                     "config.num_examples.")
   models = load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
                        getattr(module, "HINT", ""))
-  return run(config, workdir, module.build(config, models), models, source)
+  return run(config, workdir, module.build(config, models), models, sources)
 
 
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | None,
@@ -128,26 +141,54 @@ def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | Non
   return {n: loading.load_model(config, n, hint) for n in names}
 
 
+ROWS = "rows/"  # step results that are rows, gathered rather than summed
+ROWS_MASK = "rows/.mask"
+
+
 def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:
   names = list(p.points)
 
-  def local(params, images, labels, mask):
-    fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points)
-    return jax.tree.map(lambda s: jax.lax.pmax(s, parallel.AXIS)
-                        if jnp.issubdtype(s.dtype, jnp.integer) else jax.lax.psum(s, parallel.AXIS),
-                        p.step(fwd, labels, mask))
+  def reduce(key: str, s: jax.Array) -> jax.Array:
+    if key.startswith(ROWS):  # every device's rows in device order: a psum of placed blocks
+      blocks = jnp.zeros((mesh.size, *s.shape), s.dtype).at[jax.lax.axis_index(parallel.AXIS)].set(s)
+      return jax.lax.psum(blocks, parallel.AXIS).reshape(-1, *s.shape[1:])
+    if jnp.issubdtype(s.dtype, jnp.integer):
+      return jax.lax.pmax(s, parallel.AXIS)
+    return jax.lax.psum(s, parallel.AXIS)
+
+  def local(params, constants, images, labels, mask):
+    fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points, constants)
+    out = p.step(fwd, labels, mask)
+    if any(k.startswith(ROWS) for k in out):
+      out = {**out, ROWS_MASK: mask}
+    return {k: jax.tree.map(lambda s, k=k: reduce(k, s), v) for k, v in out.items()}
 
   axis = P(parallel.AXIS)
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), axis, axis, axis), out_specs=P()))
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis),
+                               out_specs=P()))
 
 
-def _identity(config: ml_collections.ConfigDict, models, source: data.Source) -> dict:
+def _add(sums: Sums, got: Sums) -> Sums:
+  """Step results into the host sums, float64; valid rows appended for `rows/` keys."""
+  keep = np.asarray(got.pop(ROWS_MASK, ())) > 0
+  out = dict(sums)
+  for k, v in got.items():
+    v = np.asarray(v, np.float64)
+    if k.startswith(ROWS):
+      out[k] = np.concatenate([sums[k], v[keep]]) if k in sums else v[keep]
+    else:
+      out[k] = sums.get(k, 0.0) + v
+  return out
+
+
+def _identity(config: ml_collections.ConfigDict, models, sources: dict[str, data.Source]) -> dict:
   """What determines a run's result, by part: a resumed state must match every part.
   Checkpoints and data count by their contents, not their paths."""
   cfg = config.to_dict()
   for volatile in ("stop_after", "save_every_seconds"):
     cfg.pop(volatile, None)
-  return {"config": results.fingerprint(cfg), "data": source.identity,
+  return {"config": results.fingerprint(cfg),
+          "data": " | ".join(s.identity for s in sources.values()),
           "device count": jax.device_count(),
           "checkpoints": {k: checkpoints.digest(m.path) for k, m in models.items()},
           "representation points": results.fingerprint({k: m.names for k, m in models.items()})}
@@ -182,20 +223,31 @@ class _State:
                       position=np.asarray(self.position), **arrays)
 
 
+def _plan(config: ml_collections.ConfigDict, passes: Sequence[Pass],
+          sources: dict[str, data.Source]) -> list[list[tuple[str, np.ndarray]]]:
+  """(source name, indices) of every repeat of every pass."""
+  def default(repeat, sources):
+    return "data", data.sample(len(sources["data"]), config.num_examples, config.seed, repeat)
+  return [[getattr(p, "examples", default)(r, sources) for r in range(p.repeats)] for p in passes]
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
-        models: dict[str, loading.Loaded], source: data.Source) -> dict | None:
-  """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its files."""
+        models: dict[str, loading.Loaded], sources: dict[str, data.Source]) -> dict | None:
+  """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its
+  files; `sources` by name ("data", the configured one, and any the analysis adds)."""
   batch = config.batch_size
   mesh = parallel.mesh()
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   is_main = jax.process_index() == 0
   state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
-                 _identity(config, models, source))
+                 _identity(config, models, sources))
   passes = list(analysis.passes())
-  per_repeat = pipeline.num_steps(config.num_examples, batch)
-  total = sum(p.repeats for p in passes) * per_repeat
+  plan = _plan(config, passes, sources)
+  counts = [[pipeline.num_steps(len(idx), batch) for _, idx in reps] for reps in plan]
+  total = sum(map(sum, counts))
   first_pass, first_repeat, first_step = state.position
-  done_before = (sum(p.repeats for p in passes[:first_pass]) + first_repeat) * per_repeat + first_step
+  done_before = sum(map(sum, counts[:first_pass])) + sum(counts[first_pass][:first_repeat]
+                                                         if first_pass < len(plan) else []) + first_step
   bar = progress.Bar(total, analysis.name.replace("_", " "), enabled=is_main, initial=done_before)
   ran, last_save = 0, time.time()
 
@@ -210,6 +262,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
     if hasattr(p, "setup"):  # a pass that depends on the ones before it
       p.setup(state.done[:pi])
     step_fn = compile_pass(p, models, mesh)
+    constants = parallel.replicate(mesh, getattr(p, "constants", None))
     used = [models[k] for k in p.points]
     pparams = [params[k] for k in p.points]
     while len(state.done) <= pi:
@@ -222,15 +275,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       def fetch():
         nonlocal sums
         for got in jax.device_get(pending):  # one transfer; added in step order
-          got = p.host_sums(got) if hasattr(p, "host_sums") else got
-          sums = {k: sums.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
+          sums = _add(sums, p.host_sums(got) if hasattr(p, "host_sums") else got)
         pending.clear()
 
-      indices = data.sample(len(source), config.num_examples, config.seed, repeat)
+      source_name, indices = plan[pi][repeat]
       step = start
-      for b in pipeline.steps(mesh, source, indices, used, batch, start=start, labels=p.labels):
+      for b in pipeline.steps(mesh, sources[source_name], indices, used, batch, start=start,
+                              labels=p.labels):
         labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
-        pending.append(step_fn(pparams, b.images, labels, b.mask))
+        pending.append(step_fn(pparams, constants, b.images, labels, b.mask))
         step, ran = step + 1, ran + 1
         bar.update(1, b.examples)
         stop = bool(config.get("stop_after")) and ran >= config.stop_after

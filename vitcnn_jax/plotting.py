@@ -148,3 +148,53 @@ def head_subsets(distance: np.ndarray, cka: np.ndarray, layers: Sequence[str], v
   ax.set_title(f"Head subsets of {vit_label}", fontsize=9)
   ax.legend(fontsize=6)
   save_figure(fig, path)
+
+
+FEATURE_LABELS = {"cls": "CLS token", "first": "first token", "spatial_mean": "mean except CLS",
+                  "mean": "mean over tokens/positions", "final_grid": "pooled to last grid",
+                  "each": "per token (spatial mean)"}
+
+
+def probe_depth(models: dict, labels: dict[str, str], title: str, path: str) -> None:
+  """Probe accuracy against relative depth, a line per model and feature (Figs 13, F.1, F.2)."""
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for name, by_feature in models.items():
+    for how, e in by_feature.items():
+      depth = (np.arange(len(e["points"])) + 1) / len(e["points"])
+      acc, std = 100 * np.asarray(e["accuracy"]), 100 * np.asarray(e["std_over_seeds"])
+      line, = ax.plot(depth, acc, "o-", ms=3, label=f"{labels[name]}: {FEATURE_LABELS[how]}")
+      ax.fill_between(depth, acc - std, acc + std, color=line.get_color(), alpha=0.2, lw=0)
+  ax.set_xlabel("relative depth (point / number of points)")
+  ax.set_ylabel("test accuracy (%)")
+  ax.set_ylim(0, 100)
+  ax.grid(alpha=0.3)
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=7)
+  save_figure(fig, path)
+
+
+def probe_tokens(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]], prefix: int,
+                 title: str, path: str, panels: int = 6) -> None:
+  """Per-token probe accuracy on the token grid for some points (Fig D.4), and the
+  mean over spatial tokens (and the class token) at every point (Fig 11)."""
+  chosen = sorted({round(i) for i in np.linspace(0, len(points) - 1, min(panels, len(points)))})
+  fig, axes = plt.subplots(1, len(chosen) + 1, figsize=(2.6 * (len(chosen) + 1), 2.9),
+                           squeeze=False, gridspec_kw={"width_ratios": [1] * len(chosen) + [1.6]})
+  for ax, i in zip(axes[0], chosen):
+    name, acc, grid = points[i]
+    spatial = 100 * acc[prefix:]
+    im = ax.imshow(spatial.reshape(grid) if grid else spatial[None], cmap="viridis")
+    ax.set_title(f"{name}\n{spatial.min():.1f}-{spatial.max():.1f}%", fontsize=7)
+    ax.axis("off")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
+  ax = axes[0][-1]
+  x = np.arange(len(points))
+  ax.plot(x, [100 * a[prefix:].mean() for _, a, _ in points], "o-", ms=3, label="spatial tokens (mean)")
+  if prefix:
+    ax.plot(x, [100 * a[0] for _, a, _ in points], "s-", ms=3, label="CLS token")
+  ax.set_xticks(x, [n for n, _, _ in points], rotation=90, fontsize=6)
+  ax.set_ylabel("test accuracy (%)", fontsize=8)
+  ax.legend(fontsize=6)
+  ax.grid(alpha=0.3)
+  fig.suptitle(title, fontsize=9)
+  save_figure(fig, path)
