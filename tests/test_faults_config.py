@@ -33,7 +33,7 @@ def _cka(files, **fields):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("num_examples", -8, r"config.num_examples=-8 and config.batch_size=8 must be >= 1"),
+    ("num_examples", -8, r"config.num_examples=-8 must be >= 1"),
     ("stop_after", -1, r"config.stop_after=-1 must be >= 0"),
     ("seed", -1, r"config.seed=-1 must be >= 0"),
     ("save_every_seconds", -5, r"config.save_every_seconds=-5 must be >= 0"),

@@ -36,7 +36,7 @@ def test_forward_wrapper_on_eight_devices():
   m = loading.Loaded("m", "<init>", "ViT", model, params, [], "resize")
   p = _SumsOfPoints()
   step = driver.compile_pass(p, {"m": m}, mesh)
-  got = step([parallel.replicate(mesh, params)], [parallel.global_batch(mesh, x)],
+  got = step([parallel.replicate(mesh, params)], None, [parallel.global_batch(mesh, x)],
              parallel.global_batch(mesh, mask.astype(np.int32)), parallel.global_batch(mesh, mask))
   assert p.seen == ["block00/attn/weights", "block00/out", "block01/attn/weights", "block01/out"]
   _, ref = model.apply({"params": params}, (x.astype(np.float32) - 127.5) / 127.5)
