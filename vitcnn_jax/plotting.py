@@ -178,15 +178,16 @@ def probe_tokens(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]],
   """Per-token probe accuracy on the token grid for some points (Fig D.4), and the
   mean over spatial tokens (and the class token) at every point (Fig 11)."""
   chosen = sorted({round(i) for i in np.linspace(0, len(points) - 1, min(panels, len(points)))})
-  fig, axes = plt.subplots(1, len(chosen) + 1, figsize=(2.6 * (len(chosen) + 1), 2.9),
-                           squeeze=False, gridspec_kw={"width_ratios": [1] * len(chosen) + [1.6]})
+  fig, axes = plt.subplots(1, len(chosen) + 1, figsize=(2.7 * (len(chosen) + 1), 3.1),
+                           squeeze=False, layout="constrained",
+                           gridspec_kw={"width_ratios": [1] * len(chosen) + [1.6]})
   for ax, i in zip(axes[0], chosen):
     name, acc, grid = points[i]
     spatial = 100 * acc[prefix:]
     im = ax.imshow(spatial.reshape(grid) if grid else spatial[None], cmap="viridis")
     ax.set_title(f"{name}\n{spatial.min():.1f}-{spatial.max():.1f}%", fontsize=7)
     ax.axis("off")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
+    fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=6)
   ax = axes[0][-1]
   x = np.arange(len(points))
   ax.plot(x, [100 * a[prefix:].mean() for _, a, _ in points], "o-", ms=3, label="spatial tokens (mean)")

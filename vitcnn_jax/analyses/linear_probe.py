@@ -222,7 +222,9 @@ class LinearProbe:
       each = [g for g in self.groups if g.model == name and g.how == "each"]
       if each:
         plotting.probe_tokens([(g.point, arrays[f"accuracy/{g.key}"].mean(axis=0), g.grid)
-                               for g in each], each[0].prefix, f"{m.label}: {title}",
+                               for g in each], each[0].prefix,
+                              f"{m.label}: a probe per token, {title.splitlines()[0]}, "
+                              f"mean over {self.config.seeds} seeds",
                               results.workdir_path(workdir, f"linear_probe_tokens_{name}.png"))
 
 
