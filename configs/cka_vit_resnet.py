@@ -4,13 +4,14 @@ r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1)
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
-`l16_r152`, `h14_r152`, `demo` or `demo3`; then `examples=`, `batch=`,
+`l16_r152`, `h14_r152`, `demo`, `demo3` or `demo_mixer`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
 Fashion-MNIST (once; cached in `cache_dir`), reloads them through load_model
 and runs the same CKA job on the held-out test images. `demo3` adds a third
-model, the ViT trained with GAP instead of CLS.
+model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
+(App. H: CKA within the Mixer and against the ViT and the ResNet).
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
 `resnet`; it takes any number of checkpoints under any names (add one with
@@ -41,6 +42,7 @@ DEMO_MODELS = {  # name -> (demo training variant, layers, label)
     "vit": ("vit_demo", common.VIT_LAYERS, "ViT (demo)"),
     "resnet": ("bit_demo", common.BIT_LAYERS, "BiT (demo)"),
     "vit_gap": ("vit_gap_demo", common.VIT_LAYERS, "ViT GAP (demo)"),
+    "mixer": ("mixer_demo", common.MIXER_LAYERS, "Mixer (demo)"),
 }
 
 
@@ -65,6 +67,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.analysis = "cka"
   if arg.variant == "demo3":
     demo_models(config, ("vit", "resnet", "vit_gap"))
+  elif arg.variant == "demo_mixer":
+    demo_models(config, ("vit", "resnet", "mixer"))
   elif demo:
     demo_models(config)
   elif arg.variant in PAIRS:
@@ -75,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo', 'demo3']}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo', 'demo3', 'demo_mixer']}.")
   config.num_examples = arg.examples  # paper: 10,240 ...
   config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
   config.repeats = arg.repeats  # paper: mean of 20 repeats

@@ -4,7 +4,8 @@ r"""Train one of our models and export it in the upstream npz format.
 
 Variants: `vit_demo` and `bit_demo` (the tiny Fashion-MNIST models of the
 offline demo), `vit_gap_demo` (GAP instead of CLS pooling), `vit_noskip_demo`
-(block 1 without skip connections); then `steps=`, `batch=`, `data=DIR`.
+(block 1 without skip connections), `mixer_demo` (an MLP-Mixer of the same
+size); then `steps=`, `batch=`, `data=DIR`.
 """
 
 import ml_collections
@@ -19,8 +20,10 @@ MODELS = {
     "vit_noskip_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4,
                             mlp_dim=128, num_heads=4, pool="token", no_skip=[1]),
     "bit_demo": dict(family="bit", width=0.5, depth=[1, 1, 1, 1], image_size=32),
+    "mixer_demo": dict(family="mixer", patch_size=4, image_size=32, hidden_dim=64, num_blocks=4,
+                       tokens_mlp_dim=64, channels_mlp_dim=128),
 }
-STEPS = {"vit": 700, "bit": 400}  # about 3 + 2.5 minutes on 2 CPU cores
+STEPS = {"vit": 700, "bit": 400, "mixer": 700}  # about 3, 2.5 and 3 minutes on 2 CPU cores
 
 
 def train_config(variant: str, steps: int = 0, batch: int = 128,
