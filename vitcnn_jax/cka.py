@@ -28,13 +28,15 @@ HIGHEST = jax.lax.Precision.HIGHEST
 MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 
-def _centred(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-  """(rows minus the mean over the valid rows, with padding rows zeroed; the mean)."""
+def _gram_and_mean(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(Gram of the rows centred on their mean over the valid rows, padding rows
+  zeroed; that mean)."""
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
   mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
-  return ((x - mean) * m[:, None] if mask is not None else x - mean), mean[0]
+  c = (x - mean) * m[:, None] if mask is not None else x - mean
+  return jnp.matmul(c, c.T, precision=HIGHEST), mean[0]
 
 
 def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -45,8 +47,7 @@ def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   it float32 Grams of features with a large common offset lose most of their
   digits to cancellation.
   """
-  c, _ = _centred(x, mask)
-  return jnp.matmul(c, c.T, precision=HIGHEST)
+  return _gram_and_mean(x, mask)[0]
 
 
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -96,8 +97,8 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
   center = center_unbiased if debiased else center_biased
   grams, floors = [], []
   for i, a in enumerate(scaled):
-    c, mean = _centred(a * pow2(-e[i]), None)
-    grams.append(center(jnp.matmul(c, c.T, precision=HIGHEST)))
+    gram, mean = _gram_and_mean(a * pow2(-e[i]), None)
+    grams.append(center(gram))
     # Unnormalised dots: n^2 times the floor for a normalised self-HSIC.
     floors.append(noise_floor(x.shape[0] ** 2 * float(fourth_moment(mean))))
   k, l = grams
@@ -149,8 +150,7 @@ def scaled_gram(a: jax.Array, mask: jax.Array | None = None
   mean) is out of range, e.g. features of 1e20, is it made again from a copy
   scaled by the largest |x| (`lax.cond` runs just one branch).
   """
-  c, mean = _centred(a, mask)
-  gram = jnp.matmul(c, c.T, precision=HIGHEST)
+  gram, mean = _gram_and_mean(a, mask)
   top = jnp.max(jnp.diagonal(gram))
   e = (_exponent(top) + 1) // 2
   top_mean = jnp.max(jnp.abs(mean))
@@ -162,8 +162,7 @@ def scaled_gram(a: jax.Array, mask: jax.Array | None = None
 
   def rescaled(_):
     f = log2_scales([a], mask)[0]
-    c, mean = _centred(a.astype(jnp.float32) * pow2(-f), mask)
-    return jnp.matmul(c, c.T, precision=HIGHEST), mean, f
+    return (*_gram_and_mean(a.astype(jnp.float32) * pow2(-f), mask), f)
 
   return jax.lax.cond(fits, as_made, rescaled, None)
 
