@@ -88,6 +88,7 @@ class LinearProbe:
     self.points = {k: m.names for k, m in models.items()}
     self.groups = [g for k, m in models.items() for g in self._groups(k, m)]
     self._shots: dict[int, np.ndarray] = {}
+    self._pool_labels: np.ndarray | None = None
 
   def _groups(self, name: str, m) -> list[Group]:
     spec = self.config.models[name]
@@ -130,8 +131,10 @@ class LinearProbe:
       if pool < 1 or not source.num_classes:
         raise ValueError(f"{source.name} ({len(source)} examples, {source.num_classes} classes) "
                          f"leaves no labelled shots after config.holdout={self.config.holdout}.")
+      if self._pool_labels is None and self.config.shots:  # read once for every seed
+        self._pool_labels = source.labels(np.arange(pool))
       try:
-        self._shots[seed] = (probe.few_shot(source.labels(np.arange(pool)), source.num_classes,
+        self._shots[seed] = (probe.few_shot(self._pool_labels, source.num_classes,
                                             self.config.shots, seed)
                              if self.config.shots else np.arange(pool))
       except ValueError as e:
