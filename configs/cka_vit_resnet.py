@@ -51,10 +51,7 @@ def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet")) -> N
   config.models = ml_collections.ConfigDict()
   for name in names:
     variant, layers, label = DEMO_MODELS[name]
-    train = train_configs.train_config(variant)
-    # npz files do not record a BiT's input size: run at the training resolution.
-    config.models[name] = common.model("", layers, label, resolution=train.model.image_size)
-    config.models[name].train = train
+    config.models[name] = common.trained(train_configs.train_config(variant), layers, label)
   config.data = common.fashion_mnist("t10k")
   config.cache_dir = "~/.cache/vitcnn_jax"
 

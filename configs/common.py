@@ -49,7 +49,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 def overrides(**given) -> ml_collections.ConfigDict:
   """`load_model` overrides, each settable from the command line (unset: None)."""
   fields = dict(resolution=placeholder(int), pool=placeholder(str), gelu=placeholder(str),
-                root_pool_pad=placeholder(str))
+                root_pool_pad=placeholder(str), no_skip=placeholder(tuple))
   fields.update(given)
   return ml_collections.ConfigDict(fields)
 
@@ -60,10 +60,18 @@ def model(checkpoint: str, capture, label: str, **given) -> ml_collections.Confi
       overrides=overrides(**given)))
 
 
+def trained(train: ml_collections.ConfigDict, capture, label: str) -> ml_collections.ConfigDict:
+  """A model this tool trains on first use (cached by its training config)."""
+  spec = model("", capture, label, resolution=train.model.image_size)  # npz files of BiT
+  spec.train = train  # models do not record their input size: run at the training one
+  return spec
+
+
 def data(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
   """Every data field exists for every source, so flags can switch sources."""
   fields = dict(source=source, name="", split="", test_split="", data_dir="", path="",
-                labels="", image_key="image", label_key="label", num_examples=0, size=32)
+                labels="", image_key="image", label_key="label", num_examples=0, size=32,
+                classes=())  # classes: keep only these labels, renumbered 0..k-1
   fields.update(kw)
   return ml_collections.ConfigDict(fields)
 

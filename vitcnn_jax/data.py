@@ -308,6 +308,36 @@ class IdxSource:
     return self.y[np.asarray(indices, int)]
 
 
+class ClassSubset:
+  """The examples of some classes of a source, relabelled 0..k-1 in the order given
+  (a transfer task: pre-train on some classes, fine-tune on the others). Every
+  label is read once, when it is made."""
+
+  def __init__(self, source: Source, classes: Sequence[int]):
+    classes = [int(c) for c in classes]
+    if len(set(classes)) != len(classes) or not all(0 <= c < source.num_classes for c in classes):
+      raise ValueError(f"{source.name}: classes={classes} must be distinct labels in "
+                       f"0..{source.num_classes - 1}.")
+    labels = np.concatenate([source.labels(np.arange(i, min(i + 4096, len(source))))
+                             for i in range(0, len(source), 4096)])
+    self.rows = np.flatnonzero(np.isin(labels, classes))
+    relabel = np.zeros(source.num_classes, np.int64)
+    relabel[classes] = np.arange(len(classes))
+    self.y = relabel[labels[self.rows]]
+    self.source, self.num_classes = source, len(classes)
+    self.name = f"{source.name} classes {classes}"
+    self.identity = f"{source.identity} classes {classes}"
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return self.source.images(self.rows[np.asarray(indices, int)])
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    return self.y[np.asarray(indices, int)]
+
+
 def sample(num_available: int, num_examples: int, seed: int, repeat: int) -> np.ndarray:
   """`num_examples` distinct indices; a different draw for every repeat."""
   if num_examples > num_available:

@@ -47,6 +47,11 @@ class Forward:
     """Model `name`'s input images, float32 in [-1, 1]."""
     return preprocess.to_model_range(self._images[name])
 
+  def logits(self, name: str) -> jax.Array:
+    """Model `name`'s class logits on its inputs."""
+    return self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
+                                         capture=[])[0]
+
   def __call__(self, name: str, images: jax.Array | None = None) -> dict[str, jax.Array]:
     """{point: activation} of model `name` on its inputs (or on `images`)."""
     x = self.inputs(name) if images is None else images

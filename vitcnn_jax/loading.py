@@ -4,7 +4,6 @@ preprocessing policies, from the mapping `config.models` (name -> model spec).""
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import ml_collections
@@ -13,7 +12,6 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax import preprocess
 from vitcnn_jax import representations
-from vitcnn_jax import results
 from vitcnn_jax import train
 from vitcnn_jax.models import common
 
@@ -55,19 +53,13 @@ def _reachable(path: str, key: str, hint: str) -> None:
         f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
 
 
-def trained_checkpoint(spec: ml_collections.ConfigDict, cache_dir: str) -> str:
-  """Path of the model `spec.train` describes, training it first if not cached."""
-  cache_dir = os.path.expanduser(cache_dir)
-  tag = results.fingerprint(spec.train.to_dict())
-  path = os.path.join(cache_dir, f"{spec.train.name}-{tag}.npz")
-  if not fileio.exists(path):
-    train.train(spec.train, path, cache_dir)
-  return path
-
-
 def overrides(spec: ml_collections.ConfigDict) -> dict:
-  """The `load_model` overrides a model spec sets (unset ones are None)."""
-  return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
+  """The `load_model` overrides a model spec sets (unset ones are None); a model
+  this tool trains also passes what its npz cannot record (blocks without skips)."""
+  out = {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
+  if spec.get("train") and spec.train.model.get("no_skip") and "no_skip" not in out:
+    out["no_skip"] = tuple(spec.train.model.no_skip)
+  return out
 
 
 def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> Loaded:
@@ -75,7 +67,7 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
   spec, key = config.models[name], f"models.{name}"
   path = spec.get("checkpoint")
   if not path and spec.get("train"):
-    path = trained_checkpoint(spec, config.get("cache_dir") or "~/.cache/vitcnn_jax")
+    path = train.cached(spec.train, config.get("cache_dir") or "~/.cache/vitcnn_jax")
   if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
   _reachable(checkpoints.split_tower(path)[0], key, hint)

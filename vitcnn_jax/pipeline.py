@@ -32,10 +32,11 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
   if kind not in SOURCES:
     raise ValueError(f"config.data.source={kind!r} is not one of {SOURCES}.")
   try:
-    return _source(cfg, kind, split)
+    source = _source(cfg, kind, split)
+    return data.ClassSubset(source, cfg.classes) if cfg.get("classes") else source
   except (FileNotFoundError, ValueError, KeyError) as e:
     fields = {"folder": "path, labels", "idx": "path, split", "tfds": "name, split, data_dir",
-              "synthetic": "num_examples"}[kind]
+              "synthetic": "num_examples"}[kind] + ", classes"
     raise type(e)(f"config.data (source={kind!r}; fields {fields}): {e}") from e
 
 

@@ -199,3 +199,39 @@ def probe_tokens(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]],
   ax.grid(alpha=0.3)
   fig.suptitle(title, fontsize=9)
   save_figure(fig, path)
+
+
+def reference_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], reference: str, title: str,
+                    path: str) -> None:
+  """CKA of each layer with the same layer of a reference model, a line per model
+  (Fig 12: a line per data fraction; Fig G.1: before vs after fine-tuning)."""
+  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  names: Sequence[str] = []
+  for i, (label, (names_, values)) in enumerate(lines.items()):
+    ax.plot(np.arange(len(values)), values, "os^vDP*X"[i % 8] + "-", ms=4, label=label)
+    names = names_ if len(names_) > len(names) else names
+  xi, xl = _ticks(names, max_ticks=24)
+  ax.set_xticks(xi, xl, rotation=90, fontsize=7)
+  ax.set_xlabel(f"layer (same name in {reference})")
+  ax.set_ylabel(f"CKA with {reference}")
+  ax.set_ylim(0, 1.02)
+  ax.grid(alpha=0.3)
+  ax.set_title(title, fontsize=10)
+  ax.legend(fontsize=8)
+  save_figure(fig, path)
+
+
+def accuracy_drop(accuracy: dict[str, float], reference: str, examples: int, path: str) -> None:
+  """Top-1 accuracy lost against the reference model, a bar per model (Fig 8)."""
+  labels = [k for k in accuracy if k != reference]
+  drops = [100 * (accuracy[reference] - accuracy[k]) for k in labels]
+  fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 1.5), 3.8))
+  bars = ax.bar(range(len(labels)), drops, color="C3")
+  ax.bar_label(bars, [f"{d:+.1f}" for d in drops], fontsize=8)
+  ax.axhline(0, color="black", lw=0.8)
+  ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+  ax.set_ylabel("top-1 accuracy drop (points)")
+  ax.set_title(f"Accuracy lost against {reference} ({100 * accuracy[reference]:.1f}%)\n"
+               f"on {examples} examples", fontsize=10)
+  ax.margins(y=0.15)
+  save_figure(fig, path)

@@ -54,6 +54,17 @@ def _batch_indices(step: int, batch: int, n: int, seed: int, cache: dict) -> np.
   return out
 
 
+def subset(n: int, fraction: float, seed: int) -> np.ndarray:
+  """The training examples of a data fraction (Fig 12): round(fraction * n) distinct
+  indices drawn with `seed`, sorted; every index when fraction is 1."""
+  if not 0 < fraction <= 1:
+    raise ValueError(f"config.data_fraction={fraction} must be in (0, 1].")
+  k = round(fraction * n)
+  if k < 1:
+    raise ValueError(f"config.data_fraction={fraction} of {n} examples keeps none; raise it.")
+  return np.arange(n) if k == n else np.sort(data.sample(n, k, seed, 0))
+
+
 def _load_rows(source: data.Source, indices: np.ndarray, size: int, policy: str):
   images = np.stack([preprocess.preprocess_image(im, size, policy) for im in source.images(indices)])
   return images, source.labels(indices).astype(np.int32)
@@ -79,6 +90,57 @@ def evaluate(model, params, source: data.Source, size: int, policy: str, mesh,
                           parallel.global_batch(mesh, labels),
                           parallel.global_batch(mesh, valid.astype(np.float32))))
   return hits / n
+
+
+# Options added after models were first cached: at these values they leave a
+# config's fingerprint (its cache file name) as it was.
+NEUTRAL = {"data_fraction": 1.0, "subset_seed": 0, "init": "", "pretrain": None}
+NEUTRAL_DATA = {"classes": ()}
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What names a trained model in the cache: the whole config, pre-training included."""
+  c = config.to_dict()
+  for fields, d in ((NEUTRAL, c), (NEUTRAL_DATA, c.get("data", {}))):
+    for k, v in fields.items():
+      if k in d and (d[k] == v or (v == () and not d[k])):
+        del d[k]
+  if c.get("pretrain"):
+    c["pretrain"] = fingerprint(config.pretrain)
+  return results.fingerprint(c)
+
+
+def cached(config: ml_collections.ConfigDict, cache_dir: str) -> str:
+  """Path of the model `config` trains, training it first unless it is cached."""
+  cache_dir = os.path.expanduser(cache_dir)
+  path = os.path.join(cache_dir, f"{config.name}-{fingerprint(config)}.npz")
+  if not fileio.exists(path):
+    train(config, path, cache_dir)
+  return path
+
+
+def _initial_params(config: ml_collections.ConfigDict, model, params, workdir: str):
+  """Random params, or for fine-tuning (Fig G.1) those of `config.init` (a checkpoint)
+  or of the model `config.pretrain` trains, read at the model's resolution (a ViT's
+  position embeddings resampled) with the head zeroed, like upstream's fine-tuning;
+  every other array must match the model in shape."""
+  init = config.get("init") or ""
+  if config.get("pretrain"):
+    if init:
+      raise ValueError("config.init and config.pretrain both name a starting point; set one.")
+    init = cached(config.pretrain, workdir)
+  if not init:
+    return params
+  _, start = checkpoints.load_model(init, resolution=model.image_size)
+  start, ours = common.flatten(start), common.flatten(params)
+  head = [k for k in ours if k.split("/")[0] == "head"]
+  wrong = [f"{k} {start[k].shape if k in start else 'missing'} vs {v.shape}"
+           for k, v in ours.items() if k not in head and (k not in start or start[k].shape != v.shape)]
+  if wrong:
+    raise ValueError(f"config.init={init!r} does not fit config.model: {wrong[:3]}"
+                     f"{' ...' if len(wrong) > 3 else ''} (file vs model).")
+  return common.unflatten({k: np.zeros_like(v) if k in head else np.asarray(start[k], v.dtype)
+                           for k, v in ours.items()})
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -110,6 +172,8 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
                                              config.lr * 0.01)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
   params = jax.jit(model.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
+  params = _initial_params(config, model, params, workdir)
+  examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
   state = {"params": params, "opt_state": tx.init(params), "step": 0}
 
   ckpt_path = os.path.join(workdir, f"{os.path.basename(export_path)}.train_state")
@@ -136,7 +200,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   perms: dict = {}
 
   def rows(step: int):
-    idx = _batch_indices(step, b, len(train_src), config.seed, perms)
+    idx = examples[_batch_indices(step, b, len(examples), config.seed, perms)]
     return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
 
   start = int(jax.device_get(state["step"]))
@@ -167,7 +231,9 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   acc = evaluate(model, state["params"], test_src, size, policy, mesh)
   summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
              "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
-             "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes}
+             "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes,
+             "train_examples": len(examples), "no_skip": list(config.model.get("no_skip", [])),
+             "examples_digest": results.fingerprint(examples.tolist())}
   if jax.process_index() == 0:
     checkpoints.save(export_path, model, params)
     results.write_json(export_path[:-len(".npz")] + ".json", summary)

@@ -18,7 +18,7 @@ import ml_collections
 from vitcnn_jax import workdir as workdir_lib
 
 ANALYSES = ("attention_distance", "cka", "head_subsets", "inspect", "linear_probe",
-            "localization", "receptive_field", "skip_ratio")
+            "localization", "receptive_field", "reference_cka", "skip_ratio")
 # Jobs a config may name that are not analyses: training makes a model (optimizer
 # state, its own checkpoints) rather than reducing representations to sums.
 OTHER_JOBS = {"train": "vitcnn_jax.train"}

@@ -99,8 +99,10 @@ def _arrays_and_summary(config, models, per_repeat: np.ndarray):
   return arrays, summary
 
 
-def _plot(config, models, arrays, workdir: str) -> None:
+def _plot(config, models, arrays, workdir: str, only: list[str] | None = None) -> None:
   for t, a, b, _, _ in _blocks(models):
+    if only is not None and t not in only:
+      continue
     title = f"CKA: {a.label} vs {b.label}" if a is not b else f"CKA within {a.label}"
     plotting.cka_heatmap(arrays[f"cka_{t}"], a.names, b.names, row_label=a.label, col_label=b.label,
                          title=f"{title}\n{config.num_examples} examples x {config.repeats} repeats",

@@ -1,0 +1,55 @@
+r"""ViTs trained without the skip connections of one block (paper Fig 8).
+
+  python main.py --config=configs/skip_ablation.py:demo --workdir=/tmp/noskip
+
+`demo` trains (once; cached in `cache_dir`) the demo ViT and four copies of it,
+copy k without both skip connections of block k (the same recipe, 250 steps
+each: about 8 minutes for the five on 2 CPU cores), then computes CKA of each
+copy within itself and against the full model, the CKA of every layer with the
+same layer of the full model, and every model's top-1 accuracy on the
+Fashion-MNIST test set with its drop from the full model's (table and bar plot).
+
+`b32` is the paper's setting, ViT-B/32 on ImageNet; those models were never
+released, so pass your own: --config.models.full.checkpoint=FULL.npz and
+--config.models.no_skipKK.checkpoint=FILE.npz for KK = 00..11 (each loads with
+overrides.no_skip=(K,): npz files do not record a missing skip). Train them with
+configs/train.py (`no_skip=K`) on your data. Then `examples=`, `batch=`, `repeats=`.
+"""
+
+import ml_collections
+
+from configs import common
+from configs import train as train_configs
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = common.is_demo(arg)
+  arg = common.parse_arg(arg, variant="b32", examples=2560 if demo else 10240,
+                         batch=256 if demo else 1024, repeats=3 if demo else 20, seed=0)
+  config = ml_collections.ConfigDict()
+  config.analysis = "reference_cka"
+  config.reference = "full"
+  config.accuracy = True  # top-1 of every model on every example of config.data
+  if arg.variant == "demo":
+    base = train_configs.sweep_base("vit_demo")
+    blocks = range(base.model.depth)
+    config.models = {"full": common.trained(base, common.VIT_LAYERS, "ViT (demo)")}
+    for k, train in train_configs.sweep("vit_demo", "no_skip", blocks).items():
+      config.models[f"no_skip{k}"] = common.trained(train, common.VIT_LAYERS, f"no skip in block {k}")
+    config.data = common.fashion_mnist("t10k")
+    config.cache_dir = "~/.cache/vitcnn_jax"
+  elif arg.variant == "b32":
+    config.models = {"full": common.model("", common.VIT_LAYERS, "ViT-B/32")}
+    for k in range(12):
+      config.models[f"no_skip{k:02d}"] = common.model("", common.VIT_LAYERS, f"no skip in block {k}",
+                                                  no_skip=(k,))
+    config.data = common.imagenet_validation()
+    config.cache_dir = ""
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected demo or b32.")
+  config.num_examples = arg.examples
+  config.batch_size = arg.batch
+  config.repeats = arg.repeats
+  config.seed = arg.seed
+  common.run_control(config)
+  return config
