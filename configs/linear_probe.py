@@ -10,6 +10,8 @@ Variants (`:arg`, comma-separated):
   demo_tokens  a probe per token of every block (Figs 11, D.4) and Fig 11's five
                aggregations: CLS;CLS token, CLS;GAP except CLS, CLS;GAP (the CLS
                ViT), GAP;first token, GAP;GAP (the GAP ViT).
+  demo_mixer   layer-wise probes of the demo MLP-Mixer (mean over tokens) beside the
+               demo ViT (App. H).
   imagenet10   Fig 13's protocol: ViT-B/16 and BiT-R50x1 (ImageNet-21k), 10-shot
                ImageNet train, l2 chosen on its last 10,000 images, scored on
                validation.
@@ -53,12 +55,14 @@ def _bit(path: str, label: str) -> ml_collections.ConfigDict:
   return spec
 
 
-def _demo(config: ml_collections.ConfigDict, tokens: bool) -> None:
-  names = ("vit", "vit_gap") if tokens else ("vit", "vit_gap", "resnet")
+def _demo(config: ml_collections.ConfigDict, variant: str) -> None:
+  tokens = variant == "demo_tokens"
+  names = {"demo": ("vit", "vit_gap", "resnet"), "demo_tokens": ("vit", "vit_gap"),
+           "demo_mixer": ("vit", "mixer")}[variant]
   cka_vit_resnet.demo_models(config, names)
   features = {"vit": ("cls", "spatial_mean", "mean", "each") if tokens else ("cls", "mean"),
               "vit_gap": ("first", "mean", "each") if tokens else ("mean",),
-              "resnet": ("mean",)}
+              "resnet": ("mean",), "mixer": ("mean",)}
   for name in names:
     config.models[name].capture = BIT_BLOCKS if name == "resnet" else VIT_BLOCKS
     config.models[name].features = features[name]
@@ -78,8 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.l2 = 0.0  # 0: chosen per probe on held-out examples from l2_sweep; big_vision fixes 2**10
   config.l2_sweep = probe.L2_SWEEP
   config.test_examples = arg.test  # the first N of the test split; 0: all
-  if arg.variant in ("demo", "demo_tokens"):
-    _demo(config, arg.variant == "demo_tokens")
+  if arg.variant in ("demo", "demo_tokens", "demo_mixer"):
+    _demo(config, arg.variant)
   elif arg.variant in ("imagenet10", "b32_tokens"):
     if arg.variant == "imagenet10":
       config.models = dict(vit=_vit(VIT.format("B_16"), "ViT-B/16", ("cls", "mean")),
@@ -97,7 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.shots, config.seeds = 0, 1
     config.cache_dir = ""
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of demo, demo_tokens, "
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of demo, demo_tokens, demo_mixer, "
                      f"imagenet10, b32_tokens, {', '.join(CIFAR)}.")
   config.batch_size = arg.batch  # per device
   config.seed = 0

@@ -4,8 +4,11 @@ r"""Localization: CKA between each output token and each input patch (paper Figs
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants: `l16` (default; Fig 9 uses ViT-L/16, final block), `b32`, `r50`
-(ResNet: every channel at one position of the last stage), `demo` (the demo
-ViT); then `examples=`, `batch=`. `--config.layer=` picks another point,
+(ResNet: every channel at one position of the last stage), `mixer_b16` (App. H),
+`demo` (the demo ViT), `demo_gap` (the demo ViT trained with global average
+pooling instead of a CLS token: Fig 10's comparison, run it beside `demo`),
+`demo_mixer` (the demo MLP-Mixer); then `examples=`, `batch=`.
+`--config.layer=` picks another point,
 `--config.tokens=...` the tokens plotted (row-major, CLS excluded).
 """
 
@@ -18,7 +21,9 @@ MODELS = {
     "l16": ("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-L/16", "block23/out"),
     "b32": ("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32", "block11/out"),
     "r50": ("gs://bit_models/BiT-M-R50x1.npz", "BiT-R50x1", "block4/unit03/out"),
+    "mixer_b16": ("gs://mixer_models/imagenet21k/Mixer-B_16.npz", "Mixer-B/16", "block11/out"),
 }
+DEMOS = {"demo": "vit", "demo_gap": "vit_gap", "demo_mixer": "mixer"}  # -> demo model
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -27,20 +32,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                          batch=256 if demo else 1024)
   config = ml_collections.ConfigDict()
   config.analysis = "localization"
-  if demo:
-    cka_vit_resnet.demo_models(config, ("vit",))
-    config.models.vit.capture = ("**",)
+  if arg.variant in DEMOS:
+    name = DEMOS[arg.variant]
+    cka_vit_resnet.demo_models(config, (name,))
+    config.models[name].capture = ("**",)
     config.layer = "block03/out"
   elif arg.variant in MODELS:
     path, label, layer = MODELS[arg.variant]
     overrides = {"resolution": 224} if arg.variant == "r50" else {}
-    name = "resnet" if arg.variant == "r50" else "vit"
+    name = {"r50": "resnet", "mixer_b16": "mixer"}.get(arg.variant, "vit")
     config.models = {name: common.model(path, ["**"], label, **overrides)}
     config.data = common.imagenet_validation()
     config.cache_dir = ""
     config.layer = layer
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(MODELS) + ['demo']}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(MODELS) + sorted(DEMOS)}.")
   config.num_examples = arg.examples
   config.batch_size = arg.batch  # per device (a CKA minibatch)
   config.seed = 0

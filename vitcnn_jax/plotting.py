@@ -71,14 +71,14 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
 
 
 def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
-               resnet: tuple[np.ndarray, str] | None, path: str) -> None:
+               resnet: tuple[np.ndarray, str] | None, sublayers: Sequence[str], path: str) -> None:
   """Fig 7 (tokens x sublayers heatmap; CLS vs spatial vs ResNet) and Fig E.2 (cosine)."""
   depth = ratio.shape[0]
   flat = ratio.reshape(2 * depth, -1)  # rows: attn 0, mlp 0, attn 1, ...
   finite = np.where(np.isfinite(flat), flat, np.nan)
   top = np.nanmax(finite) if np.isfinite(finite).any() else 1.0
   shown = np.where(np.isfinite(flat), flat, top)  # an infinite ratio (zero branch) shows as the max
-  rows = [f"{s} {b}" for b in range(depth) for s in ("attn", "mlp")]
+  rows = [f"{s} {b}" for b in range(depth) for s in sublayers]
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
   k = min(plot_tokens, flat.shape[1])
   im = axes[0].imshow(shown[:, :k].T, aspect="auto", origin="lower", cmap="viridis")

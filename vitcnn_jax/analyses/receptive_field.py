@@ -4,8 +4,9 @@ For each layer: the absolute value of the gradient of the feature map's centre
 location with respect to the input image, averaged over channels (we
 differentiate the channel mean, i.e. back-propagate 1/C at the centre, as Luo et
 al. 2017), summed over RGB and averaged over images. Layers are taken after the
-residual add (ViT `attn/residual` and `out`, ResNet unit `out`) or, with
-`config.pre_residual`, before it (`attn/out`, `mlp/out`, ResNet `conv3`).
+residual add (ViT `attn/residual` and `out`, Mixer `token_mlp/residual` and
+`out`, ResNet unit `out`) or, with `config.pre_residual`, before it (the
+branches: `attn/out`, `mlp/out`, `token_mlp/out`, `channel_mlp/out`, `conv3`).
 The centre of an even grid is position (h // 2, w // 2). All layers come from
 one batched backward pass (jacrev over the per-layer scalars).
 """
@@ -51,18 +52,22 @@ def gradient_maps(features: Callable[[jax.Array], dict], names: list[str],
 
 
 def layer_names(model, pre_residual: bool) -> list[str]:
-  if model.family == "vit":
-    pts = ("attn/out", "mlp/out") if pre_residual else ("attn/residual", "out")
-    return [f"block{b:02d}/{p}" for b in range(model.depth) for p in pts]
+  if model.family in TOKEN_SUBLAYERS:
+    pts = [f if pre_residual else s for s, f in TOKEN_SUBLAYERS[model.family]]
+    depth = model.depth if model.family == "vit" else model.num_blocks
+    return [f"block{b:02d}/{p}" for b in range(depth) for p in pts]
   if model.family == "bit":
     from vitcnn_jax.models import bit as bit_lib  # pylint: disable=g-import-not-at-top
     units = [f"block{b}/unit{u:02d}" for b, n in enumerate(bit_lib.block_sizes(model.depth), 1)
              for u in range(1, n + 1)]
     return ["root/conv"] + [f"{u}/{'conv3' if pre_residual else 'out'}" for u in units]
-  raise ValueError(f"Receptive fields are defined here for ViT and BiT, not {model.family}.")
+  raise ValueError(f"Receptive fields are defined here for ViT, Mixer and BiT, not {model.family}.")
 
 
-MODELS = None  # any number of ViTs and ResNets
+# Per sublayer of a token model: the point after the residual add, the branch before it.
+TOKEN_SUBLAYERS = {"vit": (("attn/residual", "attn/out"), ("out", "mlp/out")),
+                   "mixer": (("token_mlp/residual", "token_mlp/out"), ("out", "channel_mlp/out"))}
+MODELS = None  # any number of ViTs, Mixers and ResNets
 
 
 class ReceptiveField:
@@ -81,7 +86,7 @@ class ReceptiveField:
     sums = {}
     for key, names in self.points.items():
       model = self.models[key].model
-      grid = model.grid if model.family == "vit" else None
+      grid = model.grid if model.family in TOKEN_SUBLAYERS else None
       sums[key] = gradient_maps(lambda x, key=key: forward(key, x), names, forward.inputs(key),
                                 grid, model.num_prefix_tokens, mask)
     return sums

@@ -1,7 +1,8 @@
 """Skip-connection norm ratio ||z|| / ||f(z)|| (paper Figs 7, E.1, E.2).
 
-ViT: for every block, sublayer (attention, MLP) and token, z is the sublayer's
-input carried by the skip connection and f(z) its long branch; ResNet-v2: for
+ViT and MLP-Mixer: for every block, sublayer (attention or token mixing, MLP or
+channel mixing) and token, z is the sublayer's input carried by the skip
+connection and f(z) its long branch (App. H for the Mixer); ResNet-v2: for
 every unit, z is the shortcut and f(z) the conv branch, per spatial position.
 Ratios (and the cosine similarity between branch and output, Fig E.2) are
 averaged over images; a zero branch gives an infinite ratio, never NaN.
@@ -17,7 +18,10 @@ import numpy as np
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
-VIT_SUBLAYERS = (("attn", "in", "attn/out"), ("mlp", "attn/residual", "mlp/out"))
+# Per token-model family: (sublayer, skip input z, branch f(z)) of every block.
+SUBLAYERS = {"vit": (("attn", "in", "attn/out"), ("mlp", "attn/residual", "mlp/out")),
+             "mixer": (("token", "in", "token_mlp/out"), ("channel", "token_mlp/residual",
+                                                          "channel_mlp/out"))}
 BIT_POINTS = ("shortcut", "conv3")
 
 
@@ -42,27 +46,36 @@ def _masked_sum(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
   return jnp.where(mask.reshape(shape) > 0, x, 0.0).sum(axis=axis)
 
 
-def _vit_names(depth: int) -> list[str]:
-  return [f"block{b:02d}/{p}" for b in range(depth) for _, z, f in VIT_SUBLAYERS for p in (z, f)]
+def _token_names(family: str, depth: int) -> list[str]:
+  return [f"block{b:02d}/{p}" for b in range(depth) for _, z, f in SUBLAYERS[family] for p in (z, f)]
 
 
 def _bit_units(names: list[str]) -> list[str]:
   return sorted({n.rsplit("/", 1)[0] for n in names if n.endswith("/conv3")})
 
 
-MODELS, OPTIONAL_MODELS = ("vit",), ("resnet",)
+MODELS = None  # "vit" and/or "mixer", and optionally "resnet" (checked in SkipRatio)
+TOKEN_MODELS = ("vit", "mixer")
 
 
 class SkipRatio:
-  """One pass: ratios and cosines summed over images (ViT per token, ResNet per unit)."""
+  """One pass: ratios and cosines summed over images (ViT and Mixer per token,
+  ResNet per unit)."""
   name, title, repeats, labels = "skip_ratio", "skip ratio", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    self.config, self.vit, self.bit = config, models["vit"], models.get("resnet")
-    if self.vit.model.family != "vit":
-      raise ValueError(f"config.models.vit must be a ViT, got a {self.vit.model.family} checkpoint.")
-    self.depth = self.vit.model.depth
-    self.points = {"vit": _vit_names(self.depth)}
+    extra = [k for k in models if k not in (*TOKEN_MODELS, "resnet")]
+    if extra or not any(k in models for k in TOKEN_MODELS):
+      raise ValueError(f"config.models has {list(models)}; skip_ratio reads vit and/or mixer "
+                       "(a ViT, an MLP-Mixer) and optionally resnet.")
+    self.config, self.bit = config, models.get("resnet")
+    self.tokens = {k: models[k] for k in TOKEN_MODELS if k in models}
+    self.depth, self.points = {}, {}
+    for k, m in self.tokens.items():
+      if m.model.family != k:
+        raise ValueError(f"config.models.{k} must be a {k} checkpoint, got a {m.model.family} one.")
+      self.depth[k] = m.model.depth if k == "vit" else m.model.num_blocks
+      self.points[k] = _token_names(k, self.depth[k])
     self.units = []
     if self.bit is not None:
       if self.bit.model.family != "bit":
@@ -75,11 +88,13 @@ class SkipRatio:
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    out = forward("vit")
-    pairs = [(out[f"block{b:02d}/{z}"], out[f"block{b:02d}/{f}"])
-             for b in range(self.depth) for _, z, f in VIT_SUBLAYERS]
-    r, c = (jnp.stack(v) for v in zip(*[ratio_and_cosine(z, f) for z, f in pairs]))  # (2 depth, B, T)
-    sums = {"vit_ratio": _masked_sum(r, mask, 1), "vit_cosine": _masked_sum(c, mask, 1)}
+    sums = {}
+    for k in self.tokens:
+      out = forward(k)
+      pairs = [(out[f"block{b:02d}/{z}"], out[f"block{b:02d}/{f}"])
+               for b in range(self.depth[k]) for _, z, f in SUBLAYERS[k]]
+      r, c = (jnp.stack(v) for v in zip(*[ratio_and_cosine(z, f) for z, f in pairs]))  # (2 depth, B, T)
+      sums[f"{k}_ratio"], sums[f"{k}_cosine"] = _masked_sum(r, mask, 1), _masked_sum(c, mask, 1)
     if self.bit is not None:
       out = forward("resnet")
       r, c = zip(*[ratio_and_cosine(out[f"{u}/shortcut"], out[f"{u}/conv3"]) for u in self.units])
@@ -89,14 +104,16 @@ class SkipRatio:
 
   def finalize(self, sums):
     s, n = sums[0][0], self.config.num_examples
-    ratio = s["vit_ratio"].reshape(self.depth, 2, -1) / n  # (block, sublayer, token)
-    cos = s["vit_cosine"].reshape(self.depth, 2, -1) / n
-    prefix = self.vit.model.num_prefix_tokens
-    summary = {"analysis": "skip_ratio", "num_examples": n,
-               "vit": {"checkpoint": self.vit.path, "label": self.vit.label, "sublayers": ["attn", "mlp"],
-                       "cls_ratio": ratio[:, :, 0].tolist() if prefix else None,
-                       "spatial_ratio": ratio[:, :, prefix:].mean(axis=-1).tolist()}}
-    arrays = {"vit_ratio": ratio, "vit_cosine": cos}
+    summary, arrays = {"analysis": "skip_ratio", "num_examples": n}, {}
+    for k, m in self.tokens.items():
+      ratio = s[f"{k}_ratio"].reshape(self.depth[k], 2, -1) / n  # (block, sublayer, token)
+      prefix = m.model.num_prefix_tokens
+      summary[k] = {"checkpoint": m.path, "label": m.label,
+                    "sublayers": [name for name, _, _ in SUBLAYERS[k]],
+                    "cls_ratio": ratio[:, :, 0].tolist() if prefix else None,
+                    "spatial_ratio": ratio[:, :, prefix:].mean(axis=-1).tolist()}
+      arrays[f"{k}_ratio"] = ratio
+      arrays[f"{k}_cosine"] = s[f"{k}_cosine"].reshape(self.depth[k], 2, -1) / n
     if self.bit is not None:
       summary["bit"] = {"checkpoint": self.bit.path, "label": self.bit.label, "units": self.units,
                         "ratio": (s["bit_ratio"] / n).tolist(), "cosine": (s["bit_cosine"] / n).tolist()}
@@ -106,9 +123,12 @@ class SkipRatio:
 
   def plot(self, arrays, summary, workdir: str) -> None:
     bit = (arrays["bit_ratio"], self.bit.label) if self.bit is not None else None
-    plotting.skip_ratio(arrays["vit_ratio"], arrays["vit_cosine"], self.vit.model.num_prefix_tokens,
-                        self.config.plot_tokens, self.vit.label, bit,
-                        results.workdir_path(workdir, "skip_ratio.png"))
+    for k, m in self.tokens.items():
+      plotting.skip_ratio(arrays[f"{k}_ratio"], arrays[f"{k}_cosine"], m.model.num_prefix_tokens,
+                          self.config.plot_tokens, m.label, bit,
+                          [name for name, _, _ in SUBLAYERS[k]],
+                          results.workdir_path(workdir, "skip_ratio.png" if k == "vit"
+                                               else f"skip_ratio_{k}.png"))
 
 
 build = SkipRatio

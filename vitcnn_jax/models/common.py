@@ -29,6 +29,14 @@ def unflatten(flat: dict[str, Any]) -> dict:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def patch_grid(patch_size, image_size) -> tuple[int, int]:
+  """Rows and columns of the patch tokens of a ViT or Mixer."""
+  (ph, pw), (h, w) = to_pair(patch_size), to_pair(image_size)
+  if h % ph or w % pw:
+    raise ValueError(f"image_size {(h, w)} is not a multiple of patch_size {(ph, pw)}.")
+  return h // ph, w // pw
+
+
 def get_gelu(name: str) -> Callable[[Array], Array]:
   if name not in GELUS:
     raise ValueError(f"gelu={name!r} is not one of {sorted(GELUS)}.")

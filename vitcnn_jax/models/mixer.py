@@ -72,6 +72,10 @@ class Mixer(nn.Module):
   family = "mixer"
   num_prefix_tokens = 0
 
+  @property
+  def grid(self) -> tuple[int, int]:
+    return common.patch_grid(self.patch_size, self.image_size)
+
   @nn.compact
   def __call__(self, images: jax.Array, *,
                capture: common.Capture | str | Sequence[str] | None = None,

@@ -180,10 +180,7 @@ class ViT(nn.Module):
 
   @property
   def grid(self) -> tuple[int, int]:
-    (ph, pw), (h, w) = common.to_pair(self.patch_size), common.to_pair(self.image_size)
-    if h % ph or w % pw:
-      raise ValueError(f"image_size {(h, w)} is not a multiple of patch_size {(ph, pw)}.")
-    return h // ph, w // pw
+    return common.patch_grid(self.patch_size, self.image_size)
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
