@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
-from conftest import ROOT, run_main
-from numerics import assert_close, cka_bound, likely
-from vitcnn_jax import cka
+from conftest import ROOT, forward, run_main
+from numerics import VIT_ROUNDINGS, assert_close, cka_bound, likely, network
+from test_cka import np_minibatch_cka
+from vitcnn_jax import checkpoints, cka, data
 from vitcnn_jax.analyses import localization as loc
 
 
@@ -55,3 +56,24 @@ def test_config_end_to_end(tmp_path):
                f"--config.models.vit.checkpoint={vit}", "--config.layer=block09/out",
                "--config.data.source=synthetic", "--config.data.num_examples=40", check=False)
   assert r.returncode != 0 and "config.layer='block09/out'" in r.stderr
+
+
+def test_gap_variant_reads_every_token_of_a_model_without_cls(tmp_path):
+  """`demo_gap` (Fig 10): a GAP ViT has no class token, so token t is row t."""
+  vit = uf.save(tmp_path / "gap.npz", uf.vt_vit(2, width=48, depth=2, heads=3, mlp=96, patch=8,
+                                                 pool="gap"))
+  wd = tmp_path / "wd"
+  run_main(f"--config={ROOT}/configs/localization.py:demo_gap,examples=16,batch=8",
+           f"--workdir={wd}", f"--config.models.vit_gap.checkpoint={vit}",
+           "--config.layer=block01/out", "--config.data.source=synthetic",
+           "--config.data.num_examples=20")
+  z = np.load(wd / "localization.npz")
+  assert z["cka"].shape == (16, 16)
+  idx = data.sample(20, 16, 0, 0)
+  imgs = (np.stack(data.SyntheticSource(20, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
+  model, params = checkpoints.load_model(vit)
+  assert model.num_prefix_tokens == 0
+  tokens = np.asarray(forward(model, params, imgs, ["block01/out"])["block01/out"])
+  patch = imgs.reshape(16, 4, 8, 4, 8, 3).transpose(0, 1, 3, 2, 4, 5).reshape(16, 16, -1)[:, 9]
+  ref = np_minibatch_cka(np.split(tokens[:, 0], 2), np.split(patch, 2))
+  assert_close(z["cka"][0, 9], ref, 2 * cka_bound(8, 192) + 4 * network(VIT_ROUNDINGS), "token 0")
