@@ -88,9 +88,12 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
     if not len(chunk):
       continue
     raw = source.images(chunk)
+    made: dict = {}  # models of one input size and policy share their preprocessed rows
     for dst, m in zip(images, models):
-      for r, img in enumerate(raw):
-        dst[j * batch_size + r] = preprocess.preprocess_image(img, m.size, m.policy)
+      if (m.size, m.policy) not in made:
+        made[m.size, m.policy] = np.stack([preprocess.preprocess_image(img, m.size, m.policy)
+                                           for img in raw])
+      dst[j * batch_size:j * batch_size + len(chunk)] = made[m.size, m.policy]
     mask[j * batch_size:j * batch_size + len(chunk)] = 1
     if labels:
       ys[j * batch_size:j * batch_size + len(chunk)] = source.labels(chunk)
