@@ -84,11 +84,11 @@ def test_a_member_that_is_not_an_array_is_named(tmp_path):
 def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path):
   import os
   from configs import cka_vit_resnet
-  from vitcnn_jax import loading, results
+  from vitcnn_jax import loading, train
   config = cka_vit_resnet.get_config("demo")
   config.cache_dir = str(tmp_path)
   spec = config.models.vit
-  cached = os.path.join(str(tmp_path), f"{spec.train.name}-{results.fingerprint(spec.train.to_dict())}.npz")
+  cached = os.path.join(str(tmp_path), f"{spec.train.name}-{train.fingerprint(spec.train)}.npz")
   with open(cached, "wb") as f:
     f.write(b"PK\x03\x04 half a file")
   with pytest.raises(CheckpointError, match=r"config.models.vit: the cached trained model .* "

@@ -58,7 +58,8 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   with pytest.raises(ValueError, match=r"\['extra'\] would be ignored"):
     analyses.run(config, str(tmp_path))
   del config.models["extra"], config.models["vit"]
-  with pytest.raises(ValueError, match=r"reads vit, resnet \(optional\), so \['vit'\] is missing"):
+  with pytest.raises(ValueError, match=r"reads vit \(optional\), mixer \(optional\), resnet "
+                                       r"\(optional\), and at least one of \['vit', 'mixer'\]"):
     analyses.run(config, str(tmp_path))
   config.model_x = ml_collections.ConfigDict(dict(checkpoint="/x.npz"))
   with pytest.raises(ValueError, match="move this spec to config.models.vit"):

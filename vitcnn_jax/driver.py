@@ -115,16 +115,18 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dic
                      f"has {len(sources['data'])} examples, sampled without replacement; lower "
                      "config.num_examples.")
   models = load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
-                       getattr(module, "HINT", ""))
+                       getattr(module, "HINT", ""), getattr(module, "ONE_OF", ()))
   return run(config, workdir, module.build(config, models), models, sources)
 
 
 def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | None,
-                optional: Sequence[str] = (), hint: str = "") -> dict[str, loading.Loaded]:
+                optional: Sequence[str] = (), hint: str = "",
+                one_of: Sequence[str] = ()) -> dict[str, loading.Loaded]:
   """The models of `config.models` (name -> spec), by name.
 
   `required` names the models an analysis reads (with `optional` ones it reads
-  when present); None means any number of models under any names.
+  when present, at least one of `one_of` if given); None means any number of
+  models under any names.
   """
   for old, new in LEGACY_FIELDS.items():
     if old in config:
@@ -143,6 +145,9 @@ def load_models(config: ml_collections.ConfigDict, required: Sequence[str] | Non
       raise ValueError(f"config.models has {names}; this analysis reads {wanted}"
                        f"{f', so {missing} is missing' if missing else ''}"
                        f"{f', so {extra} would be ignored: remove or rename it' if extra else ''}.")
+    if one_of and not set(one_of) & set(names):
+      raise ValueError(f"config.models has {names}; this analysis reads {wanted}, and at least "
+                       f"one of {list(one_of)}.")
   return {n: loading.load_model(config, n, hint) for n in names}
 
 

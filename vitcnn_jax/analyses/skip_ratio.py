@@ -54,7 +54,7 @@ def _bit_units(names: list[str]) -> list[str]:
   return sorted({n.rsplit("/", 1)[0] for n in names if n.endswith("/conv3")})
 
 
-MODELS = None  # "vit" and/or "mixer", and optionally "resnet" (checked in SkipRatio)
+MODELS, OPTIONAL_MODELS, ONE_OF = (), ("vit", "mixer", "resnet"), ("vit", "mixer")
 TOKEN_MODELS = ("vit", "mixer")
 
 
@@ -64,10 +64,6 @@ class SkipRatio:
   name, title, repeats, labels = "skip_ratio", "skip ratio", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    extra = [k for k in models if k not in (*TOKEN_MODELS, "resnet")]
-    if extra or not any(k in models for k in TOKEN_MODELS):
-      raise ValueError(f"config.models has {list(models)}; skip_ratio reads vit and/or mixer "
-                       "(a ViT, an MLP-Mixer) and optionally resnet.")
     self.config, self.bit = config, models.get("resnet")
     self.tokens = {k: models[k] for k in TOKEN_MODELS if k in models}
     self.depth, self.points = {}, {}
