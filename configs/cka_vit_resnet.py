@@ -58,8 +58,7 @@ def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet")) -> N
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   demo = common.is_demo(arg)
-  arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else 10240,
-                         batch=256 if demo else 1024, repeats=3 if demo else 20, seed=0)
+  arg = common.cka_arg(arg, "b16_r50")
   config = ml_collections.ConfigDict()
   config.analysis = "cka"
   if arg.variant == "demo3":
@@ -77,9 +76,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.cache_dir = ""
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo', 'demo3', 'demo_mixer']}.")
-  config.num_examples = arg.examples  # paper: 10,240 ...
-  config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
-  config.repeats = arg.repeats  # paper: mean of 20 repeats
-  config.seed = arg.seed
-  common.run_control(config)
+  common.cka_protocol(config, arg)
   return config

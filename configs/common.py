@@ -23,6 +23,23 @@ def run_control(config: ml_collections.ConfigDict) -> None:
   config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
 
 
+def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
+            demo_repeats: int = 3) -> ml_collections.ConfigDict:
+  """`:arg` of a minibatch-CKA config: the paper's protocol by default, smaller for demos."""
+  demo = is_demo(arg)
+  return parse_arg(arg, variant=variant, examples=demo_examples if demo else 10240,
+                   batch=256 if demo else 1024, repeats=demo_repeats if demo else 20, seed=0)
+
+
+def cka_protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+  """The minibatch-CKA fields from a parsed `cka_arg`, and the driver's fields."""
+  config.num_examples = arg.examples  # paper: 10,240 ...
+  config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
+  config.repeats = arg.repeats  # paper: mean of 20 repeats
+  config.seed = arg.seed
+  run_control(config)
+
+
 def is_demo(arg: str | None) -> bool:
   """Whether `:arg` asks for an offline demo variant (its first word starts with `demo`)."""
   return (arg or "").split(",")[0].startswith("demo")

@@ -23,11 +23,9 @@ from configs import train as train_configs
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   # Demo: one repeat of 2,048 (the spread over 3 repeats of 2,560 was below 0.01 CKA),
   # so that a re-run with the models cached takes about a minute.
-  arg = common.parse_arg(arg, variant="b32", examples=2048 if demo else 10240,
-                         batch=256 if demo else 1024, repeats=1 if demo else 20, seed=0)
+  arg = common.cka_arg(arg, "b32", demo_examples=2048, demo_repeats=1)
   config = ml_collections.ConfigDict()
   config.analysis = "reference_cka"
   config.reference = "full"
@@ -49,9 +47,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.cache_dir = ""
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected demo or b32.")
-  config.num_examples = arg.examples
-  config.batch_size = arg.batch
-  config.repeats = arg.repeats
-  config.seed = arg.seed
-  common.run_control(config)
+  common.cka_protocol(config, arg)
   return config
