@@ -152,6 +152,9 @@ def part_reference(n_images: int, batch: int) -> dict:
 
 
 def _timm_models():
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  import torchvision_cpu
+  torchvision_cpu.declare_detection_ops()
   import timm
   import torch
   torch.manual_seed(0)

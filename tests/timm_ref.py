@@ -9,6 +9,9 @@ import numpy as np
 from conftest import require
 
 torch = require("torch")
+import torchvision_cpu  # noqa: E402  (needs torch)
+
+torchvision_cpu.declare_detection_ops()
 timm = require("timm")
 from timm.models import mlp_mixer as timm_mixer  # noqa: E402
 from timm.models import resnetv2 as timm_resnetv2  # noqa: E402
