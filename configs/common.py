@@ -21,6 +21,13 @@ def run_control(config: ml_collections.ConfigDict) -> None:
   """The driver's fields, the same for every analysis."""
   config.save_every_seconds = 60  # resumable state written at most this often
   config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
+  # Devices sharing one minibatch (the estimator's n stays batch_size); 0: the fewest
+  # whose memory holds the step (always 1 where the device reports no memory: CPU).
+  config.devices_per_minibatch = 0
+  config.device_memory_gib = 0.0  # per device; 0: what the device reports
+  # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
+  # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/cka.py).
+  config.gram_precision = "auto"
 
 
 def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
@@ -34,7 +41,7 @@ def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
 def cka_protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
   """The minibatch-CKA fields from a parsed `cka_arg`, and the driver's fields."""
   config.num_examples = arg.examples  # paper: 10,240 ...
-  config.batch_size = arg.batch  # ... in minibatches of 1,024 (per device)
+  config.batch_size = arg.batch  # ... in minibatches of 1,024
   config.repeats = arg.repeats  # paper: mean of 20 repeats
   config.seed = arg.seed
   run_control(config)

@@ -104,15 +104,58 @@ def test_eight_devices_equal_one_device(one_device, ckpts, tmp_path):
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
 
 
-def test_two_processes_equal_one_process(one_device, ckpts, tmp_path):
-  """Two processes x 4 CPU devices over loopback (gloo), each loading its own minibatches."""
+@pytest.mark.parametrize("group", [2, 8])
+def test_minibatches_spread_over_devices_equal_one_device(one_device, ckpts, tmp_path, group):
+  """Each minibatch of 8 over `group` of the 8 devices (rows of 4 or 1; the last
+  minibatch of 4 leaves devices with padding only)."""
+  _run(_flags(ckpts, tmp_path, f"--config.devices_per_minibatch={group}"))
+  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+  assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, f"{group} devices per minibatch vs 1")
+
+
+def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path):
+  """A fake device memory (config.device_memory_gib) between the step's compiled
+  peak on one device and on 8 makes the planner spread each minibatch; one too
+  small for any group names the largest minibatch that fits."""
+  from conftest import _config_from_flags  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
+  config, _ = _config_from_flags(_flags(ckpts, tmp_path))
+  models = driver.load_models(config, None)
+  job = cka_job.build(config, models)
+  peaks = {}
+  for g in (1, 8):
+    with config.unlocked():
+      config.devices_per_minibatch, config.device_memory_gib = g, 1e3
+    plan, _ = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
+    peaks[g] = plan.peak_bytes
+  assert peaks[8] < peaks[1], peaks
+  with config.unlocked():
+    config.devices_per_minibatch = 0
+    config.device_memory_gib = (peaks[1] + peaks[8]) / 2 / memory.GIB
+  plan, compiled = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
+  assert plan.devices_per_minibatch > 1 and plan.peak_bytes <= config.device_memory_gib * memory.GIB
+  assert (BATCH, plan.devices_per_minibatch) in compiled  # the run reuses the planned step
+  r = _run(_flags(ckpts, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"))
+  assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
+  assert np.load(tmp_path / "cka.npz")["per_repeat"].shape[0] == REPEATS
+  with config.unlocked():
+    config.device_memory_gib = peaks[8] / 4 / memory.GIB
+  with pytest.raises(MemoryError, match="does not fit in device memory: minibatch 8 over 8 devices"):
+    driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_two_processes_equal_one_process(one_device, ckpts, tmp_path, group):
+  """Two processes x 4 CPU devices over loopback (gloo), each loading its own rows;
+  with group 8, each minibatch spans both processes."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env = device_env(4)
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(ROOT, "main.py"), *_flags(ckpts, tmp_path),
-       "--distributed", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+       f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
        f"--process_id={i}", "--cpu_collectives=gloo"],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   outs = [p.communicate(timeout=300) for p in procs]

@@ -26,9 +26,33 @@ import numpy as np
 
 HIGHEST = jax.lax.Precision.HIGHEST
 MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
+Precision = jax.lax.Precision | jax.lax.DotAlgorithmPreset
+
+# Gram and HSIC products (`config.gram_precision`): float32-accurate choices only.
+# "highest" is full float32 on CPU and GPU (no tensor cores) and 6-pass bf16 on TPU;
+# the others split each float32 into bf16 or tf32 pieces and run the tensor cores
+# 3, 6 or 9 times (XLA's dot algorithms), where the backend has them.
+GRAM_PRECISIONS = {
+    "highest": HIGHEST,
+    "bf16_3x": jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3,
+    "bf16_6x": jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6,
+    "bf16_9x": jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X9,
+    "tf32_3x": jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+}
+AUTO_PRECISION = {"gpu": "bf16_6x"}  # other backends: "highest"
 
 
-def _gram_and_mean(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+def gram_precision(name: str = "auto", backend: str | None = None) -> Precision:
+  """The dot precision named `name` ("auto": the backend's fast float32-accurate one)."""
+  if name == "auto":
+    name = AUTO_PRECISION.get(backend or jax.default_backend(), "highest")
+  if name not in GRAM_PRECISIONS:
+    raise ValueError(f"gram precision {name!r} is not one of {['auto', *GRAM_PRECISIONS]}.")
+  return GRAM_PRECISIONS[name]
+
+
+def _gram_and_mean(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST
+                   ) -> tuple[jax.Array, jax.Array]:
   """(Gram of the rows centred on their mean over the valid rows, padding rows
   zeroed; that mean)."""
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
@@ -36,7 +60,7 @@ def _gram_and_mean(x: jax.Array, mask: jax.Array | None) -> tuple[jax.Array, jax
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
   mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
   c = (x - mean) * m[:, None] if mask is not None else x - mean
-  return jnp.matmul(c, c.T, precision=HIGHEST), mean[0]
+  return jnp.matmul(c, c.T, precision=precision), mean[0]
 
 
 def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -140,7 +164,7 @@ def _exponent(v: jax.Array) -> jax.Array:
   return ((jax.lax.bitcast_convert_type(v, jnp.int32) >> 23) & 0xFF) - 126
 
 
-def scaled_gram(a: jax.Array, mask: jax.Array | None = None
+def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(K 2^-2e, mean 2^-e, e) for one layer, e an int32 exponent with the largest
   diagonal entry of K 2^-2e below 1, so that HSIC products and fourth moments stay
@@ -150,7 +174,7 @@ def scaled_gram(a: jax.Array, mask: jax.Array | None = None
   mean) is out of range, e.g. features of 1e20, is it made again from a copy
   scaled by the largest |x| (`lax.cond` runs just one branch).
   """
-  gram, mean = _gram_and_mean(a, mask)
+  gram, mean = _gram_and_mean(a, mask, precision)
   top = jnp.max(jnp.diagonal(gram))
   e = (_exponent(top) + 1) // 2
   top_mean = jnp.max(jnp.abs(mean))
@@ -162,13 +186,14 @@ def scaled_gram(a: jax.Array, mask: jax.Array | None = None
 
   def rescaled(_):
     f = log2_scales([a], mask)[0]
-    return (*_gram_and_mean(a.astype(jnp.float32) * pow2(-f), mask), f)
+    return (*_gram_and_mean(a.astype(jnp.float32) * pow2(-f), mask, precision), f)
 
   return jax.lax.cond(fits, as_made, rescaled, None)
 
 
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
-                   axis_name: str | None = None) -> dict[str, jax.Array]:
+                   axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
+                   precision: Precision = HIGHEST) -> dict[str, jax.Array]:
   """One minibatch's HSIC matrix and fourth moments of the layers' means, each
   layer scaled by a power of two (exact, see `scaled_gram`); `unscale` restores
   them in float64 on the host.
@@ -177,23 +202,88 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   the exponents shared along `axis_name` (their max), after every Gram is made. A
   collective on the exponents before the Grams would keep every layer's
   activations alive until it ran (measured: 2.3 -> 15 GiB on workload W).
+
+  With `group`, the minibatch's rows are spread over the devices of that mesh
+  axis (see `group_gram`): each returns its share of the sums, and their sum over
+  the group is the single-device result.
   """
+  if group is not None:
+    return _group_sums(acts, mask, axis_name, group, precision)
   n = jnp.asarray(acts[0].shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
   grams, moments, exps = [], [], []
   for a in acts:
-    gram, mean, e = scaled_gram(a, mask)
+    gram, mean, e = scaled_gram(a, mask, precision)
     grams.append(center_unbiased(gram, mask).ravel())
     moments.append(n * fourth_moment(mean))
     exps.append(e)
-  e = jnp.stack(exps)
-  hsic = _hsic_of_grams(jnp.stack(grams), acts[0].shape[0], mask)
-  m4 = jnp.stack(moments)
+  hsic = _hsic_of_grams(jnp.stack(grams), acts[0].shape[0], mask, precision)
+  return _shared_scale(hsic, jnp.stack(moments), jnp.stack(exps), axis_name)
+
+
+def _shared_scale(hsic: jax.Array, m4: jax.Array, e: jax.Array,
+                  axis_name: str | tuple[str, ...] | None) -> dict[str, jax.Array]:
+  """The sums at the exponents shared along `axis_name`, ready to be summed over it."""
   if axis_name is not None:
     shared = jax.lax.pmax(e, axis_name)
     shift = e - shared  # <= 0; below 2^-126 a device's share is negligible anyway
     down = lambda k: pow2(jnp.maximum(k * shift, -126))
     hsic, m4, e = hsic * down(2)[:, None] * down(2)[None, :], m4 * down(4), shared
   return {"hsic": hsic, "moments": m4, "log2_scale": e}
+
+
+def group_gram(a: jax.Array, mask: jax.Array, group: str, precision: Precision = HIGHEST
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(this device's row block of the U-centred Gram of a minibatch spread over the
+  devices of mesh axis `group`, scaled by 2^-2e; the minibatch mean, scaled by
+  2^-e; e), with rows in device order along `group`.
+
+  The features are scaled by a power of two shared by the group before anything
+  else (exact), then centred on the group's mean. Each device's rows travel once
+  around the group (`ppermute`), one layer at a time, so a device holds at most
+  two row blocks of one layer's features beyond its own activations.
+  """
+  size, me = jax.lax.axis_size(group), jax.lax.axis_index(group)
+  x = jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)
+  rows = x.shape[0]
+  m = mask.astype(jnp.float32)
+  e = jax.lax.pmax(log2_scales([x], m)[0], group)
+  x = x * pow2(-e)
+  mean = (jax.lax.psum(jnp.matmul(m[None, :], x, precision=HIGHEST), group)
+          / jnp.maximum(jax.lax.psum(m.sum(), group), 1.0))
+  c = (x - mean) * m[:, None]
+  blocks, other = [], c
+  for k in range(size):  # block k: against the rows of device (me + k) % size
+    if k:
+      other = jax.lax.ppermute(other, group, [((i + 1) % size, i) for i in range(size)])
+    blocks.append(jnp.matmul(c, other.T, precision=precision))
+  row = jnp.roll(jnp.concatenate(blocks, axis=1), me * rows, axis=1)  # columns in device order
+  # U-centring (as `center_unbiased`) of the whole Gram from its row blocks: the
+  # column sums of the symmetric Gram are its row sums, gathered over the group.
+  keep = jax.lax.all_gather(m, group, tiled=True)
+  own = jax.lax.dynamic_slice(keep, (me * rows,), (rows,))
+  diag = jnp.arange(size * rows)[None, :] == (me * rows + jnp.arange(rows))[:, None]
+  off_diag = jnp.where(diag, 0.0, own[:, None] * keep[None, :])
+  g = row * off_diag
+  n = keep.sum()
+  means = jax.lax.all_gather(g.sum(axis=1), group, tiled=True) / (n - 2)
+  means = means - means.sum() / (2 * (n - 1))
+  mine = jax.lax.dynamic_slice(means, (me * rows,), (rows,))
+  return (g - mine[:, None] - means[None, :]) * off_diag, mean[0], e
+
+
+def _group_sums(acts, mask, axis_name, group, precision) -> dict[str, jax.Array]:
+  m = (jnp.ones((acts[0].shape[0],), jnp.float32) if mask is None
+       else mask.astype(jnp.float32))
+  n = jax.lax.psum(m.sum(), group)
+  grams, moments, exps = [], [], []
+  for a in acts:
+    block, mean, e = group_gram(a, m, group, precision)
+    grams.append(block.ravel())
+    moments.append(m.sum() * fourth_moment(mean))  # the group's shares add up to n's
+    exps.append(e)
+  hs = jnp.matmul(jnp.stack(grams), jnp.stack(grams).T, precision=precision)
+  hsic = jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
+  return _shared_scale(hsic, jnp.stack(moments), jnp.stack(exps), axis_name)
 
 
 def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -217,10 +307,11 @@ def hsic_matrix(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax
   return _hsic_of_grams(g, acts[0].shape[0], mask)
 
 
-def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None) -> jax.Array:
+def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
+                   precision: Precision = HIGHEST) -> jax.Array:
   """All pairs of stacked, flattened U-centred Grams in one matmul, normalised."""
   n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
-  hs = jnp.matmul(g, g.T, precision=HIGHEST)
+  hs = jnp.matmul(g, g.T, precision=precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 
 

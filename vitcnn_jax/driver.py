@@ -22,8 +22,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from vitcnn_jax import checkpoints
+from vitcnn_jax import cka
 from vitcnn_jax import data
 from vitcnn_jax import loading
+from vitcnn_jax import memory
 from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import preprocess
@@ -36,12 +38,21 @@ FETCH_EVERY = 32  # steps whose device results are fetched to the host together
 
 class Forward:
   """What a step sees of the models: their captured points on this device's rows,
-  and `constants`, the arrays its pass's `setup` made (e.g. fitted probes)."""
+  `constants`, the arrays its pass's `setup` made (e.g. fitted probes), and
+  `minibatch_sums`, the HSIC sums of this device's share of its minibatch."""
 
   def __init__(self, models: dict[str, loading.Loaded], params: dict, images: dict,
-               points: dict[str, Sequence[str]], constants: Any = None):
+               points: dict[str, Sequence[str]], constants: Any = None,
+               grouped: bool = False, precision: cka.Precision = cka.HIGHEST):
     self.models, self._params, self._images, self._points = models, params, images, points
     self.constants = constants
+    self._grouped, self._precision = grouped, precision
+
+  def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
+    """`cka.minibatch_sums` of these rows' activations (one per layer), for a
+    minibatch held by this device or spread over its group of devices."""
+    return cka.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self._grouped else None,
+                              self._precision)
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32 in [-1, 1]."""
@@ -155,27 +166,60 @@ ROWS = "rows/"  # step results that are rows, gathered rather than summed
 ROWS_MASK = "rows/.mask"
 
 
-def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh) -> Callable:
+def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh,
+                 precision: cka.Precision = cka.HIGHEST) -> Callable:
   names = list(p.points)
+  grouped = mesh.shape[parallel.GROUP] > 1
 
   def reduce(key: str, s: jax.Array) -> jax.Array:
     if key.startswith(ROWS):  # every device's rows in device order: a psum of placed blocks
-      blocks = jnp.zeros((mesh.size, *s.shape), s.dtype).at[jax.lax.axis_index(parallel.AXIS)].set(s)
-      return jax.lax.psum(blocks, parallel.AXIS).reshape(-1, *s.shape[1:])
+      blocks = jnp.zeros((mesh.size, *s.shape), s.dtype).at[jax.lax.axis_index(parallel.AXES)].set(s)
+      return jax.lax.psum(blocks, parallel.AXES).reshape(-1, *s.shape[1:])
     if jnp.issubdtype(s.dtype, jnp.integer):
-      return jax.lax.pmax(s, parallel.AXIS)
-    return jax.lax.psum(s, parallel.AXIS)
+      return jax.lax.pmax(s, parallel.AXES)
+    return jax.lax.psum(s, parallel.AXES)
 
   def local(params, constants, images, labels, mask):
-    fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points, constants)
+    fwd = Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points, constants,
+                  grouped, precision)
     out = p.step(fwd, labels, mask)
     if any(k.startswith(ROWS) for k in out):
       out = {**out, ROWS_MASK: mask}
     return {k: jax.tree.map(lambda s, k=k: reduce(k, s), v) for k, v in out.items()}
 
-  axis = P(parallel.AXIS)
+  axis = P(parallel.AXES)
   return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis),
                                out_specs=P()))
+
+
+def plan_devices(config: ml_collections.ConfigDict, p: Pass, models: dict[str, loading.Loaded],
+                 precision: cka.Precision) -> tuple[memory.Plan, dict]:
+  """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
+  choose), checked against device memory where it is known (GPU, TPU, or
+  `config.device_memory_gib`) by compiling the step of pass `p`; and the
+  compiled steps by (minibatch, group), to reuse."""
+  fixed, batch = config.get("devices_per_minibatch", 1), config.batch_size
+  if fixed < 0:
+    raise ValueError(f"config.devices_per_minibatch={fixed} must be >= 1, or 0 to choose it.")
+  limit = memory.device_limit(config.get("device_memory_gib", 0.0))
+  compiled = {}
+
+  def peak(minibatch: int, group: int) -> int:
+    mesh = parallel.mesh(group)
+    rows = jax.device_count() * (minibatch // group)
+    rep, sharded = parallel.replicated(mesh), parallel.batch_sharding(mesh)
+    abstract = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+    params = [jax.tree.map(lambda a: abstract(a.shape, a.dtype, rep), models[k].params) for k in p.points]
+    images = [abstract((rows, models[k].size, models[k].size, 3), jnp.uint8, sharded) for k in p.points]
+    step = compile_pass(p, models, mesh, precision)
+    compiled[minibatch, group] = step.lower(params, None, images, abstract((rows,), jnp.int32, sharded),
+                                            abstract((rows,), jnp.float32, sharded)).compile()
+    return memory.step_bytes(compiled[minibatch, group])
+
+  plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
+  if limit is not None and jax.process_index() == 0:
+    print(f"Memory plan: {plan.describe()}.")
+  return plan, compiled
 
 
 def _add(sums: Sums, got: Sums) -> Sums:
@@ -245,15 +289,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
         models: dict[str, loading.Loaded], sources: dict[str, data.Source]) -> dict | None:
   """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its
   files; `sources` by name ("data", the configured one, and any the analysis adds)."""
-  batch = config.batch_size
-  mesh = parallel.mesh()
-  params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   is_main = jax.process_index() == 0
   state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
                  _identity(config, models, sources))
   passes = list(analysis.passes())
+  precision = cka.gram_precision(config.get("gram_precision", "auto"))
+  layout, compiled = plan_devices(config, passes[0], models, precision)
+  rows = layout.rows
+  mesh = parallel.mesh(layout.devices_per_minibatch)
+  params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   plan = _plan(config, passes, sources)
-  counts = [[pipeline.num_steps(len(idx), batch) for _, idx in reps] for reps in plan]
+  counts = [[pipeline.num_steps(len(idx), rows) for _, idx in reps] for reps in plan]
   total = sum(map(sum, counts))
   first_pass, first_repeat, first_step = state.position
   done_before = sum(map(sum, counts[:first_pass])) + sum(counts[first_pass][:first_repeat]
@@ -271,7 +317,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       continue
     if hasattr(p, "setup"):  # a pass that depends on the ones before it
       p.setup(state.done[:pi])
-    step_fn = compile_pass(p, models, mesh)
+    step_fn = compiled.get((config.batch_size, layout.devices_per_minibatch)) if pi == 0 else None
+    step_fn = step_fn or compile_pass(p, models, mesh, precision)
     constants = parallel.replicate(mesh, getattr(p, "constants", None))
     used = [models[k] for k in p.points]
     pparams = [params[k] for k in p.points]
@@ -290,7 +337,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
 
       source_name, indices = plan[pi][repeat]
       step = start
-      for b in pipeline.steps(mesh, sources[source_name], indices, used, batch, start=start,
+      for b in pipeline.steps(mesh, sources[source_name], indices, used, rows, start=start,
                               labels=p.labels):
         labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
         pending.append(step_fn(pparams, constants, b.images, labels, b.mask))

@@ -2,7 +2,9 @@
 
 The same code runs on one CPU, 8 fake CPU devices, a GPU or a TPU pod: each
 process feeds the rows for its own devices, and arrays are assembled into
-global arrays sharded along the `data` axis.
+global arrays whose rows are sharded over every device. The mesh has two axes:
+`data` over minibatches, and `group` over the devices that share one minibatch
+(size 1 unless a minibatch is too large for one device).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-AXIS = "data"
+AXIS = "data"  # minibatches
+GROUP = "group"  # the devices holding the rows of one minibatch
+AXES = (AXIS, GROUP)
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
@@ -28,12 +32,16 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                              process_id=process_id)
 
 
-def mesh() -> jax.sharding.Mesh:
-  return jax.make_mesh((jax.device_count(),), (AXIS,), axis_types=(AxisType.Auto,))
+def mesh(devices_per_minibatch: int = 1) -> jax.sharding.Mesh:
+  """Every device, in groups of `devices_per_minibatch` consecutive rows' devices."""
+  d, g = jax.device_count(), devices_per_minibatch
+  if g < 1 or d % g:
+    raise ValueError(f"devices_per_minibatch={g} must divide the {d} devices.")
+  return jax.make_mesh((d // g, g), AXES, axis_types=(AxisType.Auto,) * 2)
 
 
 def batch_sharding(m: jax.sharding.Mesh) -> NamedSharding:
-  return NamedSharding(m, P(AXIS))
+  return NamedSharding(m, P(AXES))
 
 
 def replicated(m: jax.sharding.Mesh) -> NamedSharding:

@@ -1,8 +1,10 @@
 """The input pipeline: data sources, sampling, and per-step global batches.
 
-Every analysis consumes steps of `device_count` minibatches: each device holds
-one whole minibatch (so per-minibatch statistics such as HSIC need no
-communication), and each process loads only the minibatches of its own devices.
+Every analysis consumes steps of consecutive rows, `rows` per device in device
+order: with rows = batch_size each device holds one whole minibatch (so
+per-minibatch statistics such as HSIC need no communication); with rows =
+batch_size / G a minibatch spans G consecutive devices (`parallel.GROUP`). Each
+process loads only the rows of its own devices.
 A model here is anything with `size` and `policy` (loading.Loaded).
 """
 
@@ -61,30 +63,29 @@ def check_batching(num_examples: int, batch_size: int) -> None:
         f"batch_size={batch_size}; choose num_examples so that the remainder is 0 or >= 4.")
 
 
-def num_steps(num_examples: int, batch_size: int) -> int:
-  minibatches = -(-num_examples // batch_size)
-  return -(-minibatches // jax.device_count())
+def num_steps(num_examples: int, rows: int) -> int:
+  return -(-num_examples // (rows * jax.device_count()))
 
 
 @dataclasses.dataclass
 class Step:
-  images: list[jax.Array]  # one global (devices * batch, H, W, 3) uint8 array per model
-  mask: jax.Array  # (devices * batch,) 1 for real examples
+  images: list[jax.Array]  # one global (devices * rows, H, W, 3) uint8 array per model
+  mask: jax.Array  # (devices * rows,) 1 for real examples
   examples: int  # real examples in this step, all hosts together
-  labels: jax.Array | None = None  # (devices * batch,) int32 class labels (0 for padding)
+  labels: jax.Array | None = None  # (devices * rows,) int32 class labels (0 for padding)
 
 
 def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-                batch_size: int, step: int, labels: bool = False):
+                rows: int, step: int, labels: bool = False):
   """Rows of this process's devices for one step (padding rows masked out):
   (images per model, mask, examples in the step[, labels])."""
   ld, d = jax.local_device_count(), jax.device_count()
   first = step * d + jax.process_index() * ld
-  images = [np.zeros((ld * batch_size, m.size, m.size, 3), np.uint8) for m in models]
-  mask = np.zeros((ld * batch_size,), np.float32)
-  ys = np.zeros((ld * batch_size,), np.int32)
+  images = [np.zeros((ld * rows, m.size, m.size, 3), np.uint8) for m in models]
+  mask = np.zeros((ld * rows,), np.float32)
+  ys = np.zeros((ld * rows,), np.int32)
   for j in range(ld):
-    chunk = indices[(first + j) * batch_size:(first + j + 1) * batch_size]
+    chunk = indices[(first + j) * rows:(first + j + 1) * rows]
     if not len(chunk):
       continue
     raw = source.images(chunk)
@@ -93,19 +94,19 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
       if (m.size, m.policy) not in made:
         made[m.size, m.policy] = np.stack([preprocess.preprocess_image(img, m.size, m.policy)
                                            for img in raw])
-      dst[j * batch_size:j * batch_size + len(chunk)] = made[m.size, m.policy]
-    mask[j * batch_size:j * batch_size + len(chunk)] = 1
+      dst[j * rows:j * rows + len(chunk)] = made[m.size, m.policy]
+    mask[j * rows:j * rows + len(chunk)] = 1
     if labels:
-      ys[j * batch_size:j * batch_size + len(chunk)] = source.labels(chunk)
-  total = int(min(len(indices), (step + 1) * d * batch_size) - min(len(indices), step * d * batch_size))
+      ys[j * rows:j * rows + len(chunk)] = source.labels(chunk)
+  total = int(min(len(indices), (step + 1) * d * rows) - min(len(indices), step * d * rows))
   return (images, mask, total, ys) if labels else (images, mask, total)
 
 
 def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-          batch_size: int, start: int = 0, labels: bool = False) -> Iterator[Step]:
+          rows: int, start: int = 0, labels: bool = False) -> Iterator[Step]:
   """Global batches for steps start.., loading the next step while this one runs."""
-  n = num_steps(len(indices), batch_size)
-  load = lambda step: _local_step(source, indices, models, batch_size, step, labels)
+  n = num_steps(len(indices), rows)
+  load = lambda step: _local_step(source, indices, models, rows, step, labels)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     pending = pool.submit(load, start) if start < n else None
     for step in range(start, n):

@@ -14,7 +14,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -48,7 +47,7 @@ class CKA:
     for key, names in self.points.items():
       out = forward(key)
       acts += [out[n] for n in names]
-    return cka.minibatch_sums(acts, mask, parallel.AXIS)
+    return forward.minibatch_sums(acts, mask)
 
   host_sums = staticmethod(cka.unscale)
 

@@ -19,7 +19,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
@@ -80,7 +79,7 @@ class HeadSubsets:
       heads = self.spatial_heads(out)
       res = forward("resnet")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
-      sums.update(cka.minibatch_sums(reps, mask, parallel.AXIS))
+      sums.update(forward.minibatch_sums(reps, mask))
     return sums
 
   def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
@@ -138,7 +137,7 @@ class _Projected:
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("resnet")
     reps += [res[n] for n in self.a.res_names]
-    return cka.minibatch_sums(reps, mask, parallel.AXIS)
+    return forward.minibatch_sums(reps, mask)
 
   host_sums = staticmethod(cka.unscale)
 

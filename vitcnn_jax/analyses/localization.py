@@ -15,7 +15,6 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import cka
-from vitcnn_jax import parallel
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -80,7 +79,7 @@ class Localization:
     del labels
     tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
     acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
-    return cka.minibatch_sums(acts, mask, parallel.AXIS)
+    return forward.minibatch_sums(acts, mask)
 
   host_sums = staticmethod(cka.unscale)
 

@@ -1,0 +1,138 @@
+"""A minibatch spread over a group of devices, the memory planner, Gram precisions."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from numerics import assert_close, cka_bound, likely, worst
+from test_cka import np_hsic1
+from vitcnn_jax import cka, memory, parallel
+
+N = 64  # the estimator's minibatch
+SIZES = (64, 64, 40)  # the last minibatch is shorter: its rows end in padding
+
+
+def _layers(rng, rows: int) -> list[np.ndarray]:
+  base = rng.standard_normal((rows, 5))
+  return [(base @ rng.standard_normal((5, 30)) + rng.standard_normal((rows, 30))).astype(np.float32),
+          (3.0 + np.tanh(base[:, :2, None] * rng.standard_normal((rows, 2, 6)))).astype(np.float32),
+          (1e-3 * rng.standard_normal((rows, 9))).astype(np.float32)]
+
+
+def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int) -> np.ndarray:
+  """HSIC summed over all minibatches, `group` devices per minibatch, steps of
+  (devices / group) minibatches, rows laid out as the pipeline lays them out."""
+  mesh = parallel.mesh(group)
+  per_step = jax.device_count() // group * N
+
+  def local(m, *a):
+    out = cka.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP if group > 1 else None)
+    return {k: (jax.lax.pmax(v, parallel.AXES) if k == "log2_scale" else jax.lax.psum(v, parallel.AXES))
+            for k, v in out.items()}
+
+  f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(parallel.AXES), out_specs=P()))
+  steps = -(-len(mask) // per_step)
+  pad = lambda x: np.concatenate([x, np.zeros((steps * per_step - len(x), *x.shape[1:]), x.dtype)])
+  acts, mask = [pad(a) for a in acts], pad(mask)
+  total = 0.0
+  for s in range(steps):
+    rows = slice(s * per_step, (s + 1) * per_step)
+    total = total + cka.unscale(jax.device_get(f(mask[rows], *[a[rows] for a in acts])))["hsic"]
+  return total
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_a_minibatch_spread_over_devices_equals_one_device_holding_it(group):
+  rng = np.random.default_rng(0)
+  acts = _layers(rng, N * len(SIZES))
+  mask = np.concatenate([(np.arange(N) < n).astype(np.float32) for n in SIZES])
+  want = 0.0
+  for i, n in enumerate(SIZES):  # each minibatch alone on one device, in float64 NumPy
+    rows = slice(i * N, i * N + n)
+    want = want + np.asarray([[np_hsic1(a[rows], b[rows]) for b in acts] for a in acts])
+  got = _grouped_hsic(acts, mask, group)
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
+  # Per minibatch one float32 HSIC: the mean (N terms), the Gram (30), the U-centring
+  # (2N) and the dot (N*N), relative to the scale by Cauchy-Schwarz; then the sums
+  # over the group's row blocks and over the minibatches.
+  bound = likely(N, 30, 2 * N, N * N) + worst(group + len(SIZES))
+  err = assert_close(got / scale, want / scale, bound, f"{group} devices per minibatch")
+  print(f"{group} devices per minibatch: max relative HSIC error {err:.1e}")
+
+
+def test_grouped_moments_add_up_to_the_minibatch_ones():
+  rng = np.random.default_rng(1)
+  acts = _layers(rng, N)
+  mask = np.ones(N * 2, np.float32)
+  mask[N:] = 0  # a second, all-padding minibatch
+  acts = [np.concatenate([a, a]) for a in acts]
+  mesh = parallel.mesh(4)
+
+  def local(m, *a):
+    out = cka.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP)
+    return jax.lax.psum(out["moments"] * cka.pow2(4 * out["log2_scale"]), parallel.AXES)
+
+  f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(parallel.AXES), out_specs=P()))
+  got = np.asarray(f(mask, *acts), np.float64)
+  want = [N * np.sum(np.mean(a[:N].reshape(N, -1).astype(np.float64), axis=0) ** 4) for a in acts]
+  np.testing.assert_allclose(got, want, rtol=worst(4 * 30 + 8))
+
+
+# --- the planner ----------------------------------------------------------------------
+
+
+def test_the_planner_takes_the_smallest_group_that_fits():
+  peaks = {1: 40, 2: 22, 4: 13, 8: 8}  # GiB by group size, for a minibatch of 1,024
+  calls = []
+
+  def peak(minibatch, group):
+    calls.append((minibatch, group))
+    return int(peaks[group] * minibatch / 1024 * memory.GIB)
+
+  plan = memory.choose(1024, 8, peak, 16 * memory.GIB)
+  assert (plan.devices_per_minibatch, plan.rows) == (4, 256)
+  assert calls == [(1024, 1), (1024, 2), (1024, 4)]  # stops at the first that fits
+  assert "minibatch 1,024 over 4 devices (256 rows each): 13.00 of 16.0 GiB" in plan.describe()
+  assert memory.choose(1024, 8, peak, 80 * memory.GIB).devices_per_minibatch == 1
+  with pytest.raises(MemoryError, match=r"largest minibatch that fits over 8 devices is about 512 "
+                                        r"\(halving from 1,024\): set config.batch_size=512"):
+    memory.choose(1024, 8, peak, 6 * memory.GIB)
+  with pytest.raises(MemoryError, match="no minibatch of at least 4 fits"):
+    memory.choose(1024, 8, peak, 1)
+  with pytest.raises(ValueError, match="devices_per_minibatch=3 must divide both the 8 devices"):
+    memory.choose(1024, 8, peak, 16 * memory.GIB, fixed=3)
+
+
+# --- Gram precisions ------------------------------------------------------------------
+
+
+# Dot algorithms XLA's CPU backend refuses; the others it runs (in float32).
+CPU_UNSUPPORTED = {"bf16_9x", "tf32_3x"}
+
+
+@pytest.mark.parametrize("name", sorted(cka.GRAM_PRECISIONS))
+def test_each_gram_precision_against_float64(name):
+  rng = np.random.default_rng(2)
+  acts = _layers(rng, N)
+  sums = jax.jit(lambda *a: cka.minibatch_sums(list(a), precision=cka.gram_precision(name)))
+  if jax.default_backend() == "cpu" and name in CPU_UNSUPPORTED:
+    with pytest.raises(Exception, match="not supported"):
+      sums(*acts)
+    return
+  want = np.asarray([[np_hsic1(a, b) for b in acts] for a in acts])
+  got = cka.unscale(jax.device_get(sums(*acts)))["hsic"]
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
+  err = assert_close(got / scale, want / scale, cka_bound(N, 30),
+                     f"gram_precision={name} on {jax.default_backend()}")
+  print(f"gram_precision={name} on {jax.default_backend()}: max relative HSIC error {err:.1e}")
+
+
+def test_auto_precision_per_backend_and_bad_names():
+  assert cka.gram_precision("auto", "cpu") == jax.lax.Precision.HIGHEST
+  assert cka.gram_precision("auto", "tpu") == jax.lax.Precision.HIGHEST
+  assert cka.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
+  with pytest.raises(ValueError, match="'fp16' is not one of"):
+    cka.gram_precision("fp16")
