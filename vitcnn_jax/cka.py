@@ -231,38 +231,55 @@ def _shared_scale(hsic: jax.Array, m4: jax.Array, e: jax.Array,
   return {"hsic": hsic, "moments": m4, "log2_scale": e}
 
 
-def group_gram(a: jax.Array, mask: jax.Array, group: str, precision: Precision = HIGHEST
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _ring(v: jax.Array, group: str, op) -> jax.Array:
+  """`op`-reduction of `v` over the devices of `group`, passed around a ring in a
+  loop. A psum or pmax here would be merged by XLA with those of every other
+  layer, keeping every layer's activations alive until all had run (measured on
+  ViT-B/16 + R50, 128 rows over 2 devices: 19.9 GiB against 2.6 GiB)."""
+  size = jax.lax.axis_size(group)
+  shift = [((i + 1) % size, i) for i in range(size)]
+
+  def visit(_, carry):
+    total, passing = carry
+    passing = jax.lax.ppermute(passing, group, shift)
+    return op(total, passing), passing
+
+  return jax.lax.fori_loop(1, size, visit, (v, v))[0]
+
+
+def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
+               precision: Precision = HIGHEST) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(this device's row block of the U-centred Gram of a minibatch spread over the
   devices of mesh axis `group`, scaled by 2^-2e; the minibatch mean, scaled by
-  2^-e; e), with rows in device order along `group`.
+  2^-e; e), with columns in device order along `group`; `keep` is the mask of
+  every row of the minibatch.
 
   The features are scaled by a power of two shared by the group before anything
   else (exact), then centred on the group's mean. Each device's rows travel once
-  around the group (`ppermute`), one layer at a time, so a device holds at most
-  two row blocks of one layer's features beyond its own activations.
+  around the group (`ppermute`), in a loop, so a device holds one passing row
+  block of one layer's features beyond its own activations.
   """
   size, me = jax.lax.axis_size(group), jax.lax.axis_index(group)
   x = jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)
   rows = x.shape[0]
-  m = mask.astype(jnp.float32)
-  e = jax.lax.pmax(log2_scales([x], m)[0], group)
+  e = _ring(log2_scales([x], mask)[0], group, jnp.maximum)
   x = x * pow2(-e)
-  mean = (jax.lax.psum(jnp.matmul(m[None, :], x, precision=HIGHEST), group)
-          / jnp.maximum(jax.lax.psum(m.sum(), group), 1.0))
-  c = (x - mean) * m[:, None]
-  blocks, other = [], c
-  for k in range(size):  # block k: against the rows of device (me + k) % size
-    if k:
-      other = jax.lax.ppermute(other, group, [((i + 1) % size, i) for i in range(size)])
-    blocks.append(jnp.matmul(c, other.T, precision=precision))
-  row = jnp.roll(jnp.concatenate(blocks, axis=1), me * rows, axis=1)  # columns in device order
+  mean = _ring(jnp.matmul(mask[None, :], x, precision=HIGHEST), group, jnp.add)
+  mean = mean / jnp.maximum(keep.sum(), 1.0)
+  c = (x - mean) * mask[:, None]
+
+  def visit(k, carry):  # the rows of device (me + k) % size arrive; pass them on
+    passing, row = carry
+    row = jax.lax.dynamic_update_slice(
+        row, jnp.matmul(c, passing.T, precision=precision), (0, ((me + k) % size) * rows))
+    passing = jax.lax.ppermute(passing, group, [((i + 1) % size, i) for i in range(size)])
+    return passing, row
+
+  _, row = jax.lax.fori_loop(0, size, visit, (c, jnp.zeros_like(c, shape=(rows, size * rows))))
   # U-centring (as `center_unbiased`) of the whole Gram from its row blocks: the
   # column sums of the symmetric Gram are its row sums, gathered over the group.
-  keep = jax.lax.all_gather(m, group, tiled=True)
-  own = jax.lax.dynamic_slice(keep, (me * rows,), (rows,))
   diag = jnp.arange(size * rows)[None, :] == (me * rows + jnp.arange(rows))[:, None]
-  off_diag = jnp.where(diag, 0.0, own[:, None] * keep[None, :])
+  off_diag = jnp.where(diag, 0.0, mask[:, None] * keep[None, :])
   g = row * off_diag
   n = keep.sum()
   means = jax.lax.all_gather(g.sum(axis=1), group, tiled=True) / (n - 2)
@@ -274,10 +291,11 @@ def group_gram(a: jax.Array, mask: jax.Array, group: str, precision: Precision =
 def _group_sums(acts, mask, axis_name, group, precision) -> dict[str, jax.Array]:
   m = (jnp.ones((acts[0].shape[0],), jnp.float32) if mask is None
        else mask.astype(jnp.float32))
-  n = jax.lax.psum(m.sum(), group)
+  keep = jax.lax.all_gather(m, group, tiled=True)
+  n = keep.sum()
   grams, moments, exps = [], [], []
   for a in acts:
-    block, mean, e = group_gram(a, m, group, precision)
+    block, mean, e = group_gram(a, m, keep, group, precision)
     grams.append(block.ravel())
     moments.append(m.sum() * fourth_moment(mean))  # the group's shares add up to n's
     exps.append(e)
