@@ -183,6 +183,27 @@ def test_weight_standardisation_and_groupnorm_numerics():
   # Mean and variance over 50 values, each relative to the group's scale, then rsqrt.
   assert_close(y, ref.reshape(x.shape), (2 * likely(50) + worst(4)) * float(np.abs(ref).max()), "GroupNorm")
 
+  # A mean 10^4 times the spread: the one-pass statistics are taken about a shift
+  # near the mean, so the error stays at the spread's scale (without the shift,
+  # E[x^2] - E[x]^2 loses every digit; two passes about the rounded mean miss
+  # this bound too, by 1.6e-3 here).
+  far = x + np.float32(1e4)
+  y = np.asarray(gn.apply({"params": p}, far))
+  g = far.reshape(2, 5, 5, 32, 2).astype(np.float64)
+  ref = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(g.var(axis=(1, 2, 4), keepdims=True) + 1e-5)
+  assert_close(y, ref.reshape(x.shape), (4 * likely(50) + worst(4)) * float(np.abs(ref).max()),
+               "GroupNorm, mean 1e4")
+
+  for stride in (1, 2):  # a 1x1 conv runs as a dot over channels: the same sums
+    k1 = rng.standard_normal((1, 1, 64, 8)).astype(np.float32)
+    y = np.asarray(bit.StdConv(8, 1, stride).apply({"params": {"kernel": k1}}, x))
+    k1d = k1.astype(np.float64)
+    ks1 = ((k1d - k1d.mean(axis=(0, 1, 2))) / np.sqrt(k1d.var(axis=(0, 1, 2)) + 1e-10))[0, 0]
+    xs = x[:, ::stride, ::stride].astype(np.float64)
+    ref, terms = xs @ ks1, np.abs(xs) @ np.abs(ks1)
+    assert y.shape == ref.shape, (y.shape, ref.shape)
+    assert_close(y, ref, 2 * likely(64) * float(terms.max()), f"1x1 conv, stride {stride}")
+
   conv = bit.StdConv(8, 3)
   k = rng.standard_normal((3, 3, 64, 8)).astype(np.float32) * 5 + 2
   y = np.asarray(conv.apply({"params": {"kernel": k}}, x))
