@@ -294,8 +294,14 @@ def _group_sums(acts, mask, axis_name, group, precision) -> dict[str, jax.Array]
   keep = jax.lax.all_gather(m, group, tiled=True)
   n = keep.sum()
   grams, moments, exps = [], [], []
+  done = keep
   for a in acts:
+    # Each layer's collectives after the last layer's: XLA's CPU runtime runs
+    # independent ops in any order, and devices that took two layers' collectives
+    # in different orders would wait for each other forever.
+    a, _ = jax.lax.optimization_barrier((a, done))
     block, mean, e = group_gram(a, m, keep, group, precision)
+    done = block
     grams.append(block.ravel())
     moments.append(m.sum() * fourth_moment(mean))  # the group's shares add up to n's
     exps.append(e)
