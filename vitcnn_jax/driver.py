@@ -239,7 +239,7 @@ def _identity(config: ml_collections.ConfigDict, models, sources: dict[str, data
   """What determines a run's result, by part: a resumed state must match every part.
   Checkpoints and data count by their contents, not their paths."""
   cfg = config.to_dict()
-  for volatile in ("stop_after", "save_every_seconds"):
+  for volatile in ("stop_after", "save_every_seconds", "device_memory_gib"):  # not the result
     cfg.pop(volatile, None)
   return {"config": results.fingerprint(cfg),
           "data": " | ".join(s.identity for s in sources.values()),
