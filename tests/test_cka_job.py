@@ -190,6 +190,10 @@ def test_bad_config_fields_are_named(ckpts, tmp_path):
   assert r.returncode != 0 and "--config.models.vit.checkpoint=" in r.stderr
   r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)
   assert r.returncode != 0 and "config.data.source='csv'" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.gram_precision=fp16"), check=False)
+  assert r.returncode != 0 and "config.gram_precision: gram precision 'fp16' is not one of" in r.stderr
+  r = _run(_flags(ckpts, tmp_path, "--config.devices_per_minibatch=3"), check=False)
+  assert r.returncode != 0 and "config.devices_per_minibatch=3 must divide both the 8 devices" in r.stderr
 
 
 def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):

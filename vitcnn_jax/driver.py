@@ -293,7 +293,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
   state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
                  _identity(config, models, sources))
   passes = list(analysis.passes())
-  precision = cka.gram_precision(config.get("gram_precision", "auto"))
+  try:
+    precision = cka.gram_precision(config.get("gram_precision", "auto"))
+  except ValueError as e:
+    raise ValueError(f"config.gram_precision: {e}") from e
   layout, compiled = plan_devices(config, passes[0], models, precision)
   rows = layout.rows
   mesh = parallel.mesh(layout.devices_per_minibatch)
@@ -317,7 +320,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       continue
     if hasattr(p, "setup"):  # a pass that depends on the ones before it
       p.setup(state.done[:pi])
-    step_fn = compiled.get((config.batch_size, layout.devices_per_minibatch)) if pi == 0 else None
+    # The planner compiled pass 0 as it was before any `setup` (no constants).
+    planned = pi == 0 and getattr(p, "constants", None) is None
+    step_fn = compiled.get((config.batch_size, layout.devices_per_minibatch)) if planned else None
     step_fn = step_fn or compile_pass(p, models, mesh, precision)
     constants = parallel.replicate(mesh, getattr(p, "constants", None))
     used = [models[k] for k in p.points]
