@@ -135,7 +135,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path)
     config.device_memory_gib = (peaks[1] + peaks[8]) / 2 / memory.GIB
   plan, compiled = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
   assert plan.devices_per_minibatch > 1 and plan.peak_bytes <= config.device_memory_gib * memory.GIB
-  assert (BATCH, plan.devices_per_minibatch) in compiled  # the run reuses the planned step
+  assert (BATCH, plan.devices_per_minibatch) in compiled  # the steps it measured
   r = _run(_flags(ckpts, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"))
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
   assert np.load(tmp_path / "cka.npz")["per_repeat"].shape[0] == REPEATS

@@ -297,7 +297,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
     precision = cka.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
-  layout, compiled = plan_devices(config, passes[0], models, precision)
+  layout, _ = plan_devices(config, passes[0], models, precision)
   rows = layout.rows
   mesh = parallel.mesh(layout.devices_per_minibatch)
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
@@ -320,10 +320,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       continue
     if hasattr(p, "setup"):  # a pass that depends on the ones before it
       p.setup(state.done[:pi])
-    # The planner compiled pass 0 as it was before any `setup` (no constants).
-    planned = pi == 0 and getattr(p, "constants", None) is None
-    step_fn = compiled.get((config.batch_size, layout.devices_per_minibatch)) if planned else None
-    step_fn = step_fn or compile_pass(p, models, mesh, precision)
+    step_fn = compile_pass(p, models, mesh, precision)
     constants = parallel.replicate(mesh, getattr(p, "constants", None))
     used = [models[k] for k in p.points]
     pparams = [params[k] for k in p.points]
