@@ -197,7 +197,7 @@ def plan_devices(config: ml_collections.ConfigDict, p: Pass, models: dict[str, l
   """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
   choose), checked against device memory where it is known (GPU, TPU, or
   `config.device_memory_gib`) by compiling the step of pass `p`; and the
-  compiled steps by (minibatch, group), to reuse."""
+  compiled steps by (minibatch, group) it measured."""
   fixed, batch = config.get("devices_per_minibatch", 1), config.batch_size
   if fixed < 0:
     raise ValueError(f"config.devices_per_minibatch={fixed} must be >= 1, or 0 to choose it.")
