@@ -1,34 +1,44 @@
 r"""Runs the analysis named by the config.
 
-  python main.py --config=configs/<analysis>.py[:arg] --workdir=DIR
+  python main.py --config=configs/<analysis>.py[:arg] --workdir=DIR [--verbose]
 
 Multi-host: start one process per host with --distributed (TPU pods and SLURM
 need nothing else; CPU hosts add --coordinator, --num_processes, --process_id
 and --cpu_collectives=gloo).
+
+A mistake in the config, the data, a checkpoint or the workdir prints one
+message and exits with status 2; --verbose adds the traceback.
 """
 
+import logging
+import os
 import sys
+import traceback
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from vitcnn_jax import analyses
-from vitcnn_jax import driver
-from vitcnn_jax import parallel
-
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Analysis config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for results and figures.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of an error.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-process JAX job.")
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _CPU_COLLECTIVES = flags.DEFINE_string("cpu_collectives", None, "e.g. gloo, for CPU hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
+app.define_help_flags()
+
+# What a user's mistake raises (the library names the field, file or shape and what
+# to do); anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, KeyError, OSError, ImportError, MemoryError, FloatingPointError,
+               flags.Error)
 
 
 def legacy_flag(argv: list[str]) -> str | None:
   """The message for a flag of a model field from before `config.models`, if any."""
+  from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top
   for arg in argv:
     for old, new in driver.LEGACY_FIELDS.items():
       if arg.startswith(f"--config.{old}."):
@@ -38,15 +48,47 @@ def legacy_flag(argv: list[str]) -> str | None:
   return None
 
 
-def main(argv):
-  del argv
-  if _DISTRIBUTED.value:
-    parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                        _CPU_COLLECTIVES.value)
-  analyses.run(_CONFIG.value, _WORKDIR.value)
+def message(e: BaseException) -> str:
+  """One readable line (or a few) for an error: ml_collections' field errors arrive
+  as the repr of a repr, e.g. '\\'num_exmaples\\'\\nDid you mean ...'."""
+  text = str(e.args[0]) if isinstance(e, (KeyError, AttributeError)) and e.args else str(e)
+  if text.startswith("'") and "\\n" in text:  # AttributeError(repr(KeyError(...)))
+    text = text[1:-1].replace("\\n", "\n").replace("\\'", "'")
+  if text.startswith("'") and "\nDid you mean" in text:
+    field, hint = text.split("\n", 1)
+    return f"the config has no field {field}. {hint}"
+  return text
+
+
+def quiet_backends() -> None:
+  """No 'Unable to initialize backend tpu/cuda' on machines without them."""
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv: list[str]) -> int:
+  quiet_backends()
+  if legacy := legacy_flag(argv[1:]):
+    print(f"main.py: {legacy}", file=sys.stderr)
+    return 2
+  verbose = "--verbose" in argv
+  try:
+    flags.FLAGS(argv)
+    from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+    from vitcnn_jax import parallel  # pylint: disable=g-import-not-at-top
+    if _DISTRIBUTED.value:
+      parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                          _CPU_COLLECTIVES.value)
+    analyses.run(_CONFIG.value, _WORKDIR.value)
+  except (*USER_ERRORS, AttributeError) as e:
+    if isinstance(e, AttributeError) and not isinstance(e.__context__, KeyError):
+      raise  # not a missing config field: a bug
+    if verbose:
+      traceback.print_exc()
+    print(f"main.py: error: {message(e)}\n(--verbose shows the traceback)", file=sys.stderr)
+    return 2
+  return 0
 
 
 if __name__ == "__main__":
-  if message := legacy_flag(sys.argv[1:]):
-    sys.exit(f"main.py: {message}")
-  app.run(main)
+  sys.exit(main(sys.argv))

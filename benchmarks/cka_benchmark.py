@@ -43,12 +43,11 @@ def _images(n: int) -> np.ndarray:
 
 def _jax_models():
   import jax
-  from configs import common
-  from vitcnn_jax import loading, representations
+  from vitcnn_jax import loading, representations, zoo
   from vitcnn_jax.models import BiT, ViT, vit
   out = []
-  for name, model, capture in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16")), common.VIT_LAYERS),
-                               ("resnet", BiT(num_classes=1000, width=1, depth=50), common.BIT_LAYERS)):
+  for name, model, capture in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16")), zoo.VIT_LAYERS),
+                               ("resnet", BiT(num_classes=1000, width=1, depth=50), zoo.BIT_LAYERS)):
     params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
     names = list(representations.point_shapes(model, params, list(capture)))
     out.append(loading.Loaded(name, "<random init>", name, model, params, names, "resize"))
@@ -60,7 +59,7 @@ def part_ours(n_images: int, batch: int) -> dict:
   import jax
   import jax.numpy as jnp
   import ml_collections
-  from vitcnn_jax import cka, driver, parallel, preprocess, representations
+  from vitcnn_jax import driver, hsic, parallel, preprocess, representations
   from vitcnn_jax.analyses import cka as cka_job
 
   models = _jax_models()
@@ -78,7 +77,7 @@ def part_ours(n_images: int, batch: int) -> dict:
   jax.block_until_ready(step(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1]))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()
-  hsic = sum(cka.unscale(jax.device_get(step(params, None, [x, x], m, m)))["hsic"] for x, m in batches)
+  sums = sum(hsic.unscale(jax.device_get(step(params, None, [x, x], m, m)))["hsic"] for x, m in batches)
   ours_s = time.perf_counter() - t
 
   def forward(ps, x):
@@ -108,7 +107,7 @@ def part_ours(n_images: int, batch: int) -> dict:
   rate = 5 * 2 * 2048**3 / (time.perf_counter() - t)
 
   names = [n for m in models for n in m.names]
-  ours_cka = cka.cka_from_hsic(hsic, names)
+  ours_cka = hsic.cka_from_hsic(sums, names)
   np.save("/tmp/cka_bench_ours.npy", ours_cka)
   return dict(ours_s=ours_s, compile_s=compile_s, forward_s=forward_s, fwd_flops=fwd_flops,
               gram_flops=gram_flops, matmul_flops_per_s=rate, layers_x=len(models[0].names),

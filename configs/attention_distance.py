@@ -11,9 +11,9 @@ import ml_collections
 
 from configs import cka_vit_resnet
 from configs import common
+from vitcnn_jax import zoo
 
-VIT = {"b16": ("B_16", "ViT-B/16"), "b32": ("B_32", "ViT-B/32"), "l16": ("L_16", "ViT-L/16"),
-       "h14": ("H_14", "ViT-H/14")}
+VIT = {"b16": "ViT-B/16", "b32": "ViT-B/32", "l16": "ViT-L/16", "h14": "ViT-H/14"}  # zoo.CHECKPOINTS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -27,8 +27,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     cka_vit_resnet.demo_models(config, ("vit",))
     config.models.vit.capture = capture
   elif arg.variant in VIT:
-    name, label = VIT[arg.variant]
-    config.models = dict(vit=common.model(f"gs://vit_models/imagenet21k/ViT-{name}.npz", capture, label))
+    name = VIT[arg.variant]
+    config.models = dict(vit=common.model(zoo.CHECKPOINTS[name], capture, name))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

@@ -26,23 +26,21 @@ public ImageNet-21k checkpoints of the same architectures (both at 224 px).
 import ml_collections
 
 from configs import common
-from configs import train as train_configs
+from vitcnn_jax import zoo
 
-VIT = "gs://vit_models/imagenet21k/ViT-{}.npz"
-BIT = "gs://bit_models/BiT-M-{}.npz"
 PAIRS = {
-    "b16_r50": (("B_16", "ViT-B/16"), ("R50x1", "BiT-R50x1")),
-    "b32_r50": (("B_32", "ViT-B/32"), ("R50x1", "BiT-R50x1")),
-    "l16_r152": (("L_16", "ViT-L/16"), ("R152x2", "BiT-R152x2")),
-    "h14_r152": (("H_14", "ViT-H/14"), ("R152x2", "BiT-R152x2")),
+    "b16_r50": ("ViT-B/16", "BiT-R50x1"),
+    "b32_r50": ("ViT-B/32", "BiT-R50x1"),
+    "l16_r152": ("ViT-L/16", "BiT-R152x2"),
+    "h14_r152": ("ViT-H/14", "BiT-R152x2"),
 }
 
 
 DEMO_MODELS = {  # name -> (demo training variant, layers, label)
-    "vit": ("vit_demo", common.VIT_LAYERS, "ViT (demo)"),
-    "resnet": ("bit_demo", common.BIT_LAYERS, "BiT (demo)"),
-    "vit_gap": ("vit_gap_demo", common.VIT_LAYERS, "ViT GAP (demo)"),
-    "mixer": ("mixer_demo", common.MIXER_LAYERS, "Mixer (demo)"),
+    "vit": ("vit_demo", zoo.VIT_LAYERS, "ViT (demo)"),
+    "resnet": ("bit_demo", zoo.BIT_LAYERS, "BiT (demo)"),
+    "vit_gap": ("vit_gap_demo", zoo.VIT_LAYERS, "ViT GAP (demo)"),
+    "mixer": ("mixer_demo", zoo.MIXER_LAYERS, "Mixer (demo)"),
 }
 
 
@@ -51,8 +49,8 @@ def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet")) -> N
   config.models = ml_collections.ConfigDict()
   for name in names:
     variant, layers, label = DEMO_MODELS[name]
-    config.models[name] = common.trained(train_configs.train_config(variant), layers, label)
-  config.data = common.fashion_mnist("t10k")
+    config.models[name] = common.trained(zoo.demo_training(variant), layers, label)
+  config.data = zoo.fashion_mnist("t10k")
   config.cache_dir = "~/.cache/vitcnn_jax"
 
 
@@ -68,10 +66,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif demo:
     demo_models(config)
   elif arg.variant in PAIRS:
-    (vit, vit_label), (bit, bit_label) = PAIRS[arg.variant]
+    vit, bit = PAIRS[arg.variant]  # names in zoo.CHECKPOINTS, also the labels
     config.models = dict(
-        vit=common.model(VIT.format(vit), common.VIT_LAYERS, vit_label),
-        resnet=common.model(BIT.format(bit), common.BIT_LAYERS, bit_label, resolution=224))
+        vit=common.model(zoo.CHECKPOINTS[vit], zoo.VIT_LAYERS, vit),
+        resnet=common.model(zoo.CHECKPOINTS[bit], zoo.BIT_LAYERS, bit, resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

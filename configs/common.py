@@ -1,20 +1,12 @@
-"""Shared config pieces: `arg` parsing, model specs, the paper's layer sets and data."""
+"""Shared config pieces: `arg` parsing, model specs, the driver's fields (the
+paper's layer sets, checkpoints and data specs live in `vitcnn_jax.zoo`)."""
 
 from __future__ import annotations
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-# About six points per ViT block, as in the paper's figures (Section 4, Fig 1 axes).
-VIT_LAYERS = ("block*/ln1", "block*/attn/out", "block*/ln2", "block*/mlp/hidden",
-              "block*/mlp/out", "block*/out")
-# Every ResNet-v2 sublayer (the projection shortcut duplicates nothing, identity
-# shortcuts would duplicate the previous unit's output, so shortcuts are left out).
-BIT_LAYERS = ("root/*", "block*/unit*/preact", "block*/unit*/conv1", "block*/unit*/preact2",
-              "block*/unit*/conv2", "block*/unit*/preact3", "block*/unit*/conv3",
-              "block*/unit*/out", "head/preact")
-MIXER_LAYERS = ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/channel_mlp/hidden",
-                "block*/channel_mlp/out", "block*/out")
+from vitcnn_jax import zoo
 
 
 def run_control(config: ml_collections.ConfigDict) -> None:
@@ -28,6 +20,8 @@ def run_control(config: ml_collections.ConfigDict) -> None:
   # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
   # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/cka.py).
   config.gram_precision = "auto"
+  # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), CKA colour scale.
+  config.plot = ml_collections.ConfigDict(dict(format="png", vmin=0.0, vmax=1.0))
 
 
 def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
@@ -91,18 +85,5 @@ def trained(train: ml_collections.ConfigDict, capture, label: str) -> ml_collect
   return spec
 
 
-def data(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
-  """Every data field exists for every source, so flags can switch sources."""
-  fields = dict(source=source, name="", split="", test_split="", data_dir="", path="",
-                labels="", image_key="image", label_key="label", num_examples=0, size=32,
-                classes=())  # classes: keep only these labels, renumbered 0..k-1
-  fields.update(kw)
-  return ml_collections.ConfigDict(fields)
-
-
-def fashion_mnist(split: str, path: str = "/usr/share/datasets/fashion-mnist") -> ml_collections.ConfigDict:
-  return data("idx", path=path, split=split)
-
-
 def imagenet_validation(data_dir: str = "") -> ml_collections.ConfigDict:
-  return data("tfds", name="imagenet2012", split="validation", data_dir=data_dir)
+  return zoo.data_spec("tfds", name="imagenet2012", split="validation", data_dir=data_dir)

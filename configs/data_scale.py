@@ -22,6 +22,7 @@ import ml_collections
 
 from configs import common
 from configs import train as train_configs
+from vitcnn_jax import zoo
 
 FRACTIONS = (0.03, 0.1, 0.3)
 PRETRAIN, FINETUNE = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)  # Fashion-MNIST classes
@@ -32,11 +33,11 @@ def _fractions_demo(config: ml_collections.ConfigDict) -> None:
   config.models = {}
   for f, train in train_configs.sweep("vit_demo", "data_fraction", FRACTIONS).items():
     config.models[f"fraction{round(100 * f):03d}"] = common.trained(
-        train, common.VIT_LAYERS, f"ViT, {100 * f:g}% of train")
-  config.models["fraction100"] = common.trained(base, common.VIT_LAYERS, "ViT, 100% of train")
+        train, zoo.VIT_LAYERS, f"ViT, {100 * f:g}% of train")
+  config.models["fraction100"] = common.trained(base, zoo.VIT_LAYERS, "ViT, 100% of train")
   config.reference = "fraction100"
   config.accuracy = True
-  config.data = common.fashion_mnist("t10k")
+  config.data = zoo.fashion_mnist("t10k")
 
 
 def _finetune_demo(config: ml_collections.ConfigDict) -> None:
@@ -45,11 +46,11 @@ def _finetune_demo(config: ml_collections.ConfigDict) -> None:
   tuned = train_configs.changed(pre, "vit_demo-classes0-4-finetuned5-9", classes=FINETUNE)
   tuned.pretrain = pre
   tuned.lr, tuned.warmup_steps = 3e-4, 20  # fine-tuning: a lower rate, a short warmup
-  config.models = {"pretrained": common.trained(pre, common.VIT_LAYERS, "ViT before fine-tuning"),
-                   "finetuned": common.trained(tuned, common.VIT_LAYERS, "ViT after fine-tuning")}
+  config.models = {"pretrained": common.trained(pre, zoo.VIT_LAYERS, "ViT before fine-tuning"),
+                   "finetuned": common.trained(tuned, zoo.VIT_LAYERS, "ViT after fine-tuning")}
   config.reference = "pretrained"
   config.accuracy = False  # the two heads answer different class sets
-  config.data = common.fashion_mnist("t10k")
+  config.data = zoo.fashion_mnist("t10k")
   config.data.classes = FINETUNE
 
 
@@ -66,7 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg.variant == "demo_finetune":
     _finetune_demo(config)
   elif arg.variant == "b32":
-    config.models = {f"fraction{p:03d}": common.model("", common.VIT_LAYERS, f"ViT-B/32, {p}% of JFT")
+    config.models = {f"fraction{p:03d}": common.model("", zoo.VIT_LAYERS, f"ViT-B/32, {p}% of JFT")
                      for p in (3, 10, 30, 100)}
     config.reference = "fraction100"
     config.accuracy = False  # JFT heads; ImageNet labels would not match

@@ -13,12 +13,13 @@ import ml_collections
 
 from configs import cka_vit_resnet
 from configs import common
+from vitcnn_jax import zoo
 
 LOWER_RESNET = ["block1/unit01/out", "block1/unit02/out", "block1/unit03/out",
                 "block2/unit01/out", "block2/unit02/out"]
 PAIRS = {
-    "l16_r50": ("L_16", "ViT-L/16", "R50x1", "BiT-R50x1", 16),
-    "h14_r152": ("H_14", "ViT-H/14", "R152x2", "BiT-R152x2", 16),
+    "l16_r50": ("ViT-L/16", "BiT-R50x1", 16),  # names in zoo.CHECKPOINTS, also the labels
+    "h14_r152": ("ViT-H/14", "BiT-R152x2", 16),
 }
 
 
@@ -33,10 +34,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.models.resnet.capture = ("block1/unit01/out", "block2/unit01/out")
     heads = 4
   elif arg.variant in PAIRS:
-    vit, vit_label, res, res_label, heads = PAIRS[arg.variant]
+    vit, res, heads = PAIRS[arg.variant]
     config.models = dict(
-        vit=common.model(f"gs://vit_models/imagenet21k/ViT-{vit}.npz", ["**"], vit_label),
-        resnet=common.model(f"gs://bit_models/BiT-M-{res}.npz", LOWER_RESNET, res_label,
+        vit=common.model(zoo.CHECKPOINTS[vit], ["**"], vit),
+        resnet=common.model(zoo.CHECKPOINTS[res], LOWER_RESNET, res,
                             resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""

@@ -36,10 +36,9 @@ import ml_collections
 from configs import cka_vit_resnet
 from configs import common
 from vitcnn_jax import probe
+from vitcnn_jax import zoo
 
 VIT_BLOCKS, BIT_BLOCKS = ("block*/out",), ("block*/unit*/out",)
-VIT = "gs://vit_models/imagenet21k/ViT-{}.npz"
-BIT = "gs://bit_models/BiT-M-{}.npz"
 CIFAR = {"cifar10": "cifar10", "cifar100": "cifar100"}
 
 
@@ -66,7 +65,7 @@ def _demo(config: ml_collections.ConfigDict, variant: str) -> None:
   for name in names:
     config.models[name].capture = BIT_BLOCKS if name == "resnet" else VIT_BLOCKS
     config.models[name].features = features[name]
-  config.data = common.fashion_mnist("train")
+  config.data = zoo.fashion_mnist("train")
   config.data.test_split = "t10k"
   config.holdout = 5000  # the last 5,000 of the 60,000 train images choose l2
 
@@ -86,17 +85,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     _demo(config, arg.variant)
   elif arg.variant in ("imagenet10", "b32_tokens"):
     if arg.variant == "imagenet10":
-      config.models = dict(vit=_vit(VIT.format("B_16"), "ViT-B/16", ("cls", "mean")),
-                           resnet=_bit(BIT.format("R50x1"), "BiT-R50x1"))
+      config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
+                           resnet=_bit(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1"))
     else:
-      config.models = dict(vit=_vit(VIT.format("B_32"), "ViT-B/32", ("cls", "spatial_mean", "each")))
-    config.data = common.data("tfds", name="imagenet2012", split="train", test_split="validation")
+      config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", ("cls", "spatial_mean", "each")))
+    config.data = zoo.data_spec("tfds", name="imagenet2012", split="train", test_split="validation")
     config.holdout = 10000  # the paper: "a held-out part of the training set"
     config.cache_dir = ""
   elif arg.variant in CIFAR:
-    config.models = dict(vit=_vit(VIT.format("B_16"), "ViT-B/16", ("cls", "mean")),
-                         resnet=_bit(BIT.format("R50x1"), "BiT-R50x1"))
-    config.data = common.data("tfds", name=CIFAR[arg.variant], split="train", test_split="test")
+    config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
+                         resnet=_bit(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1"))
+    config.data = zoo.data_spec("tfds", name=CIFAR[arg.variant], split="train", test_split="test")
     config.holdout = 5000
     config.shots, config.seeds = 0, 1
     config.cache_dir = ""

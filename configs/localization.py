@@ -16,12 +16,13 @@ import ml_collections
 
 from configs import cka_vit_resnet
 from configs import common
+from vitcnn_jax import zoo
 
 MODELS = {
-    "l16": ("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-L/16", "block23/out"),
-    "b32": ("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32", "block11/out"),
-    "r50": ("gs://bit_models/BiT-M-R50x1.npz", "BiT-R50x1", "block4/unit03/out"),
-    "mixer_b16": ("gs://mixer_models/imagenet21k/Mixer-B_16.npz", "Mixer-B/16", "block11/out"),
+    "l16": (zoo.CHECKPOINTS["ViT-L/16"], "ViT-L/16", "block23/out"),
+    "b32": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", "block11/out"),
+    "r50": (zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", "block4/unit03/out"),
+    "mixer_b16": (zoo.CHECKPOINTS["Mixer-B/16"], "Mixer-B/16", "block11/out"),
 }
 DEMOS = {"demo": "vit", "demo_gap": "vit_gap", "demo_mixer": "mixer"}  # -> demo model
 

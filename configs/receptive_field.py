@@ -13,6 +13,7 @@ import ml_collections
 
 from configs import cka_vit_resnet
 from configs import common
+from vitcnn_jax import zoo
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -26,12 +27,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     cka_vit_resnet.demo_models(config)
   elif arg.variant in ("b32_r50", "mixer_b16"):
     config.models = dict(
-        vit=common.model("gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz", ["**"],
+        vit=common.model(zoo.CHECKPOINTS["ViT-B/32 ImageNet"], ["**"],
                          "ViT-B/32", resolution=224),
-        resnet=common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1",
+        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], ["**"], "BiT-R50x1",
                             resolution=224))
     if arg.variant == "mixer_b16":
-      config.models.mixer = common.model("gs://mixer_models/imagenet21k/Mixer-B_16.npz", ["**"],
+      config.models.mixer = common.model(zoo.CHECKPOINTS["Mixer-B/16"], ["**"],
                                          "Mixer-B/16")
     config.data = common.imagenet_validation()
     config.cache_dir = ""

@@ -20,6 +20,7 @@ import ml_collections
 
 from configs import common
 from configs import train as train_configs
+from vitcnn_jax import zoo
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -33,15 +34,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.variant == "demo":
     base = train_configs.sweep_base("vit_demo")
     blocks = range(base.model.depth)
-    config.models = {"full": common.trained(base, common.VIT_LAYERS, "ViT (demo)")}
+    config.models = {"full": common.trained(base, zoo.VIT_LAYERS, "ViT (demo)")}
     for k, train in train_configs.sweep("vit_demo", "no_skip", blocks).items():
-      config.models[f"no_skip{k}"] = common.trained(train, common.VIT_LAYERS, f"no skip in block {k}")
-    config.data = common.fashion_mnist("t10k")
+      config.models[f"no_skip{k}"] = common.trained(train, zoo.VIT_LAYERS, f"no skip in block {k}")
+    config.data = zoo.fashion_mnist("t10k")
     config.cache_dir = "~/.cache/vitcnn_jax"
   elif arg.variant == "b32":
-    config.models = {"full": common.model("", common.VIT_LAYERS, "ViT-B/32")}
+    config.models = {"full": common.model("", zoo.VIT_LAYERS, "ViT-B/32")}
     for k in range(12):
-      config.models[f"no_skip{k:02d}"] = common.model("", common.VIT_LAYERS, f"no skip in block {k}",
+      config.models[f"no_skip{k:02d}"] = common.model("", zoo.VIT_LAYERS, f"no skip in block {k}",
                                                   no_skip=(k,))
     config.data = common.imagenet_validation()
     config.cache_dir = ""

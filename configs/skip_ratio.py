@@ -13,12 +13,13 @@ import ml_collections
 
 from configs import cka_vit_resnet
 from configs import common
+from vitcnn_jax import zoo
 
 PAIRS = {
-    "b16_r50": ("gs://vit_models/imagenet21k+imagenet2012/ViT-B_16-224.npz", "ViT-B/16"),
-    "b32_r50": ("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32"),
+    "b16_r50": (zoo.CHECKPOINTS["ViT-B/16 ImageNet"], "ViT-B/16"),
+    "b32_r50": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32"),
 }
-MIXER_B16 = "gs://mixer_models/imagenet21k/Mixer-B_16.npz"
+MIXER_B16 = zoo.CHECKPOINTS["Mixer-B/16"]
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -34,14 +35,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.models = dict(
         vit=common.model(PAIRS["b16_r50"][0], ["**"], "ViT-B/16"),
         mixer=common.model(MIXER_B16, ["**"], "Mixer-B/16"),
-        resnet=common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1", resolution=224))
+        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], ["**"], "BiT-R50x1", resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   elif arg.variant in PAIRS:
     path, label = PAIRS[arg.variant]
     config.models = dict(
         vit=common.model(path, ["**"], label),
-        resnet=common.model("gs://bit_models/BiT-M-R50x1.npz", ["**"], "BiT-R50x1", resolution=224))
+        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], ["**"], "BiT-R50x1", resolution=224))
     config.data = common.imagenet_validation()
     config.cache_dir = ""
   else:

@@ -20,43 +20,23 @@ at a tfds dataset (source, name, split, test_split, data_dir) and set
 import ml_collections
 
 from configs import common
+from vitcnn_jax import data as data_lib
+from vitcnn_jax import zoo
 
-MODELS = {
-    "vit_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4, mlp_dim=128,
-                     num_heads=4, pool="token"),
-    "vit_gap_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4, mlp_dim=128,
-                         num_heads=4, pool="gap"),
-    "vit_noskip_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4,
-                            mlp_dim=128, num_heads=4, pool="token", no_skip=[1]),
-    "bit_demo": dict(family="bit", width=0.5, depth=[1, 1, 1, 1], image_size=32),
-    "mixer_demo": dict(family="mixer", patch_size=4, image_size=32, hidden_dim=64, num_blocks=4,
-                       tokens_mlp_dim=64, channels_mlp_dim=128),
-}
-STEPS = {"vit": 700, "bit": 400, "mixer": 700}  # about 3, 2.5 and 3 minutes on 2 CPU cores
 SWEEP_STEPS = 250  # each model of a demo sweep (5 of them in the skip ablation): ~1.5 min
 
 
-def train_config(variant: str, steps: int = 0, batch: int = 128,
-                 data: str = "/usr/share/datasets/fashion-mnist") -> ml_collections.ConfigDict:
-  if variant not in MODELS:
-    raise ValueError(f"Unknown training variant {variant!r}; expected one of {sorted(MODELS)}.")
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  arg = common.parse_arg(arg, variant="vit_demo", steps=0, batch=128, data=data_lib.FASHION_MNIST_DIR,
+                         no_skip=-1, fraction=1.0, subset_seed=0, init="")
+  train = zoo.demo_training(arg.variant, arg.steps, arg.batch, arg.data)
+  changes = dict(data_fraction=arg.fraction, subset_seed=arg.subset_seed, init=arg.init)
+  if arg.no_skip >= 0:
+    changes["no_skip"] = arg.no_skip
   config = ml_collections.ConfigDict()
-  config.name = variant
-  config.model = ml_collections.ConfigDict(MODELS[variant])
-  config.data = common.fashion_mnist("train", data)
-  config.data.test_split = "t10k"
-  config.policy = ""  # family default
-  config.batch_size = batch
-  config.steps = steps or STEPS[MODELS[variant]["family"]]
-  config.lr = 1e-3
-  config.warmup_steps = 100
-  config.weight_decay = 1e-4
-  config.seed = 0
-  config.save_every_seconds = 60
-  config.stop_after = 0  # >0: stop (resumably) after this many steps
-  config.data_fraction = 1.0  # train on a seeded subset of this fraction of config.data
-  config.subset_seed = 0
-  config.init = ""  # fine-tune from this checkpoint (head zeroed); see also `pretrain`
+  config.analysis = "train"
+  config.train = changed(train, train.name, **changes)
+  config.export = ""  # default: WORKDIR/<name>.npz
   return config
 
 
@@ -77,7 +57,7 @@ def changed(config: ml_collections.ConfigDict, name: str, **changes) -> ml_colle
 
 def sweep_base(variant: str, steps: int = SWEEP_STEPS) -> ml_collections.ConfigDict:
   """The unablated model of a demo sweep: one file shared by every sweep of `variant`."""
-  return changed(train_config(variant, steps), f"{variant}-{steps}steps")
+  return changed(zoo.demo_training(variant, steps), f"{variant}-{steps}steps")
 
 
 def sweep(variant: str, field: str, values, steps: int = SWEEP_STEPS) -> dict:

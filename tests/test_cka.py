@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from numerics import assert_close, cka_bound, likely, worst
-from vitcnn_jax import cka
+from vitcnn_jax import hsic
 
 
 # --- float64 NumPy reference, written from the formulas (Song et al. 2012) -----
@@ -64,16 +64,16 @@ def test_reference_values(demo_data):
   assert abs(np_hsic1(x, y) - 9.895955787) <= 5e-10
   # Ours (float32) agrees with it within the arithmetic's bound.
   bound = cka_bound(100, 10)
-  assert_close(cka.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "linear CKA")
-  assert abs(cka.linear_cka(x, y) - 0.55761) <= 5e-6 + bound
-  assert abs(cka.linear_cka(x, y, debiased=True) - 0.51346) <= 5e-6 + bound
-  hs = float(cka.hsic1(cka.gram_linear(jnp.asarray(x)), cka.gram_linear(jnp.asarray(y))))
+  assert_close(hsic.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "linear CKA")
+  assert abs(hsic.linear_cka(x, y) - 0.55761) <= 5e-6 + bound
+  assert abs(hsic.linear_cka(x, y, debiased=True) - 0.51346) <= 5e-6 + bound
+  hs = float(hsic.hsic1(hsic.gram_linear(jnp.asarray(x)), hsic.gram_linear(jnp.asarray(y))))
   assert_close(hs / np_hsic1(x, y), 1.0, cka_bound(100, 10), "HSIC1, relative")
 
 
 def test_minibatch_reference_value(demo_data):
   x, y = demo_data
-  m = cka.MinibatchCKA(["x"], ["y"])
+  m = hsic.MinibatchCKA(["x"], ["y"])
   for i in range(10):
     m.update({"x": x[i * 10:(i + 1) * 10]}, {"y": y[i * 10:(i + 1) * 10]})
   r = m.result()
@@ -103,7 +103,7 @@ def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches():
   batches_x = [_layers(rng, n) for n in sizes]
   batches_y = [{k + "y": v[:, ::-1] ** 2 + 0.5 * v for k, v in b.items() if k != "c"} for b in batches_x]
   names_x, names_y = list(batches_x[0]), list(batches_y[0])
-  m = cka.MinibatchCKA(names_x, names_y)
+  m = hsic.MinibatchCKA(names_x, names_y)
   for bx, by in zip(batches_x, batches_y):
     m.update({k: v.astype(np.float32) for k, v in bx.items()},
              {k: v.astype(np.float32) for k, v in by.items()})
@@ -123,11 +123,11 @@ def test_masked_padding_equals_the_unpadded_batch():
   acts = [rng.standard_normal((11, 7)).astype(np.float32), rng.standard_normal((11, 3, 2)).astype(np.float32)]
   padded = [np.concatenate([a, rng.standard_normal((5,) + a.shape[1:]).astype(np.float32)]) for a in acts]
   mask = np.r_[np.ones(11), np.zeros(5)]
-  want = np.asarray(cka.hsic_matrix(acts))
+  want = np.asarray(hsic.hsic_matrix(acts))
   # Both sides are float32 with different padding: twice the bound, on the HSIC scale.
-  assert_close(cka.hsic_matrix(padded, jnp.asarray(mask)), want,
+  assert_close(hsic.hsic_matrix(padded, jnp.asarray(mask)), want,
                2 * cka_bound(16, 7) * np.abs(want).max(), "masked HSIC")
-  assert float(np.abs(cka.hsic_matrix(padded, jnp.zeros(16))).max()) == 0.0  # an all-padding device
+  assert float(np.abs(hsic.hsic_matrix(padded, jnp.zeros(16))).max()) == 0.0  # an all-padding device
 
 
 def test_full_batch_matches_numpy_and_invariances():
@@ -135,16 +135,16 @@ def test_full_batch_matches_numpy_and_invariances():
   x = rng.standard_normal((50, 30))
   y = x @ rng.standard_normal((30, 12)) + rng.standard_normal((50, 12))
   bound = cka_bound(50, 30)
-  assert_close(cka.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "full batch")
+  assert_close(hsic.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "full batch")
   q, _ = np.linalg.qr(rng.standard_normal((30, 30)))
   for f in (lambda v: v @ q, lambda v: 7.5 * v):  # both sides float32: twice the bound
-    assert_close(cka.linear_cka(f(x), y), cka.linear_cka(x, y), 2 * bound, "invariance")
-    assert_close(cka.linear_cka(f(x), y, debiased=True), cka.linear_cka(x, y, debiased=True),
+    assert_close(hsic.linear_cka(f(x), y), hsic.linear_cka(x, y), 2 * bound, "invariance")
+    assert_close(hsic.linear_cka(f(x), y, debiased=True), hsic.linear_cka(x, y, debiased=True),
                  2 * bound, "invariance, debiased")
   # The same dot over its own square root: a product, a sqrt and a division.
-  assert_close(cka.linear_cka(x, x), 1.0, worst(3), "self")
-  assert_close(cka.linear_cka(x, x, debiased=True), 1.0, worst(3), "self, debiased")
-  m = cka.MinibatchCKA(["x", "xq", "xs"])
+  assert_close(hsic.linear_cka(x, x), 1.0, worst(3), "self")
+  assert_close(hsic.linear_cka(x, x, debiased=True), 1.0, worst(3), "self, debiased")
+  m = hsic.MinibatchCKA(["x", "xq", "xs"])
   for i in range(5):
     xb = x[i * 10:(i + 1) * 10].astype(np.float32)
     m.update({"x": xb, "xq": xb @ q.astype(np.float32), "xs": 3 * xb})
@@ -154,14 +154,14 @@ def test_full_batch_matches_numpy_and_invariances():
 
 def test_independent_data_is_near_zero_unbiased():
   rng = np.random.default_rng(3)
-  m = cka.MinibatchCKA(["x"], ["y"])
+  m = hsic.MinibatchCKA(["x"], ["y"])
   for _ in range(20):
     m.update({"x": rng.standard_normal((64, 32))}, {"y": rng.standard_normal((64, 32))})
   assert abs(float(m.result().xy[0, 0])) < 0.02
 
 
 def test_errors_name_the_layer_and_the_batch():
-  m = cka.MinibatchCKA(["good", "flat"])
+  m = hsic.MinibatchCKA(["good", "flat"])
   with pytest.raises(ValueError, match="batch of 3 examples.*at least 4"):
     m.update({"good": np.ones((3, 2)), "flat": np.ones((3, 2))})
   with pytest.raises(KeyError, match=r"lacks layer\(s\) \['flat'\]"):
@@ -177,9 +177,9 @@ def test_errors_name_the_layer_and_the_batch():
   bad = np.eye(2)
   bad[1, 1] = np.nan
   with pytest.raises(FloatingPointError, match="layer 'b'.*NaN"):
-    cka.cka_from_hsic(bad, ["a", "b"])
+    hsic.cka_from_hsic(bad, ["a", "b"])
   with pytest.raises(ValueError, match="needs at least 4"):
-    cka.linear_cka(np.ones((3, 2)), np.ones((3, 2)), debiased=True)
+    hsic.linear_cka(np.ones((3, 2)), np.ones((3, 2)), debiased=True)
 
 
 def test_float32_accuracy_with_a_large_feature_offset():
@@ -194,10 +194,10 @@ def test_float32_accuracy_with_a_large_feature_offset():
   xs, ys = x.astype(np.float64), y.astype(np.float64)
   ref = np_minibatch_cka([xs - xs.mean(0)], [ys - ys.mean(0)])
   bound = cka_bound(n, d)
-  m = cka.MinibatchCKA(["x"], ["y"])
+  m = hsic.MinibatchCKA(["x"], ["y"])
   m.update({"x": x}, {"y": y})
   assert_close(m.result().xy[0, 0], ref, bound, "centred Gram, offset 1000")
   # The test can tell: the uncentred float32 Gram misses by far more than the bound.
-  k, l = (cka.center_unbiased(jnp.matmul(a, a.T, precision=cka.HIGHEST)) for a in (x, y))
-  plain = float(cka._dot(k, l) / jnp.sqrt(cka._dot(k, k) * cka._dot(l, l)))
+  k, l = (hsic.center_unbiased(jnp.matmul(a, a.T, precision=hsic.HIGHEST)) for a in (x, y))
+  plain = float(hsic._dot(k, l) / jnp.sqrt(hsic._dot(k, k) * hsic._dot(l, l)))
   assert abs(plain - ref) > 100 * bound, (plain, ref, bound)

@@ -16,7 +16,7 @@ import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints, data, zoo
 
 EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
 # Two float32 runs of the job (or of its forwards): each CKA within its own bound twice
@@ -210,10 +210,10 @@ def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models = ml_collections.ConfigDict({
-      "a_vit": common.model(vit, common.VIT_LAYERS, "ViT"),
-      "b_bit": common.model(bit, common.BIT_LAYERS, "BiT", resolution=32),
-      "c_gap": common.model(third, common.VIT_LAYERS, "ViT GAP")})
-  config.data = common.data("synthetic", num_examples=64)
+      "a_vit": common.model(vit, zoo.VIT_LAYERS, "ViT"),
+      "b_bit": common.model(bit, zoo.BIT_LAYERS, "BiT", resolution=32),
+      "c_gap": common.model(third, zoo.VIT_LAYERS, "ViT GAP")})
+  config.data = zoo.data_spec("synthetic", num_examples=64)
   analyses.run(config, str(tmp_path / "wd"))
   z = np.load(tmp_path / "wd" / "cka.npz")
   pairs = ["a_vit_a_vit", "a_vit_b_bit", "a_vit_c_gap", "b_bit_b_bit", "b_bit_c_gap", "c_gap_c_gap"]

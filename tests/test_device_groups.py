@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from numerics import assert_close, cka_bound, likely, worst
 from test_cka import np_hsic1
-from vitcnn_jax import cka, memory, parallel
+from vitcnn_jax import hsic, memory, parallel
 
 N = 64  # the estimator's minibatch
 SIZES = (64, 64, 40)  # the last minibatch is shorter: its rows end in padding
@@ -29,7 +29,7 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int) -> np.nd
   per_step = jax.device_count() // group * N
 
   def local(m, *a):
-    out = cka.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP if group > 1 else None)
+    out = hsic.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP if group > 1 else None)
     return {k: (jax.lax.pmax(v, parallel.AXES) if k == "log2_scale" else jax.lax.psum(v, parallel.AXES))
             for k, v in out.items()}
 
@@ -40,7 +40,7 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int) -> np.nd
   total = 0.0
   for s in range(steps):
     rows = slice(s * per_step, (s + 1) * per_step)
-    total = total + cka.unscale(jax.device_get(f(mask[rows], *[a[rows] for a in acts])))["hsic"]
+    total = total + hsic.unscale(jax.device_get(f(mask[rows], *[a[rows] for a in acts])))["hsic"]
   return total
 
 
@@ -72,8 +72,8 @@ def test_grouped_moments_add_up_to_the_minibatch_ones():
   mesh = parallel.mesh(4)
 
   def local(m, *a):
-    out = cka.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP)
-    return jax.lax.psum(out["moments"] * cka.pow2(4 * out["log2_scale"]), parallel.AXES)
+    out = hsic.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP)
+    return jax.lax.psum(out["moments"] * hsic.pow2(4 * out["log2_scale"]), parallel.AXES)
 
   f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(parallel.AXES), out_specs=P()))
   got = np.asarray(f(mask, *acts), np.float64)
@@ -113,17 +113,17 @@ def test_the_planner_takes_the_smallest_group_that_fits():
 CPU_UNSUPPORTED = {"bf16_9x", "tf32_3x"}
 
 
-@pytest.mark.parametrize("name", sorted(cka.GRAM_PRECISIONS))
+@pytest.mark.parametrize("name", sorted(hsic.GRAM_PRECISIONS))
 def test_each_gram_precision_against_float64(name):
   rng = np.random.default_rng(2)
   acts = _layers(rng, N)
-  sums = jax.jit(lambda *a: cka.minibatch_sums(list(a), precision=cka.gram_precision(name)))
+  sums = jax.jit(lambda *a: hsic.minibatch_sums(list(a), precision=hsic.gram_precision(name)))
   if jax.default_backend() == "cpu" and name in CPU_UNSUPPORTED:
     with pytest.raises(Exception, match="not supported"):
       sums(*acts)
     return
   want = np.asarray([[np_hsic1(a, b) for b in acts] for a in acts])
-  got = cka.unscale(jax.device_get(sums(*acts)))["hsic"]
+  got = hsic.unscale(jax.device_get(sums(*acts)))["hsic"]
   scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
   err = assert_close(got / scale, want / scale, cka_bound(N, 30),
                      f"gram_precision={name} on {jax.default_backend()}")
@@ -131,8 +131,8 @@ def test_each_gram_precision_against_float64(name):
 
 
 def test_auto_precision_per_backend_and_bad_names():
-  assert cka.gram_precision("auto", "cpu") == jax.lax.Precision.HIGHEST
-  assert cka.gram_precision("auto", "tpu") == jax.lax.Precision.HIGHEST
-  assert cka.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
+  assert hsic.gram_precision("auto", "cpu") == jax.lax.Precision.HIGHEST
+  assert hsic.gram_precision("auto", "tpu") == jax.lax.Precision.HIGHEST
+  assert hsic.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
   with pytest.raises(ValueError, match="'fp16' is not one of"):
-    cka.gram_precision("fp16")
+    hsic.gram_precision("fp16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import upstream_files as uf
-from vitcnn_jax import analyses, checkpoints
+from vitcnn_jax import analyses, checkpoints, zoo
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
@@ -18,11 +18,11 @@ def files(tmp_path_factory):
 
 
 def _cka(files, **fields):
-  from configs import cka_vit_resnet, common  # pylint: disable=g-import-not-at-top
+  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
   config = cka_vit_resnet.get_config("b16_r50,examples=16,batch=8,repeats=1")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = files
   config.models.resnet.overrides.resolution = 32
-  config.data = common.data("synthetic", num_examples=16)
+  config.data = zoo.data_spec("synthetic", num_examples=16)
   for k, v in fields.items():
     node = config
     *parents, leaf = k.split(".")

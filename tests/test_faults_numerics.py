@@ -7,15 +7,15 @@ import pytest
 
 import upstream_files as uf
 from numerics import assert_close, cka_bound, worst
-from vitcnn_jax import analyses, cka
+from vitcnn_jax import analyses, hsic, zoo
 
 
 def test_identical_images_make_a_constant_layer_an_error_not_cka_one():
   rng = np.random.default_rng(0)
   same = np.repeat(rng.standard_normal((1, 64)).astype(np.float32) * 10 + 3, 16, axis=0)
-  m = cka.MinibatchCKA(["varied", "constant"])
+  m = hsic.MinibatchCKA(["varied", "constant"])
   m.update({"varied": rng.standard_normal((16, 64)).astype(np.float32), "constant": same})
-  assert abs(float(np.asarray(cka.hsic_matrix([same]))[0, 0])) < 1e-20  # rounding, not zero
+  assert abs(float(np.asarray(hsic.hsic_matrix([same]))[0, 0])) < 1e-20  # rounding, not zero
   with pytest.raises(FloatingPointError, match=r"layer 'constant' is constant over the examples"
                                                r".*are the images identical or blank"):
     m.result()
@@ -26,20 +26,20 @@ def test_a_small_but_real_variation_is_not_mistaken_for_a_constant():
   offset keeps its CKA (the threshold sits far below any real layer)."""
   rng = np.random.default_rng(1)
   base = rng.standard_normal((16, 32)).astype(np.float32)
-  m = cka.MinibatchCKA(["a", "b"])
+  m = hsic.MinibatchCKA(["a", "b"])
   m.update({"a": base, "b": (1000.0 + 0.1 * base).astype(np.float32)})
   assert m.result().xx[0, 1] > 0.99
 
 
 def test_an_all_zero_hsic_says_nothing_was_processed():
   with pytest.raises(FloatingPointError, match="no minibatch of at least 4 examples"):
-    cka.cka_from_hsic(np.zeros((2, 2)), ["a", "b"])
+    hsic.cka_from_hsic(np.zeros((2, 2)), ["a", "b"])
 
 
 def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
   """A folder of one image copied 16 times: every layer is constant."""
   from PIL import Image
-  from configs import cka_vit_resnet, common
+  from configs import cka_vit_resnet
   folder = tmp_path / "same"
   folder.mkdir()
   img = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -49,7 +49,7 @@ def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
   config = cka_vit_resnet.get_config("b16_r50,examples=16,batch=8,repeats=1")
   del config.models["resnet"]
   config.models.vit.checkpoint = vit
-  config.data = common.data("folder", path=str(folder))
+  config.data = zoo.data_spec("folder", path=str(folder))
   with pytest.raises(FloatingPointError, match=r"layer 'block00/ln1' is constant over the examples"):
     analyses.run(config, str(tmp_path / "wd"))
 
@@ -59,13 +59,13 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
   rng = np.random.default_rng(2)
   x = rng.standard_normal((32, 40)).astype(np.float32)
   y = (x @ rng.standard_normal((40, 24)) + rng.standard_normal((32, 24))).astype(np.float32)
-  want = cka.linear_cka(x, y)
+  want = hsic.linear_cka(x, y)
   assert 0.3 < want < 0.99
   # Scaling by a power of two is exact; 1e15 moves each entry by one rounding.
-  tol = 4 * cka.U32 * 40 if scale in (1e15, 1e-15) else 0.0
-  assert abs(cka.linear_cka(x * np.float32(scale), y) - want) <= tol + 1e-12
-  big = cka.MinibatchCKA(["x", "y"])
-  ref = cka.MinibatchCKA(["x", "y"])
+  tol = 4 * hsic.U32 * 40 if scale in (1e15, 1e-15) else 0.0
+  assert abs(hsic.linear_cka(x * np.float32(scale), y) - want) <= tol + 1e-12
+  big = hsic.MinibatchCKA(["x", "y"])
+  ref = hsic.MinibatchCKA(["x", "y"])
   for i in (0, 16):
     big.update({"x": x[i:i + 16] * np.float32(scale), "y": y[i:i + 16]})
     ref.update({"x": x[i:i + 16], "y": y[i:i + 16]})
@@ -79,7 +79,7 @@ def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly():
   x = np.random.default_rng(5).standard_normal((12, 3, 7)).astype(np.float32) * 3 + 1
   mask = np.ones(12, np.float32)
   mask[9:] = 0
-  got = [jax.device_get(jax.jit(cka.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
+  got = [jax.device_get(jax.jit(hsic.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
   (g0, m0, e0), (g1, m1, e1) = got
   assert e1 - e0 > 40  # the branches differ in exponent, so this compares them
   assert np.array_equal(np.ldexp(g0.astype(np.float64), 2 * int(e0)),
@@ -98,10 +98,10 @@ def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite():
   that varies by 1: scaled by the Gram alone the mean's fourth power would
   overflow float32, so this layer is rescaled by its largest |x| instead."""
   x = np.stack([np.full(8, 2.0 ** 60), np.arange(8) % 3], axis=1).astype(np.float32)
-  got = cka.unscale({k: np.asarray(v) for k, v in cka.minibatch_sums([x]).items()})
+  got = hsic.unscale({k: np.asarray(v) for k, v in hsic.minibatch_sums([x]).items()})
   want = 8 * np.sum(x.astype(np.float64).mean(0) ** 4)
   assert np.isfinite(got["moments"]).all()
-  assert abs(got["moments"][0] / want - 1) < 8 * cka.U32
+  assert abs(got["moments"][0] / want - 1) < 8 * hsic.U32
 
 
 def test_linear_cka_refuses_nan_one_example_and_constants():
@@ -109,11 +109,11 @@ def test_linear_cka_refuses_nan_one_example_and_constants():
   bad = x.copy()
   bad[2, 3] = np.nan
   with pytest.raises(ValueError, match="x holds 1 NaN or inf values"):
-    cka.linear_cka(bad, x)
+    hsic.linear_cka(bad, x)
   with pytest.raises(ValueError, match="needs at least 2 examples, got 1"):
-    cka.linear_cka(x[:1], x[:1])
+    hsic.linear_cka(x[:1], x[:1])
   with pytest.raises(FloatingPointError, match="y is constant over the examples"):
-    cka.linear_cka(x, np.repeat(x[:1], 8, axis=0))
+    hsic.linear_cka(x, np.repeat(x[:1], 8, axis=0))
 
 
 def test_devices_with_different_scales_share_exponents_exactly():
@@ -130,14 +130,14 @@ def test_devices_with_different_scales_share_exponents_exactly():
   y = rng.standard_normal((n_dev, 8, 12)).astype(np.float32)
 
   def local(a, b):
-    out = cka.minibatch_sums([a, b], None, parallel.AXIS)
+    out = hsic.minibatch_sums([a, b], None, parallel.AXIS)
     return {k: (jax.lax.pmax(v, parallel.AXIS) if k == "log2_scale" else jax.lax.psum(v, parallel.AXIS))
             for k, v in out.items()}
 
   f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(parallel.AXIS), P(parallel.AXIS)),
                             out_specs=P()))
-  got = cka.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))))
-  want = sum(cka.unscale(jax.device_get(cka.minibatch_sums([x[d], y[d]])))["hsic"]
+  got = hsic.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))))
+  want = sum(hsic.unscale(jax.device_get(hsic.minibatch_sums([x[d], y[d]])))["hsic"]
              for d in range(n_dev))
   scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
   # Each device's term: two float32 compilations of one HSIC (cka_bound relative to

@@ -15,17 +15,17 @@ import pytest
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from test_data import striped, write_idx
-from vitcnn_jax import analyses, workdir
+from vitcnn_jax import analyses, workdir, zoo
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 
 def _config(ckpt, **data):
   """Attention distance on 64 examples in minibatches of 4: 2 steps on 8 devices."""
-  from configs import attention_distance, common  # pylint: disable=g-import-not-at-top
+  from configs import attention_distance  # pylint: disable=g-import-not-at-top
   config = attention_distance.get_config("b16,examples=64,batch=4")
   config.models.vit.checkpoint = str(ckpt)
-  config.data = common.data(**(data or dict(source="synthetic", num_examples=64)))
+  config.data = zoo.data_spec(**(data or dict(source="synthetic", num_examples=64)))
   return config
 
 

@@ -51,9 +51,9 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   import ml_collections
   import pytest
   from configs import common, skip_ratio
-  from vitcnn_jax import analyses
+  from vitcnn_jax import analyses, zoo
   config = skip_ratio.get_config("b16_r50,examples=16,batch=8")
-  config.data = common.data("synthetic", num_examples=16)
+  config.data = zoo.data_spec("synthetic", num_examples=16)
   config.models.extra = common.model("/x.npz", ["**"], "extra")
   with pytest.raises(ValueError, match=r"\['extra'\] would be ignored"):
     analyses.run(config, str(tmp_path))

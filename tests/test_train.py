@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import run_main
+from conftest import ROOT, run_main
 from test_data import striped, write_idx
-from vitcnn_jax import checkpoints, train
+from vitcnn_jax import checkpoints, train, zoo
 from vitcnn_jax.models import common
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from configs import train as train_configs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +25,7 @@ def idx_dir(tmp_path_factory):
 
 
 def _config(idx_dir, variant="vit_demo", steps=40):
-  c = train_configs.train_config(variant, steps=steps, batch=32, data=idx_dir)
+  c = zoo.demo_training(variant, steps=steps, batch=32, data=idx_dir)
   c.warmup_steps = 5
   if variant.startswith("vit"):
     c.model.image_size, c.model.patch_size, c.model.width, c.model.depth = 16, 4, 32, 2

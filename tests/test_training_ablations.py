@@ -14,7 +14,7 @@ import pytest
 
 from conftest import forward
 from test_data import striped, write_idx
-from vitcnn_jax import analyses, checkpoints, data, loading, parallel, pipeline, train
+from vitcnn_jax import analyses, checkpoints, data, loading, parallel, pipeline, train, zoo
 from vitcnn_jax.models import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +66,7 @@ class Recording:
 
 
 def _train(idx_dir, tmp_path, name="m", steps=4, **changes):
-  c = _tiny(train_configs.changed(train_configs.train_config("vit_demo"), name, **changes),
+  c = _tiny(train_configs.changed(zoo.demo_training("vit_demo"), name, **changes),
             idx_dir, steps)
   return c, train.train(c, str(tmp_path / f"{name}.npz"), str(tmp_path))
 
@@ -107,7 +107,7 @@ def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp
   assert not np.array_equal(forward(plain, params, x, ["block01/out"])["block01/out"],
                             got["block01/out"])
   # A config that trained it loads it with the ablation, without being told.
-  spec = config_common.trained(c, config_common.VIT_LAYERS, "x")
+  spec = config_common.trained(c, zoo.VIT_LAYERS, "x")
   cfg = ml_collections.ConfigDict(dict(models=dict(m=spec), cache_dir=str(tmp_path)))
   assert loading.load_model(cfg, "m").model.no_skip == (1,)
 

@@ -48,9 +48,23 @@ class Reading:
 _DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_npz last read there
 
 
+IN_MEMORY = "memory:"  # the "path" of parameters handed over in memory: memory:DIGEST
+
+
+def params_digest(params) -> str:
+  """`IN_MEMORY` + a content hash of a parameter tree, its stand-in for a file's digest."""
+  h = hashlib.sha256()
+  for key, value in sorted(flatten(params).items()):
+    h.update(key.encode())
+    h.update(np.ascontiguousarray(np.asarray(value, np.float32)).tobytes())
+  return IN_MEMORY + h.hexdigest()[:16]
+
+
 def digest(path: str) -> str:
   """Content hash of a checkpoint file (`file.npz:tower` hashes the file): the bytes
   this process loaded from it, or read now if it loaded none."""
+  if path.startswith(IN_MEMORY):
+    return path[len(IN_MEMORY):]
   file, _ = split_tower(path)
   if file not in _DIGESTS:
     _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]

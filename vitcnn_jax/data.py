@@ -69,6 +69,46 @@ class SyntheticSource:
     return np.asarray(indices) % self.num_classes
 
 
+class ArraySource:
+  """Images already in memory, e.g. a notebook's uint8 array: (N, H, W, 3), or
+  (N, H, W) / (N, H, W, 1) grey, which is repeated to RGB like the other sources."""
+
+  def __init__(self, images: np.ndarray, labels: Sequence[int] | None = None):
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+      raise TypeError(f"images have dtype {images.dtype}; pass uint8 pixels in 0..255 (the "
+                      "models' preprocessing scales them).")
+    if images.ndim == 3:
+      images = images[..., None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3) or len(images) == 0:
+      raise ValueError(f"images have shape {images.shape}; pass (N, H, W, 3) or (N, H, W) "
+                       "with N >= 1.")
+    if labels is not None:
+      labels = np.asarray(labels)
+      if labels.shape != (len(images),) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels have shape {labels.shape} and dtype {labels.dtype}; pass "
+                         f"{len(images)} integer class labels.")
+    self._images = images if images.shape[-1] == 3 else np.repeat(images, 3, axis=-1)
+    self._labels = labels
+    self.num_classes = int(labels.max()) + 1 if labels is not None else 1
+    digest = hashlib.sha256(self._images.tobytes())
+    if labels is not None:
+      digest.update(labels.astype(np.int64).tobytes())
+    self.name = f"array({len(images)}, {images.shape[1]}x{images.shape[2]})"
+    self.identity = f"{self.name} {digest.hexdigest()[:16]}"
+
+  def __len__(self) -> int:
+    return len(self._images)
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+    return [self._images[i] for i in indices]
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    if self._labels is None:
+      raise KeyError(f"{self.name}: no labels were given with the images.")
+    return self._labels[np.asarray(indices, np.int64)]
+
+
 class TfdsSource:
   """A tfds dataset split via `tfds.data_source` (array_record; no TensorFlow)."""
 

@@ -12,6 +12,7 @@ honours `stop_after`, and writes the results atomically from process 0.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Callable, Protocol, Sequence
 
@@ -22,12 +23,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from vitcnn_jax import checkpoints
-from vitcnn_jax import cka
+from vitcnn_jax import hsic
 from vitcnn_jax import data
 from vitcnn_jax import loading
 from vitcnn_jax import memory
 from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
+from vitcnn_jax import plotting
 from vitcnn_jax import preprocess
 from vitcnn_jax import progress
 from vitcnn_jax import results
@@ -43,15 +45,15 @@ class Forward:
 
   def __init__(self, models: dict[str, loading.Loaded], params: dict, images: dict,
                points: dict[str, Sequence[str]], constants: Any = None,
-               grouped: bool = False, precision: cka.Precision = cka.HIGHEST):
+               grouped: bool = False, precision: hsic.Precision = hsic.HIGHEST):
     self.models, self._params, self._images, self._points = models, params, images, points
     self.constants = constants
     self._grouped, self._precision = grouped, precision
 
   def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
-    """`cka.minibatch_sums` of these rows' activations (one per layer), for a
+    """`hsic.minibatch_sums` of these rows' activations (one per layer), for a
     minibatch held by this device or spread over its group of devices."""
-    return cka.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self._grouped else None,
+    return hsic.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self._grouped else None,
                               self._precision)
 
   def inputs(self, name: str) -> jax.Array:
@@ -116,6 +118,7 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dic
   for field in ("seed", "stop_after", "save_every_seconds"):
     if config.get(field, 0) < 0:
       raise ValueError(f"config.{field}={config.get(field)} must be >= 0.")
+  plot_options(config)
   if getattr(module, "HSIC_MINIBATCHES", False):
     pipeline.check_batching(config.num_examples, config.batch_size)
   sources = {"data": pipeline.make_source(config.data)}
@@ -167,7 +170,7 @@ ROWS_MASK = "rows/.mask"
 
 
 def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh,
-                 precision: cka.Precision = cka.HIGHEST) -> Callable:
+                 precision: hsic.Precision = hsic.HIGHEST) -> Callable:
   names = list(p.points)
   grouped = mesh.shape[parallel.GROUP] > 1
 
@@ -193,7 +196,7 @@ def compile_pass(p: Pass, models: dict[str, loading.Loaded], mesh,
 
 
 def plan_devices(config: ml_collections.ConfigDict, p: Pass, models: dict[str, loading.Loaded],
-                 precision: cka.Precision) -> tuple[memory.Plan, dict]:
+                 precision: hsic.Precision) -> tuple[memory.Plan, dict]:
   """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
   choose), checked against device memory where it is known (GPU, TPU, or
   `config.device_memory_gib`) by compiling the step of pass `p`; and the
@@ -239,7 +242,7 @@ def _identity(config: ml_collections.ConfigDict, models, sources: dict[str, data
   """What determines a run's result, by part: a resumed state must match every part.
   Checkpoints and data count by their contents, not their paths."""
   cfg = config.to_dict()
-  for volatile in ("stop_after", "save_every_seconds", "device_memory_gib"):  # not the result
+  for volatile in ("stop_after", "save_every_seconds", "device_memory_gib", "plot"):  # not the result
     cfg.pop(volatile, None)
   return {"config": results.fingerprint(cfg),
           "data": " | ".join(s.identity for s in sources.values()),
@@ -290,11 +293,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
   """Runs `analysis` to completion (or to `config.stop_after` steps) and writes its
   files; `sources` by name ("data", the configured one, and any the analysis adds)."""
   is_main = jax.process_index() == 0
+  figures = plot_options(config)
   state = _State(results.workdir_path(workdir, f"{analysis.name}_state.npz"),
                  _identity(config, models, sources))
   passes = list(analysis.passes())
   try:
-    precision = cka.gram_precision(config.get("gram_precision", "auto"))
+    precision = hsic.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
   layout, _ = plan_devices(config, passes[0], models, precision)
@@ -307,6 +311,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
   first_pass, first_repeat, first_step = state.position
   done_before = sum(map(sum, counts[:first_pass])) + sum(counts[first_pass][:first_repeat]
                                                          if first_pass < len(plan) else []) + first_step
+  if first_pass >= len(passes) and is_main:
+    print(f"{workdir} holds a finished {analysis.name} run of this config ({state.path}); "
+          f"writing its results again from the saved sums. To recompute, delete "
+          f"{os.path.basename(state.path)} or pass another --workdir.")
   bar = progress.Bar(total, analysis.name.replace("_", " "), enabled=is_main, initial=done_before)
   ran, last_save = 0, time.time()
 
@@ -363,19 +371,35 @@ def run(config: ml_collections.ConfigDict, workdir: str, analysis: Analysis,
       save((pi, repeat + 1, 0) if repeat + 1 < p.repeats else (pi + 1, 0, 0))
   bar.close()
   arrays, summary = analysis.finalize(state.done)
-  write(workdir, analysis.name, summary, arrays, analysis.plot)
+  write(workdir, analysis.name, summary, arrays, analysis.plot, figures)
   return summary
 
 
+def plot_options(config: ml_collections.ConfigDict) -> dict:
+  """`plotting.options` from `config.plot` (format, vmin, vmax), checked before any work."""
+  given = dict(config.get("plot") or {})
+  unknown = sorted(set(given) - {"format", "vmin", "vmax"})
+  if unknown:
+    raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
+  if given.get("format", "png") not in plotting.FORMATS:
+    raise ValueError(f"config.plot.format={given['format']!r} is not one of {plotting.FORMATS}.")
+  if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
+    raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
+                     f"config.plot.vmax={given.get('vmax', 1.0)}.")
+  return given
+
+
 def write(workdir: str, name: str, summary: dict, arrays: dict[str, np.ndarray] | None = None,
-          plot: Callable | None = None) -> None:
-  """NAME.json (and NAME.npz, figures), atomically, from process 0 only."""
+          plot: Callable | None = None, figures: dict | None = None) -> None:
+  """NAME.json (and NAME.npz, figures drawn with `plotting.options(**figures)`),
+  atomically, from process 0 only."""
   if jax.process_index() != 0:
     return
   if arrays is not None:
     results.write_npz(results.workdir_path(workdir, f"{name}.npz"), **arrays)
   results.write_json(results.workdir_path(workdir, f"{name}.json"), summary)
   if plot is not None:
-    plot(arrays, summary, workdir)
+    with plotting.options(**(figures or {})):
+      plot(arrays, summary, workdir)
   print(f"Wrote {name}.{'{npz,json}' if arrays is not None else 'json'}"
         f"{' and figures' if plot else ''} to {workdir}")

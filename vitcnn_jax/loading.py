@@ -39,18 +39,14 @@ class Loaded:
     return size[0]
 
 
-def _reachable(path: str, key: str, hint: str) -> None:
+def unreachable(path: str) -> str | None:
+  """Why the checkpoint file `path` cannot be read (None: it can)."""
   try:
-    ok = fileio.exists(path)
-    why = "no such file"
+    return None if fileio.exists(path) else "no such file"
   except ImportError as e:
-    ok, why = False, str(e)
+    return str(e)
   except Exception as e:  # network or credential errors of remote filesystems
-    ok, why = False, f"{type(e).__name__}: {e}"
-  if not ok:
-    raise FileNotFoundError(
-        f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
-        f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
+    return f"{type(e).__name__}: {e}"
 
 
 def overrides(spec: ml_collections.ConfigDict) -> dict:
@@ -70,7 +66,10 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
     path = train.cached(spec.train, config.get("cache_dir") or "~/.cache/vitcnn_jax")
   if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
-  _reachable(checkpoints.split_tower(path)[0], key, hint)
+  if why := unreachable(checkpoints.split_tower(path)[0]):
+    raise FileNotFoundError(
+        f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
+        f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
   try:
     model, params = checkpoints.load_model(path, **overrides(spec))
   except checkpoints.CheckpointError as e:
@@ -79,13 +78,23 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
     raise checkpoints.CheckpointError(  # a model this tool trained: no one to download it from
         f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
         "train it again.") from e
-  patterns = list(spec.capture) if not isinstance(spec.capture, str) else [spec.capture]
+  try:
+    return loaded(name, path, spec.get("label") or model.family, model, params, spec.capture,
+                  spec.get("policy") or "")
+  except ValueError as e:
+    raise ValueError(f"config.{key}.{e}") from e
+
+
+def loaded(name: str, path: str, label: str, model, params, capture, policy: str = "") -> Loaded:
+  """A model ready for the driver: its points matching `capture` (patterns, each of
+  which must match) and its preprocessing `policy` (default: the family's)."""
+  patterns = list(capture) if not isinstance(capture, str) else [capture]
   names = list(representations.point_shapes(model, params, patterns))
   unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]
   if unmatched:  # one misspelt pattern among several would silently drop a layer type
-    raise ValueError(f"config.{key}.capture: {unmatched} of {patterns} match no "
-                     f"representation point of {path}; list them with configs/inspect.py.")
-  policy = spec.get("policy") or preprocess.DEFAULT_POLICY[model.family]
+    raise ValueError(f"capture: {unmatched} of {patterns} match no representation point of "
+                     f"{path}; list them with configs/inspect.py.")
+  policy = policy or preprocess.DEFAULT_POLICY[model.family]
   if policy not in preprocess.POLICIES:
-    raise ValueError(f"config.{key}.policy={policy!r} is not one of {preprocess.POLICIES}.")
-  return Loaded(name, path, spec.get("label") or model.family, model, params, names, policy)
+    raise ValueError(f"policy={policy!r} is not one of {preprocess.POLICIES}.")
+  return Loaded(name, path, label, model, params, names, policy)

@@ -2,48 +2,137 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
-from typing import Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+from matplotlib import ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402
 
 from vitcnn_jax import fileio  # noqa: E402
 
 
+# Sizes read at the figures' default size, printed at a column's width (>= 8 pt).
+STYLE = {"font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 8.5,
+         "ytick.labelsize": 8.5, "legend.fontsize": 8.5, "figure.titlesize": 11.5,
+         "legend.frameon": False, "svg.fonttype": "none", "pdf.fonttype": 42}  # editable text in vector files
+FORMATS = ("png", "pdf", "svg")
+_options: dict[str, Any] = {"format": "png", "vmin": 0.0, "vmax": 1.0, "kept": None}
+
+
+@contextlib.contextmanager
+def options(format: str = "png", vmin: float = 0.0, vmax: float = 1.0,  # pylint: disable=redefined-builtin
+            keep: bool = False) -> Iterator[list]:
+  """Figure options while the block runs: `format` (a vector file beside each PNG),
+  the CKA colour scale, and `keep`: figures stay open and are collected in the
+  list yielded (a notebook shows them) instead of being closed once written."""
+  if format not in FORMATS:
+    raise ValueError(f"plot format {format!r} is not one of {FORMATS}.")
+  if not vmin < vmax:
+    raise ValueError(f"plot vmin={vmin} must be below vmax={vmax}.")
+  kept: list = []
+  saved = dict(_options)
+  _options.update(format=format, vmin=vmin, vmax=vmax, kept=kept if keep else None)
+  try:
+    yield kept
+  finally:
+    _options.clear()
+    _options.update(saved)
+
+
+def styled(fn: Callable) -> Callable:
+  """Draws `fn`'s figure under `STYLE`."""
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    with plt.rc_context(STYLE):
+      return fn(*args, **kwargs)
+  return wrapper
+
+
 def save_figure(fig, path: str) -> None:
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-  plt.close(fig)
-  fileio.atomic_write(path, lambda f: f.write(buf.getvalue()))
+  """PATH (a .png) and, if asked, the same figure as PDF or SVG beside it."""
+  stem = path[:-len(".png")] if path.endswith(".png") else path
+  formats = ["png"] + ([_options["format"]] if _options["format"] != "png" else [])
+  for fmt in formats:
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=150, bbox_inches="tight")
+    fileio.atomic_write(f"{stem}.{fmt}", lambda f, buf=buf: f.write(buf.getvalue()))
+  if _options["kept"] is not None:
+    _options["kept"].append(fig)
+  else:
+    plt.close(fig)
 
 
-def _ticks(names: Sequence[str], max_ticks: int = 12) -> tuple[list[int], list[str]]:
-  step = max(1, int(np.ceil(len(names) / max_ticks)))
-  idx = list(range(0, len(names), step))
-  return idx, [f"{i}: {names[i]}" for i in idx]
+def protocol(examples: int, repeats: int) -> str:
+  """'2,560 examples, 3 repeats': a subtitle of CKA figures."""
+  return f"{examples:,} examples, {repeats} repeat{'' if repeats == 1 else 's'}"
 
 
+def layer_groups(names: Sequence[str]) -> list[tuple[str, int, int]]:
+  """(group, first, end) runs of consecutive layers of one block: `blockNN` of a
+  ViT or Mixer, `blockN/unitMM` of a ResNet, else the first path component."""
+  out: list[tuple[str, int, int]] = []
+  for i, name in enumerate(names):
+    parts = name.split("/")
+    group = "/".join(parts[:2]) if len(parts) > 2 and parts[1].startswith("unit") else parts[0]
+    if out and out[-1][0] == group:
+      out[-1] = (group, out[-1][1], i + 1)
+    else:
+      out.append((group, i, i + 1))
+  return out
+
+
+def _short(group: str) -> str:
+  """Tick text of a group: block03 -> 3, block2/unit01 -> 2.1, root -> root."""
+  parts = group.split("/")
+  if parts[0].startswith("block") and parts[0][5:].isdigit():
+    if len(parts) == 2 and parts[1].startswith("unit") and parts[1][4:].isdigit():
+      return f"{int(parts[0][5:])}.{int(parts[1][4:])}"
+    return str(int(parts[0][5:]))
+  return group
+
+
+def _block_axis(ax, names: Sequence[str], axis: str, max_ticks: int = 24,
+                edges: str = "white") -> str:
+  """One tick per block (every k-th if there are many) at its middle, lines at its
+  edges; returns what the ticks count, for the axis label."""
+  groups = layer_groups(names)
+  step = max(1, int(np.ceil(len(groups) / max_ticks)))
+  shown = groups[::step]
+  pos = [(a + b - 1) / 2 for _, a, b in shown]
+  labels = [_short(g) for g, _, _ in shown]
+  set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
+  set_ticks(pos, labels, rotation=90 if axis == "x" and max(map(len, labels)) > 5 else 0)
+  line = ax.axvline if axis == "x" else ax.axhline
+  for _, a, _ in groups[1:]:
+    line(a - 0.5, color=edges, lw=0.6, alpha=0.7, zorder=0.5)
+  resnet = any("/unit" in g for g, _, _ in groups)
+  return "stage.unit" if resnet else "block"
+
+
+@styled
 def cka_heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
                 row_label: str, col_label: str, title: str, path: str) -> None:
-  """Layers x layers CKA, origin at the lower left like Figs 1, 2 and B.1."""
-  fig, ax = plt.subplots(figsize=(6.4, 5.6))
-  im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=0, vmax=1, aspect="auto",
-                 interpolation="nearest")
-  fig.colorbar(im, ax=ax, label="CKA")
-  xi, xl = _ticks(cols)
-  yi, yl = _ticks(rows)
-  ax.set_xticks(xi, xl, rotation=90, fontsize=6)
-  ax.set_yticks(yi, yl, fontsize=6)
-  ax.set_xlabel(f"{col_label} layers")
-  ax.set_ylabel(f"{row_label} layers")
+  """Layers x layers CKA, origin at the lower left like Figs 1, 2 and B.1: one
+  tick per block, thin lines at block edges (every layer's name is in the npz)."""
+  fig, ax = plt.subplots(figsize=(6.0, 5.2))
+  im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=_options["vmin"],
+                 vmax=_options["vmax"], aspect="auto", interpolation="nearest")
+  fig.colorbar(im, ax=ax, label="CKA", fraction=0.046, pad=0.03)
+  xs = _block_axis(ax, cols, "x")
+  ys = _block_axis(ax, rows, "y")
+  ax.set_xlabel(f"{col_label}: layers by {xs} ({len(cols)} layers)")
+  ax.set_ylabel(f"{row_label}: layers by {ys} ({len(rows)} layers)")
   ax.set_title(title)
   save_figure(fig, path)
 
 
+@styled
 def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Sequence[int] | None,
                        label: str, ceiling: float, path: str) -> None:
   """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block."""
@@ -53,23 +142,28 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
   missing = [b for b in chosen if b not in blocks]
   if missing:
     raise ValueError(f"plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+  heads = np.arange(1, mean.shape[1] + 1)
   for b in chosen:
-    ax1.plot(np.sort(mean[list(blocks).index(b)]), "o-", ms=4, label=f"block {b}")
-  ax1.set_xlabel("head (sorted by distance)")
-  ax1.set_ylabel("mean attention distance (px)")
-  ax1.legend(fontsize=8)
+    ax1.plot(heads, np.sort(mean[list(blocks).index(b)]), "o-", ms=4, label=f"block {b}")
+  ax1.set_xlabel("head, sorted by distance")
+  ax1.set_title("Sorted heads of some blocks")
   for i, b in enumerate(blocks):
-    ax2.scatter(np.full(mean.shape[1], b), mean[i], s=10, c="C0")
+    ax2.scatter(np.full(mean.shape[1], b), mean[i], s=14, c="C0",
+                label="one head" if i == 0 else None)
   ax2.set_xlabel("block")
-  ax2.set_ylabel("mean attention distance (px)")
+  ax2.set_title("Every head of every block")
   for ax in (ax1, ax2):
-    ax.axhline(ceiling, color="grey", ls="--", lw=0.8, label="uniform attention")
+    ax.axhline(ceiling, color="grey", ls="--", lw=0.9, label="uniform attention")
     ax.set_ylim(0, max(ceiling, float(mean.max())) * 1.08)
+    ax.set_ylabel("mean attention distance (px)")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.legend(loc="lower right")
   fig.suptitle(f"Mean attention distance: {label}")
   save_figure(fig, path)
 
 
+@styled
 def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
                resnet: tuple[np.ndarray, str] | None, sublayers: Sequence[str], path: str) -> None:
   """Fig 7 (tokens x sublayers heatmap; CLS vs spatial vs ResNet) and Fig E.2 (cosine)."""
@@ -79,74 +173,101 @@ def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int
   top = np.nanmax(finite) if np.isfinite(finite).any() else 1.0
   shown = np.where(np.isfinite(flat), flat, top)  # an infinite ratio (zero branch) shows as the max
   rows = [f"{s} {b}" for b in range(depth) for s in sublayers]
-  fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
   k = min(plot_tokens, flat.shape[1])
+  token_label = "token" + (" (0 = CLS)" if prefix else "")
   im = axes[0].imshow(shown[:, :k].T, aspect="auto", origin="lower", cmap="viridis")
   fig.colorbar(im, ax=axes[0], label="||z|| / ||f(z)||")
-  axes[0].set_xticks(range(len(rows)), rows, rotation=90, fontsize=6)
-  axes[0].set_ylabel("token" + (" (0 = CLS)" if prefix else ""))
-  x = np.linspace(0, 1, 2 * depth)
+  axes[0].set_title(f"Norm ratio, first {k} tokens")
   if prefix:
-    axes[1].plot(x, shown[:, 0], "o-", ms=3, label=f"{label} CLS token")
-  axes[1].plot(x, shown[:, prefix:].mean(axis=1), "o-", ms=3, label=f"{label} spatial tokens")
+    axes[1].plot(np.linspace(0, 1, 2 * depth), shown[:, 0], "o-", ms=3, label=f"{label} CLS token")
+  axes[1].plot(np.linspace(0, 1, 2 * depth), shown[:, prefix:].mean(axis=1), "o-", ms=3,
+               label=f"{label} spatial tokens")
   if resnet is not None:
     r, rlabel = resnet
     axes[1].plot(np.linspace(0, 1, len(r)), np.where(np.isfinite(r), r, top), "s-", ms=3,
                  label=rlabel)
   axes[1].set_xlabel("relative depth")
   axes[1].set_ylabel("||z|| / ||f(z)||")
-  axes[1].legend(fontsize=8)
+  axes[1].set_title("Mean over tokens, by depth")
+  axes[1].legend()
   im = axes[2].imshow(cos.reshape(2 * depth, -1)[:, :k].T, aspect="auto", origin="lower",
                       cmap="coolwarm", vmin=-1, vmax=1)
   fig.colorbar(im, ax=axes[2], label="cos(f(z), z + f(z))")
-  axes[2].set_xticks(range(len(rows)), rows, rotation=90, fontsize=6)
-  fig.suptitle(f"Skip-connection norm ratio: {label}")
+  axes[2].set_title(f"Cosine of branch and sum, first {k} tokens")
+  for ax in (axes[0], axes[2]):
+    ax.set_xticks(range(len(rows)), rows, rotation=90)
+    ax.set_xlabel("sublayer")
+    ax.set_ylabel(token_label)
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  fig.suptitle(f"Skip connections: {label} (z: the residual stream, f(z): the branch)")
   save_figure(fig, path)
 
 
-def receptive_fields(models: Sequence[tuple[str, Sequence[str], np.ndarray]], path: str,
-                     per_row: int = 12) -> None:
-  """One image per layer, each normalised to its own maximum (Figs 6, C.1-C.4)."""
-  rows = sum(-(-len(names) // per_row) for _, names, _ in models)
-  fig, axes = plt.subplots(rows, per_row, figsize=(per_row * 1.3, rows * 1.5), squeeze=False)
+def _columns(counts: Sequence[int], widest: int = 8) -> int:
+  """Grid columns leaving the fewest empty cells over all models' rows (then fewest rows)."""
+  def cost(c):
+    return (sum(-(-n // c) * c - n for n in counts), sum(-(-n // c) for n in counts))
+  return min(range(min(4, max(counts)), min(widest, max(counts)) + 1), key=cost)
+
+
+@styled
+def receptive_fields(models: Sequence[tuple[str, Sequence[str], np.ndarray, np.ndarray]],
+                     path: str) -> None:
+  """One image per layer, each normalised to its own maximum (Figs 6, C.1-C.4);
+  a model's rows start a new row of the grid, its label on the first panel."""
+  cols = _columns([len(names) for _, names, _, _ in models])
+  nrows = sum(-(-len(names) // cols) for _, names, _, _ in models)
+  fig, axes = plt.subplots(nrows, cols, figsize=(cols * 1.55, nrows * 1.75 + 0.5), squeeze=False,
+                           layout="constrained")
   for ax in axes.ravel():
     ax.axis("off")
-  r = 0
-  for label, names, maps in models:
-    for i, (name, m) in enumerate(zip(names, maps)):
-      ax = axes[r + i // per_row, i % per_row]
+  r, one_by_one = 0, False
+  for label, names, maps, grids in models:
+    for i, (name, m, grid) in enumerate(zip(names, maps, grids)):
+      ax = axes[r + i // cols, i % cols]
       ax.imshow(m / max(float(m.max()), 1e-30), cmap="viridis", vmin=0, vmax=1)
-      ax.set_title(f"{label}\n{name}" if i == 0 else name, fontsize=5)
-    r += -(-len(names) // per_row)
-  fig.suptitle("Effective receptive fields (|d centre / d input|, per-layer normalised)")
+      note = " (1x1)*" if tuple(grid) == (1, 1) else ""
+      one_by_one |= bool(note)
+      ax.set_title(f"{label}\n{name}{note}" if i == 0 else f"{name}{note}", fontsize=8)
+    r += -(-len(names) // cols)
+  fig.suptitle("Effective receptive fields: |d centre / d input|, each panel scaled to its maximum")
+  if one_by_one:
+    fig.supxlabel("* the layer's feature map is 1x1: its only position is the 'centre'",
+                  fontsize=8.5)
   save_figure(fig, path)
 
 
+@styled
 def localization(tok_patch: np.ndarray, grid: Sequence[int], tokens: Sequence[int], title: str,
                  path: str) -> None:
   """For each chosen token, CKA with every input patch on the image grid (Figs 9, 10)."""
-  fig, axes = plt.subplots(1, len(tokens), figsize=(3.2 * len(tokens), 3), squeeze=False)
+  fig, axes = plt.subplots(1, len(tokens), figsize=(3.2 * len(tokens) + 1, 3.4), squeeze=False,
+                           layout="constrained")
   for ax, t in zip(axes[0], tokens):
     im = ax.imshow(tok_patch[t].reshape(grid), cmap="magma", vmin=0, vmax=1)
     ty, tx = divmod(t, grid[1])
-    ax.plot(tx, ty, "c+", ms=10)
-    ax.set_title(f"token {t} ({ty},{tx})", fontsize=8)
-    ax.axis("off")
-  fig.colorbar(im, ax=list(axes[0]), label="CKA with input patch")
-  fig.suptitle(title, fontsize=9)
+    ax.plot(tx, ty, "c+", ms=12, mew=2, label="the token's own patch")
+    ax.set_title(f"token {t} (row {ty}, column {tx})")
+    ax.set_xticks([])
+    ax.set_yticks([])
+  axes[0][0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), fontsize=8)
+  fig.colorbar(im, ax=list(axes[0]), label="CKA with the input patch")
+  fig.suptitle(title)
   save_figure(fig, path)
 
 
+@styled
 def head_subsets(distance: np.ndarray, cka: np.ndarray, layers: Sequence[str], vit_label: str,
                  res_label: str, path: str) -> None:
   """CKA of each head subset against each ResNet layer vs the subset's distance (Fig 5)."""
-  fig, ax = plt.subplots(figsize=(5.5, 4))
+  fig, ax = plt.subplots(figsize=(6.2, 4.2), layout="constrained")
   for j, name in enumerate(layers):
     ax.plot(distance, cka[:, j], "o-", ms=4, label=f"{res_label} {name}")
   ax.set_xlabel("mean attention distance of the head subset (px)")
-  ax.set_ylabel("CKA")
-  ax.set_title(f"Head subsets of {vit_label}", fontsize=9)
-  ax.legend(fontsize=6)
+  ax.set_ylabel("CKA with the ResNet layer")
+  ax.set_title(f"Head subsets of {vit_label} against {res_label}")
+  ax.legend(title="ResNet layer", loc="best")
   save_figure(fig, path)
 
 
@@ -155,9 +276,10 @@ FEATURE_LABELS = {"cls": "CLS token", "first": "first token", "spatial_mean": "m
                   "each": "per token (spatial mean)"}
 
 
+@styled
 def probe_depth(models: dict, labels: dict[str, str], title: str, path: str) -> None:
   """Probe accuracy against relative depth, a line per model and feature (Figs 13, F.1, F.2)."""
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  fig, ax = plt.subplots(figsize=(6.6, 4.4), layout="constrained")
   for name, by_feature in models.items():
     for how, e in by_feature.items():
       depth = (np.arange(len(e["points"])) + 1) / len(e["points"])
@@ -168,70 +290,72 @@ def probe_depth(models: dict, labels: dict[str, str], title: str, path: str) -> 
   ax.set_ylabel("test accuracy (%)")
   ax.set_ylim(0, 100)
   ax.grid(alpha=0.3)
-  ax.set_title(title, fontsize=10)
-  ax.legend(fontsize=7)
+  ax.set_title(title)
+  ax.legend(title="model: feature (band: std over seeds)")
   save_figure(fig, path)
 
 
+@styled
 def probe_tokens(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]], prefix: int,
                  title: str, path: str, panels: int = 6) -> None:
   """Per-token probe accuracy on the token grid for some points (Fig D.4), and the
   mean over spatial tokens (and the class token) at every point (Fig 11)."""
   chosen = sorted({round(i) for i in np.linspace(0, len(points) - 1, min(panels, len(points)))})
-  fig, axes = plt.subplots(1, len(chosen) + 1, figsize=(2.7 * (len(chosen) + 1), 3.1),
+  fig, axes = plt.subplots(1, len(chosen) + 1, figsize=(2.8 * (len(chosen) + 1), 3.6),
                            squeeze=False, layout="constrained",
-                           gridspec_kw={"width_ratios": [1] * len(chosen) + [1.6]})
+                           gridspec_kw={"width_ratios": [1] * len(chosen) + [1.7]})
   for ax, i in zip(axes[0], chosen):
     name, acc, grid = points[i]
     spatial = 100 * acc[prefix:]
     im = ax.imshow(spatial.reshape(grid) if grid else spatial[None], cmap="viridis")
-    ax.set_title(f"{name}\n{spatial.min():.1f}-{spatial.max():.1f}%", fontsize=7)
+    ax.set_title(f"{name}\n{spatial.min():.1f}-{spatial.max():.1f}%")
     ax.axis("off")
-    fig.colorbar(im, ax=ax, shrink=0.8).ax.tick_params(labelsize=6)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="accuracy (%)")
   ax = axes[0][-1]
   x = np.arange(len(points))
   ax.plot(x, [100 * a[prefix:].mean() for _, a, _ in points], "o-", ms=3, label="spatial tokens (mean)")
   if prefix:
     ax.plot(x, [100 * a[0] for _, a, _ in points], "s-", ms=3, label="CLS token")
-  ax.set_xticks(x, [n for n, _, _ in points], rotation=90, fontsize=6)
-  ax.set_ylabel("test accuracy (%)", fontsize=8)
-  ax.legend(fontsize=6)
+  ax.set_xticks(x, [n for n, _, _ in points], rotation=90)
+  ax.set_ylabel("test accuracy (%)")
+  ax.set_title("Every point")
+  ax.legend()
   ax.grid(alpha=0.3)
-  fig.suptitle(title, fontsize=9)
+  fig.suptitle(title)
   save_figure(fig, path)
 
 
+@styled
 def reference_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], reference: str, title: str,
                     path: str) -> None:
   """CKA of each layer with the same layer of a reference model, a line per model
   (Fig 12: a line per data fraction; Fig G.1: before vs after fine-tuning)."""
-  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  fig, ax = plt.subplots(figsize=(7.5, 4.4), layout="constrained")
   names: Sequence[str] = []
   for i, (label, (names_, values)) in enumerate(lines.items()):
     ax.plot(np.arange(len(values)), values, "os^vDP*X"[i % 8] + "-", ms=4, label=label)
     names = names_ if len(names_) > len(names) else names
-  xi, xl = _ticks(names, max_ticks=24)
-  ax.set_xticks(xi, xl, rotation=90, fontsize=7)
-  ax.set_xlabel(f"layer (same name in {reference})")
+  unit = _block_axis(ax, names, "x", edges="0.8")
+  ax.set_xlabel(f"layer of {reference}, by {unit} ({len(names)} layers)")
   ax.set_ylabel(f"CKA with {reference}")
   ax.set_ylim(0, 1.02)
-  ax.grid(alpha=0.3)
-  ax.set_title(title, fontsize=10)
-  ax.legend(fontsize=8)
+  ax.set_title(title)
+  ax.legend()
   save_figure(fig, path)
 
 
+@styled
 def accuracy_drop(accuracy: dict[str, float], reference: str, examples: int, path: str) -> None:
   """Top-1 accuracy lost against the reference model, a bar per model (Fig 8)."""
   labels = [k for k in accuracy if k != reference]
   drops = [100 * (accuracy[reference] - accuracy[k]) for k in labels]
-  fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 1.5), 3.8))
+  fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 1.5), 3.8), layout="constrained")
   bars = ax.bar(range(len(labels)), drops, color="C3")
-  ax.bar_label(bars, [f"{d:+.1f}" for d in drops], fontsize=8)
+  ax.bar_label(bars, [f"{d:+.1f}" for d in drops])
   ax.axhline(0, color="black", lw=0.8)
-  ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+  ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
   ax.set_ylabel("top-1 accuracy drop (points)")
   ax.set_title(f"Accuracy lost against {reference} ({100 * accuracy[reference]:.1f}%)\n"
-               f"on {examples} examples", fontsize=10)
+               f"on {examples} examples")
   ax.margins(y=0.15)
   save_figure(fig, path)

@@ -20,6 +20,10 @@ LOCK = ".lock"
 log = logging.getLogger("vitcnn_jax")
 
 
+class Busy(RuntimeError):
+  """The workdir is held by another run."""
+
+
 def check(workdir: str) -> str:
   """The workdir as an absolute path, created if missing; refused if it cannot hold results."""
   if not workdir or not str(workdir).strip():
@@ -70,12 +74,12 @@ def lock(path: str) -> Iterator[None]:
         log.warning("%s: taking over the lock of run %s, which is no longer running.", path, pid)
         os.remove(lock_path)
         continue
-      raise RuntimeError(
+      raise Busy(
           f"--workdir={path} is in use by another run (pid {pid} on {host}"
           f"{', since ' + ' '.join(since) if since else ''}). Wait for it to finish or pass "
           f"another --workdir; if no such run exists, delete {lock_path}.") from None
   else:
-    raise RuntimeError(f"{lock_path}: could not take the lock; delete it if no run uses {path}.")
+    raise Busy(f"{lock_path}: could not take the lock; delete it if no run uses {path}.")
   with os.fdopen(fd, "w") as f:
     f.write(me)
   try:

@@ -21,7 +21,8 @@ ANALYSES = ("attention_distance", "cka", "head_subsets", "inspect", "linear_prob
             "localization", "receptive_field", "reference_cka", "skip_ratio")
 # Jobs a config may name that are not analyses: training makes a model (optimizer
 # state, its own checkpoints) rather than reducing representations to sums.
-OTHER_JOBS = {"train": "vitcnn_jax.train"}
+# The report runs other analyses and writes one page over them.
+OTHER_JOBS = {"train": "vitcnn_jax.train", "report": "vitcnn_jax.report"}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str):

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import cka
+from vitcnn_jax import hsic
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -49,11 +49,11 @@ class CKA:
       acts += [out[n] for n in names]
     return forward.minibatch_sums(acts, mask)
 
-  host_sums = staticmethod(cka.unscale)
+  host_sums = staticmethod(hsic.unscale)
 
   def finalize(self, sums):
     n = self.config.num_examples
-    per_repeat = np.asarray([cka.cka_from_hsic(s["hsic"], self.names, s["moments"] / n)
+    per_repeat = np.asarray([hsic.cka_from_hsic(s["hsic"], self.names, s["moments"] / n)
                              for s in sums[0]])
     return _arrays_and_summary(self.config, self.models, per_repeat)
 
@@ -104,5 +104,5 @@ def _plot(config, models, arrays, workdir: str, only: list[str] | None = None) -
       continue
     title = f"CKA: {a.label} vs {b.label}" if a is not b else f"CKA within {a.label}"
     plotting.cka_heatmap(arrays[f"cka_{t}"], a.names, b.names, row_label=a.label, col_label=b.label,
-                         title=f"{title}\n{config.num_examples} examples x {config.repeats} repeats",
+                         title=f"{title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                          path=results.workdir_path(workdir, f"cka_{t}.png"))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import cka
+from vitcnn_jax import hsic
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
@@ -87,7 +87,7 @@ class HeadSubsets:
     order = np.argsort(head_dist, kind="stable")
     return head_dist, subsets(order, self.config.subset_size, self.config.subset_stride)
 
-  host_sums = staticmethod(cka.unscale)
+  host_sums = staticmethod(hsic.unscale)
 
   def finalize(self, sums):
     head_dist, groups = self.subsets(sums[0][0]["distance"])
@@ -100,7 +100,7 @@ class HeadSubsets:
       moments = a @ sums[0][0]["moments"]  # a subset's: the sum of its heads'
     else:
       hsic, moments = sums[1][0]["hsic"], sums[1][0]["moments"]
-    full = cka.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names,
+    full = hsic.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names,
                              moments / self.config.num_examples)
     sub_cka = full[:len(groups), len(groups):]
     sub_dist = [float(head_dist[g].mean()) for g in groups]
@@ -139,7 +139,7 @@ class _Projected:
     reps += [res[n] for n in self.a.res_names]
     return forward.minibatch_sums(reps, mask)
 
-  host_sums = staticmethod(cka.unscale)
+  host_sums = staticmethod(hsic.unscale)
 
 
 build = HeadSubsets

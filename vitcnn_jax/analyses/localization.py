@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import cka
+from vitcnn_jax import hsic
 from vitcnn_jax import plotting
 from vitcnn_jax import results
 
@@ -81,12 +81,12 @@ class Localization:
     acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
     return forward.minibatch_sums(acts, mask)
 
-  host_sums = staticmethod(cka.unscale)
+  host_sums = staticmethod(hsic.unscale)
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
     s = sums[0][0]
-    tok_patch = cka.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
+    tok_patch = hsic.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
     tok_patch = tok_patch[:self.n, self.n:]
     summary = {"analysis": "localization", "checkpoint": self.m.path, "label": self.m.label,
                "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,

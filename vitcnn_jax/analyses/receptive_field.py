@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import plotting
+from vitcnn_jax import representations
 from vitcnn_jax import results
 from vitcnn_jax.models import common
 
@@ -97,12 +98,20 @@ class ReceptiveField:
     for key, m in self.models.items():
       arrays[f"{key}_maps"] = sums[0][0][key] / self.config.num_examples
       arrays[f"{key}_names"] = np.asarray(self.points[key])
+      arrays[f"{key}_grid"] = self._grids(m)
       summary["models"][key] = {"checkpoint": m.path, "label": m.label, "layers": self.points[key],
                                 "input_size": common.to_pair(m.model.image_size)[0]}
     return arrays, summary
 
+  def _grids(self, m) -> np.ndarray:
+    """(layers, 2): each layer's feature-map size (a token model's token grid)."""
+    if m.model.family in TOKEN_SUBLAYERS:
+      return np.tile(np.asarray(m.model.grid), (len(self.points[m.name]), 1))
+    shapes = representations.point_shapes(m.model, m.params, self.points[m.name])
+    return np.asarray([shapes[n].shape[1:3] for n in self.points[m.name]])
+
   def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k}_maps"])
+    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k}_maps"], arrays[f"{k}_grid"])
                                for k, m in self.models.items()],
                               results.workdir_path(workdir, "receptive_field.png"))
 

@@ -107,7 +107,7 @@ class ReferenceCKA(cka.CKA):
              for m in self.models if m is not ref}
     plotting.reference_lines(
         lines, ref.label, f"CKA of each layer with the same layer of {ref.label}\n"
-        f"{self.config.num_examples} examples x {self.config.repeats} repeats",
+        + plotting.protocol(self.config.num_examples, self.config.repeats),
         results.workdir_path(workdir, "reference_cka.png"))
     if self.accuracy:
       plotting.accuracy_drop({m.label: summary["accuracy"][m.name] for m in self.models}, ref.label,
