@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import json
 import re
 import tempfile
@@ -28,6 +29,7 @@ from vitcnn_jax import analyses
 from vitcnn_jax import checkpoints
 from vitcnn_jax import data
 from vitcnn_jax import driver
+from vitcnn_jax import fileio
 from vitcnn_jax import loading
 from vitcnn_jax import plotting
 from vitcnn_jax import probe
@@ -121,19 +123,19 @@ def run(analysis: str, models: dict[str, loading.Loaded], sources: dict[str, dat
   job = module.build(config, models)
   with workdir_lib.lock(workdir):
     driver.run(config, workdir, job, models, sources)
-  arrays = checkpoints.read_npz(results.workdir_path(workdir, f"{job.name}.npz"))
-  with open(results.workdir_path(workdir, f"{job.name}.json")) as f:
-    summary = json.load(f)
+  with np.load(io.BytesIO(fileio.read_bytes(results.workdir_path(workdir, f"{job.name}.npz")))) as z:
+    arrays = {k: z[k] for k in z.files}
+  summary = json.loads(fileio.read_bytes(results.workdir_path(workdir, f"{job.name}.json")))
   return Result(analysis, arrays, summary, workdir, job.plot)
 
 
-def _named(models: Mapping[str, ModelSpec], layers, **overrides) -> dict[str, loading.Loaded]:
-  """{label: spec} -> loaded models under `key(label)`."""
+def _named(models: Mapping[str, ModelSpec], layers) -> dict[str, loading.Loaded]:
+  """{label: spec} -> loaded models under `key(label)`, in name order like config.models."""
   names = {key(label): label for label in models}
   if len(names) != len(models):
     raise ValueError(f"model labels {list(models)} give the same name twice ({list(names)}); "
                      "rename one.")
-  return {k: load(k, models[label], layers, label, **overrides) for k, label in names.items()}
+  return {k: load(k, models[names[k]], layers, names[k]) for k in sorted(names)}
 
 
 def _protocol(n: int, batch_size: int | None, default: int) -> dict:

@@ -1,0 +1,110 @@
+"""The notebook API: a line per analysis, the same results as main.py's configs."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.figure
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from conftest import ROOT, run_main
+from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
+from test_data import write_idx
+import vitcnn_jax as vj
+from vitcnn_jax import checkpoints
+
+N, BATCH = 48, 16
+# Two compiles of one job (each forward fused its own way): each CKA within its own
+# float32 bound twice over, plus 4x the models' relative difference. The widest
+# layer: BiT root conv at 32 px, 16 x 16 x 32 features.
+RUNS_BOUND = 2 * cka_bound(BATCH, 16 * 16 * 32) + 4 * (network(VIT_ROUNDINGS) + network(BIT_ROUNDINGS))
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+  d = tmp_path_factory.mktemp("ckpt")
+  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  return vit, bit
+
+
+@pytest.fixture(scope="module")
+def images():
+  rng = np.random.default_rng(0)
+  base = rng.integers(0, 256, (N, 4, 4)).astype(np.uint8)
+  grey = np.kron(base, np.ones((1, 8, 8), np.uint8))  # structure the layers can tell apart
+  return np.clip(grey + rng.integers(0, 30, grey.shape), 0, 255).astype(np.uint8), rng.integers(0, 10, N)
+
+
+def test_cka_is_the_config_job(ckpts, images, tmp_path):
+  vit, bit = ckpts
+  grey, labels = images
+  write_idx(tmp_path / "idx", "t10k", grey, labels)
+  wd = tmp_path / "job"
+  run_main(f"--config={ROOT}/configs/cka_vit_resnet.py:examples={N},batch={BATCH},repeats=1",
+           f"--workdir={wd}", f"--config.models.vit.checkpoint={vit}",
+           f"--config.models.resnet.checkpoint={bit}", "--config.models.resnet.overrides.resolution=32",
+           "--config.data.source=idx", f"--config.data.path={tmp_path / 'idx'}",
+           "--config.data.split=t10k")
+  job = np.load(wd / "cka.npz")
+
+  r = vj.cka({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=BATCH,
+             workdir=str(tmp_path / "api"))
+
+  for key in ("cka_resnet_resnet", "cka_resnet_vit", "cka_vit_vit"):
+    assert_close(r[key], job[key], RUNS_BOUND, key)  # same models, examples and sample
+  assert r.names == {"vit": list(job["names_vit"]), "resnet": list(job["names_resnet"])}
+  assert r.summary["num_examples"] == json.loads((wd / "cka.json").read_text())["num_examples"]
+
+
+def test_in_memory_model_and_labels(ckpts, images):
+  vit, _ = ckpts
+  grey, _ = images
+  model, params = checkpoints.load_model(vit)
+  from_file = vj.cka({"ViT-B/8": vit}, grey, layers="blocks", batch_size=BATCH)
+  in_memory = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH)
+  np.testing.assert_array_equal(from_file["cka_vit_b_8_vit_b_8"], in_memory["cka_vit_b_8_vit_b_8"])
+  assert in_memory.names["vit_b_8"] == ["block00/out", "block01/out"]
+  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(checkpoints.IN_MEMORY)
+  assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
+
+
+def test_plot_returns_the_figures_it_writes(ckpts, images, tmp_path):
+  vit, bit = ckpts
+  r = vj.cka({"ViT": vit, "BiT": {"checkpoint": bit, "resolution": 32}}, images[0][:32],
+             batch_size=BATCH, workdir=str(tmp_path))
+  figs = r.plot(format="pdf", vmin=0.2)
+  assert len(figs) == 3 and all(isinstance(f, matplotlib.figure.Figure) for f in figs)
+  assert {f.axes[0].get_title().split("\n")[0] for f in figs} == {
+      "CKA within ViT", "CKA within BiT", "CKA: BiT vs ViT"}
+  assert figs[0].axes[0].images[0].get_clim() == (0.2, 1.0)
+  assert sorted(p.name for p in tmp_path.glob("cka_*.pdf")) == [
+      "cka_bit_bit.pdf", "cka_bit_vit.pdf", "cka_vit_vit.pdf"]
+  assert "cka_bit_vit[" in repr(r)
+
+
+def test_attention_distance_and_skip_ratio(ckpts, images):
+  vit, bit = ckpts
+  grey = images[0][:16]
+  r = vj.attention_distance(vit, grey, label="tiny ViT", batch_size=8)
+  assert r["mean_distance"].shape == (2, 3)  # blocks x heads
+  assert np.all((r["mean_distance"] > 0) & (r["mean_distance"] < 32 * np.sqrt(2)))
+  r = vj.skip_ratio(grey, vit=vit, resnet={"checkpoint": bit, "resolution": 32}, batch_size=8)
+  assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["bit_ratio"]).all()
+
+
+def test_mistakes_are_named(ckpts, images, tmp_path):
+  vit, _ = ckpts
+  grey = images[0]
+  with pytest.raises(TypeError, match="float32.*uint8"):
+    vj.cka({"v": vit}, grey.astype(np.float32))
+  with pytest.raises(ValueError, match=r"block\*/nope"):
+    vj.cka({"v": vit}, grey, layers=["block*/nope"])
+  with pytest.raises(ValueError, match="same name twice"):
+    vj.cka({"a b": vit, "a-b": vit}, grey)
+  with pytest.raises(FileNotFoundError, match="missing.npz"):
+    vj.cka({"v": str(tmp_path / "missing.npz")}, grey)
+  with pytest.raises(TypeError, match="a list"):
+    vj.cka({"v": [vit]}, grey)

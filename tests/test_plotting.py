@@ -1,0 +1,128 @@
+"""Figures: every family drawn on small inputs is readable (no text under 8 pt),
+titled and labelled; block ticks; plot options (format, colour scale, kept figures)."""
+
+from __future__ import annotations
+
+import matplotlib.text
+import numpy as np
+import pytest
+
+from vitcnn_jax import plotting
+
+VIT = [f"block{b:02d}/{p}" for b in range(4) for p in ("ln1", "attn/out", "ln2", "mlp/hidden",
+                                                         "mlp/out", "out")]
+BIT = ["root/conv", "root/pool"] + [f"block{s}/unit{u:02d}/{p}" for s in (1, 2) for u in (1, 2)
+                                    for p in ("conv1", "out")] + ["head/preact"]
+
+
+def _draw(fn, *args, tmp_path, **kwargs):
+  with plotting.options(keep=True) as figs:
+    fn(*args, path=str(tmp_path / "f.png"), **kwargs)
+  assert (tmp_path / "f.png").stat().st_size > 1000
+  return figs[0]
+
+
+def _texts(fig):
+  return [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _check_readable(fig):
+  small = [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < 8]
+  assert not small, f"text under 8 pt: {small[:5]}"
+  for ax in fig.axes:
+    if ax.get_label() == "<colorbar>" or not ax.axison:
+      continue
+    assert ax.get_title() or fig._suptitle is not None, "an untitled panel"  # pylint: disable=protected-access
+    assert ax.images or ax.get_xlabel() or ax.get_xticklabels(), "a plot with an unlabelled x axis"
+
+
+def test_layer_groups_and_tick_text():
+  assert plotting.layer_groups(VIT[:8]) == [("block00", 0, 6), ("block01", 6, 8)]
+  groups = plotting.layer_groups(BIT)
+  assert [g for g, _, _ in groups] == ["root", "block1/unit01", "block1/unit02", "block2/unit01",
+                                       "block2/unit02", "head"]
+  assert groups[1] == ("block1/unit01", 2, 4)
+  assert [plotting._short(g) for g, _, _ in groups] == ["root", "1.1", "1.2", "2.1", "2.2", "head"]
+
+
+def test_cka_heatmap_one_tick_per_block_and_colour_scale(tmp_path):
+  m = np.random.default_rng(0).uniform(0.4, 1, (len(BIT), len(VIT)))
+  with plotting.options(format="svg", vmin=0.4, vmax=1.0, keep=True) as figs:
+    plotting.cka_heatmap(m, BIT, VIT, row_label="R", col_label="V", title="t",
+                         path=str(tmp_path / "c.png"))
+  fig = figs[0]
+  assert (tmp_path / "c.png").exists() and (tmp_path / "c.svg").exists()
+  ax = fig.axes[0]
+  assert ax.images[0].get_clim() == (0.4, 1.0)
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
+  assert [t.get_text() for t in ax.get_yticklabels()] == ["root", "1.1", "1.2", "2.1", "2.2", "head"]
+  assert ax.get_xticks().tolist() == [2.5, 8.5, 14.5, 20.5]  # block middles
+  assert len(ax.lines) == 3 + 5  # block edges
+  _check_readable(fig)
+
+
+def test_options_are_checked_and_restored(tmp_path):
+  with pytest.raises(ValueError, match="jpg"):
+    with plotting.options(format="jpg"):
+      pass
+  with pytest.raises(ValueError, match="vmin"):
+    with plotting.options(vmin=1.0, vmax=0.5):
+      pass
+  with plotting.options(format="pdf"):
+    pass
+  fig = _draw(plotting.head_subsets, np.array([30.0, 60.0]), np.array([[0.5, 0.4], [0.3, 0.2]]),
+              ["block1/unit01/out", "block2/unit01/out"], "ViT", "R50", tmp_path=tmp_path)
+  assert not (tmp_path / "f.pdf").exists()  # the pdf option ended with its block
+  assert fig.axes[0].get_legend() is not None
+  _check_readable(fig)
+
+
+def test_attention_distance_legend_and_integer_ticks(tmp_path):
+  mean = np.random.default_rng(0).uniform(10, 100, (6, 4))
+  fig = _draw(plotting.attention_distance, mean, list(range(6)), None, "ViT", 110.0,
+              tmp_path=tmp_path)
+  for ax in fig.axes:
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "uniform attention" in labels
+    ticks = ax.get_xticks()
+    assert np.allclose(ticks, np.round(ticks)), ticks
+  _check_readable(fig)
+
+
+def test_skip_ratio_panels_titled_and_labelled(tmp_path):
+  rng = np.random.default_rng(0)
+  fig = _draw(plotting.skip_ratio, rng.uniform(0.5, 5, (3, 2, 17)), rng.uniform(-1, 1, (3, 2, 17)),
+              1, 9, "ViT", (rng.uniform(1, 2, 4), "R50"), ["attn", "mlp"], tmp_path=tmp_path)
+  panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+  assert len(panels) == 3 and all(ax.get_title() and ax.get_ylabel() for ax in panels)
+  _check_readable(fig)
+
+
+def test_receptive_fields_grid_without_waste_and_1x1_maps_labelled(tmp_path):
+  assert plotting._columns([24]) == 8  # 3 full rows
+  assert plotting._columns([10, 5]) == 5  # 2 + 1 rows, none empty
+  rng = np.random.default_rng(0)
+  grids = np.array([[8, 8], [4, 4], [1, 1]])
+  fig = _draw(plotting.receptive_fields,
+              [("ViT", [f"l{i}" for i in range(8)], rng.uniform(0, 1, (8, 32, 32)), np.tile([4, 4], (8, 1))),
+               ("BiT", ["a", "b", "c"], rng.uniform(0, 1, (3, 32, 32)), grids)], tmp_path=tmp_path)
+  titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+  assert sum("(1x1)" in t for t in titles) == 1
+  assert "1x1" in fig._supxlabel.get_text()  # pylint: disable=protected-access
+  shown = sum(1 for ax in fig.axes if ax.images)
+  assert shown == 11 and len(fig.axes) <= 11 + 3  # at most a few empty cells
+  assert not [t for t in _texts(fig) if t.get_fontsize() < 8]
+
+
+def test_probe_and_reference_figures_readable(tmp_path):
+  entry = {"points": ["block0/out", "block1/out"], "accuracy": [0.3, 0.6], "std_over_seeds": [0.01, 0.02]}
+  fig = _draw(plotting.probe_depth, {"vit": {"cls": entry}}, {"vit": "ViT"}, "probes",
+              tmp_path=tmp_path)
+  _check_readable(fig)
+  fig = _draw(plotting.reference_lines, {"3%": (VIT, np.linspace(1, 0.4, len(VIT)))}, "100%",
+              "t", tmp_path=tmp_path)
+  assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2", "3"]
+  _check_readable(fig)
+  fig = _draw(plotting.localization, np.random.default_rng(0).uniform(0, 1, (16, 16)), (4, 4),
+              [5, 10], "loc", tmp_path=tmp_path)
+  _check_readable(fig)
