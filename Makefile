@@ -1,5 +1,5 @@
 # `make demo`: set up .venv (runtime deps) and the offline dataset, then run the main job.
-# `make test`: set up .venv with the test deps too (torch/timm), then run the tests.
+# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then run the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaf
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) apt-get
 
-.PHONY: install install-test dataset demo test
+.PHONY: install install-test dataset browser demo test
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,13 @@ dataset:
 	@test -f $(FASHION_MNIST)/t10k-images-idx3-ubyte.gz || \
 	  ($(APT) update -qq && $(APT) install -y -qq dataset-fashion-mnist)
 
+# Debian's chromium: the report test opens report.html in a headless browser.
+browser:
+	@command -v chromium >/dev/null || \
+	  ($(APT) update -qq && $(APT) install -y -qq --no-install-recommends chromium)
+
 demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
-test: install-test dataset
+test: install-test dataset browser
 	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -60,14 +60,17 @@ def message(e: BaseException) -> str:
   return text
 
 
-def quiet_backends() -> None:
-  """No 'Unable to initialize backend tpu/cuda' on machines without them."""
-  logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)
+def quiet_start() -> None:
+  """No 'Unable to initialize backend tpu/cuda' on machines without them, no notice
+  while matplotlib builds its font cache on a first run, no tensorflow-datasets
+  warnings about its cache folder (our own warnings log as "vitcnn_jax")."""
+  for name in ("jax._src.xla_bridge", "matplotlib.font_manager", "absl"):
+    logging.getLogger(name).setLevel(logging.ERROR)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv: list[str]) -> int:
-  quiet_backends()
+  quiet_start()
   if legacy := legacy_flag(argv[1:]):
     print(f"main.py: {legacy}", file=sys.stderr)
     return 2

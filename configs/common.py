@@ -6,22 +6,13 @@ from __future__ import annotations
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from vitcnn_jax import driver
 from vitcnn_jax import zoo
 
 
 def run_control(config: ml_collections.ConfigDict) -> None:
-  """The driver's fields, the same for every analysis."""
-  config.save_every_seconds = 60  # resumable state written at most this often
-  config.stop_after = 0  # >0: stop (resumably) after this many steps, for time-boxed jobs
-  # Devices sharing one minibatch (the estimator's n stays batch_size); 0: the fewest
-  # whose memory holds the step (always 1 where the device reports no memory: CPU).
-  config.devices_per_minibatch = 0
-  config.device_memory_gib = 0.0  # per device; 0: what the device reports
-  # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
-  # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/cka.py).
-  config.gram_precision = "auto"
-  # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), CKA colour scale.
-  config.plot = ml_collections.ConfigDict(dict(format="png", vmin=0.0, vmax=1.0))
+  """The driver's fields, the same for every analysis (`driver.CONTROL` documents them)."""
+  config.update(ml_collections.ConfigDict(driver.CONTROL))
 
 
 def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,

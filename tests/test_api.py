@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import matplotlib.figure
 import numpy as np
@@ -59,6 +60,16 @@ def test_cka_is_the_config_job(ckpts, images, tmp_path):
   assert r.summary["num_examples"] == json.loads((wd / "cka.json").read_text())["num_examples"]
 
 
+def test_a_finished_workdir_is_reused_and_says_so(ckpts, images, tmp_path, capsys):
+  vit, _ = ckpts
+  first = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
+  assert "holds a finished" not in capsys.readouterr().out
+  again = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
+  out = capsys.readouterr().out
+  assert "holds a finished cka run of this config" in out and "delete cka_state.npz" in out
+  np.testing.assert_array_equal(first["cka_v_v"], again["cka_v_v"])
+
+
 def test_in_memory_model_and_labels(ckpts, images):
   vit, _ = ckpts
   grey, _ = images
@@ -108,3 +119,32 @@ def test_mistakes_are_named(ckpts, images, tmp_path):
     vj.cka({"v": str(tmp_path / "missing.npz")}, grey)
   with pytest.raises(TypeError, match="a list"):
     vj.cka({"v": [vit]}, grey)
+
+
+def test_the_other_analyses_run_from_one_line(ckpts, images):
+  vit, bit = ckpts
+  grey, labels = images
+  vit2 = uf.save(os.path.join(os.path.dirname(vit), "vit2.npz"),
+                 uf.vt_vit(1, width=48, depth=2, heads=3, mlp=96, patch=8))
+  bit32 = {"checkpoint": bit, "resolution": 32}
+
+  r = vj.receptive_field({"ViT": vit, "BiT": bit32}, grey[:8], batch_size=4)
+  assert r["vit_maps"].shape == (4, 32, 32) and r["bit_maps"].shape == (5, 32, 32)
+  assert r["bit_grid"][-1].tolist() == [1, 1]  # the last stage at 32 px is 1x1
+
+  r = vj.localization(vit, grey, "block01/out", label="ViT", batch_size=BATCH)
+  assert r["cka"].shape == (16, 16)  # tokens x patches of the 4x4 grid
+
+  r = vj.head_subsets(vit, bit32, grey, resnet_layers=["block1/unit01/out"], batch_size=BATCH)
+  assert r["cka"].shape == (3, 1) and np.all(np.diff(r["subset_distance"]) >= 0)
+
+  r = vj.reference_cka({"A": vit, "B": vit2}, grey, "A", layers="blocks", labels=labels % 7,
+                       batch_size=BATCH)
+  np.testing.assert_allclose(r["same_layer_a"], 1.0, atol=1e-6)  # the reference with itself
+  assert r.summary["accuracy_examples"] == N and set(r.summary["accuracy"]) == {"a", "b"}
+
+  r = vj.linear_probe({"ViT": vit}, grey[:32], labels[:32], grey[32:], labels[32:],
+                      features=("cls", "mean"), batch_size=BATCH)
+  acc = r.summary["models"]["vit"]
+  assert set(acc) == {"cls", "mean"} and len(acc["cls"]["accuracy"]) == 2
+  assert all(0 <= a <= 1 for a in acc["mean"]["accuracy"])

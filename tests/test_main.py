@@ -26,6 +26,8 @@ def test_inspect_writes_architecture_and_points(tmp_path):
                    ("preact", "shortcut", "conv1", "preact2", "conv2", "preact3", "conv3", "out")]
   assert summary["points"][-1]["shape"] == [56, 56, 128]
   assert "block1/unit01/conv2" in r.stdout
+  assert summary["image_size_source"] == "default (not in the file)"
+  assert "image_size           224: not recorded in the file" in r.stdout
 
 
 def test_bad_config_field_is_named(tmp_path):
@@ -64,3 +66,37 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   config.model_x = ml_collections.ConfigDict(dict(checkpoint="/x.npz"))
   with pytest.raises(ValueError, match="move this spec to config.models.vit"):
     analyses.run(config, str(tmp_path))
+
+
+def _one_message(r, *expected: str) -> None:
+  """A user's mistake: exit 2, one `main.py: error:` message, no traceback."""
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr, r.stderr[-3000:]
+  lines = [l for l in r.stderr.splitlines() if l.strip() and "examples/s" not in l]
+  assert lines[0].startswith("main.py: error: ") and len(lines) <= 3, lines
+  for text in expected:
+    assert text in r.stderr, r.stderr
+
+
+def test_mistakes_print_one_clean_message_and_exit_2(tmp_path):
+  cfg = f"--config={ROOT}/configs/cka_vit_resnet.py:examples=16,batch=8"
+  r = _main(cfg, f"--workdir={tmp_path}", "--config.num_exmaples=3")
+  _one_message(r, "the config has no field 'num_exmaples'", 'Did you mean "num_examples"')
+  assert "\\n" not in r.stderr and "\\'" not in r.stderr  # not the repr of a repr
+  r = _main(cfg, f"--workdir={tmp_path}", f"--config.models.resnet.checkpoint={tmp_path}/none.npz",
+            "--config.data.source=synthetic", "--config.data.num_examples=64")
+  _one_message(r, f"config.models.resnet.checkpoint='{tmp_path}/none.npz' is not reachable")
+  r = _main(cfg, f"--workdir={tmp_path}", "--config.plot.format=jpg")
+  _one_message(r, "config.plot.format='jpg' is not one of ('png', 'pdf', 'svg')")
+  r = _main(cfg, f"--workdir={tmp_path}", "--config.num_exmaples=3", "--verbose")
+  assert r.returncode == 2 and "Traceback" in r.stderr and "num_exmaples" in r.stderr
+  assert "Unable to initialize backend" not in r.stderr
+
+
+def test_train_config_variants():
+  from configs import train  # pylint: disable=g-import-not-at-top
+  c = train.get_config("vit_demo,steps=5,no_skip=1,fraction=0.03,subset_seed=2")
+  assert c.analysis == "train" and c.train.steps == 5 and list(c.train.model.no_skip) == [1]
+  assert c.train.data_fraction == 0.03 and c.train.subset_seed == 2 and c.export == ""
+  c = train.get_config("bit_demo")
+  assert c.train.model.family == "bit" and "no_skip" not in c.train.model

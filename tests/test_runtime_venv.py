@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import pytest
+from packaging.requirements import Requirement
 
 import upstream_files as uf
 from conftest import ROOT
@@ -81,3 +82,40 @@ def test_main_job_on_a_missing_tfds_dataset_says_how_to_prepare_it(runtime_venv,
   assert "No module named" not in r.stderr, r.stderr[-3000:]
   assert "not prepared" in r.stderr and "tfds build imagenet2012" in r.stderr, r.stderr[-3000:]
   assert not (tmp_path / "tfds" / "downloads").exists()
+
+
+# The README's notebook example, as a user would run it after `pip install .`:
+# another directory, only the installed package and its dependencies.
+NOTEBOOK = textwrap.dedent("""
+    import numpy as np, sys, vitcnn_jax as vj
+    images = np.random.default_rng(0).integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
+    r = vj.cka({"ViT": sys.argv[1], "BiT": {"checkpoint": sys.argv[2], "resolution": 32}}, images,
+               batch_size=32)
+    fig = r.plot()[0]
+    print("NOTEBOOK OK", vj.__file__, r["cka_bit_vit"].shape, fig.axes[0].get_title().split(chr(10))[0])
+""")
+
+
+def test_pip_install_then_the_notebook_example_elsewhere(runtime_venv, tmp_path):
+  site = tmp_path / "site"
+  r = subprocess.run([runtime_venv, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                      str(site), ROOT], capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  meta = next(site.glob("vitcnn_jax-*.dist-info")) / "METADATA"
+  declared = [l.split(":", 1)[1].strip() for l in meta.read_text().splitlines()
+              if l.startswith("Requires-Dist:")]
+  with open(os.path.join(ROOT, "requirements.txt")) as f:
+    wanted = [l.split("#")[0].strip() for l in f if l.split("#")[0].strip()]
+  norm = lambda req: (Requirement(req).name.lower().replace("_", "-"), Requirement(req).specifier)
+  assert sorted(map(norm, declared), key=str) == sorted(map(norm, wanted), key=str), (declared, wanted)
+  assert not (site / "configs").exists() and not (site / "tests").exists()
+
+  work = tmp_path / "elsewhere"
+  work.mkdir()
+  vit = uf.save(work / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  bit = uf.save(work / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site), MPLBACKEND="Agg")
+  r = subprocess.run([runtime_venv, "-c", NOTEBOOK, vit, bit], cwd=work, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"NOTEBOOK OK {site}/vitcnn_jax/__init__.py (31, 12) CKA: BiT vs ViT" in r.stdout, r.stdout

@@ -108,21 +108,21 @@ def source(images: Images, labels: Sequence[int] | None = None) -> data.Source:
                   "vitcnn_jax.data source.")
 
 
-def run(analysis: str, models: dict[str, loading.Loaded], sources: dict[str, data.Source],
+def run(analysis: str, loaded: dict[str, loading.Loaded], sources: dict[str, data.Source],
         workdir: str | None, **fields) -> Result:
-  """Runs `analysis` on loaded models through `driver.run`; `fields` are its config."""
+  """Runs `analysis` on loaded models through `driver.run`; `fields` are its config
+  (`models`: per-model fields an analysis reads, e.g. a probe's `features`)."""
   if analysis not in analyses.ANALYSES:
     raise ValueError(f"analysis {analysis!r} is not one of {analyses.ANALYSES}.")
   workdir = workdir_lib.check(workdir or tempfile.mkdtemp(prefix=f"vitcnn_jax-{analysis}-"))
-  config = ml_collections.ConfigDict(dict(analysis=analysis, seed=0, save_every_seconds=60,
-                                          stop_after=0, devices_per_minibatch=0,
-                                          device_memory_gib=0.0, gram_precision="auto",
-                                          plot=dict(format="png", vmin=0.0, vmax=1.0)))
+  config = ml_collections.ConfigDict(dict(analysis=analysis, seed=0, **driver.CONTROL))
   config.update(fields)
   module = importlib.import_module(f"vitcnn_jax.analyses.{analysis}")
-  job = module.build(config, models)
+  driver.check_config(config, module)
+  driver.check_sources(config, sources)
+  job = module.build(config, loaded)
   with workdir_lib.lock(workdir):
-    driver.run(config, workdir, job, models, sources)
+    driver.run(config, workdir, job, loaded, sources)
   with np.load(io.BytesIO(fileio.read_bytes(results.workdir_path(workdir, f"{job.name}.npz")))) as z:
     arrays = {k: z[k] for k in z.files}
   summary = json.loads(fileio.read_bytes(results.workdir_path(workdir, f"{job.name}.json")))

@@ -109,9 +109,24 @@ class Analysis(Protocol):
 LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
 
 
-def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dict | None:
-  """Checks what needs no model (config values, the data), then loads the models
-  and builds and runs the analysis of `module` (see `vitcnn_jax.analyses`)."""
+# The driver's fields, the same for every analysis, and their defaults.
+CONTROL = dict(
+    save_every_seconds=60,  # resumable state written at most this often
+    stop_after=0,  # >0: stop (resumably) after this many steps, for time-boxed jobs
+    # Devices sharing one minibatch (the estimator's n stays batch_size); 0: the fewest
+    # whose memory holds the step (always 1 where the device reports no memory: CPU).
+    devices_per_minibatch=0,
+    device_memory_gib=0.0,  # per device; 0: what the device reports
+    # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
+    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/hsic.py).
+    gram_precision="auto",
+    # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), CKA colour scale.
+    plot=dict(format="png", vmin=0.0, vmax=1.0),
+)
+
+
+def check_config(config: ml_collections.ConfigDict, module) -> None:
+  """What needs neither model nor data: value ranges, figure options, minibatches."""
   for field in ("num_examples", "batch_size"):  # (an analysis choosing its own examples has none)
     if config.get(field, 1) < 1:
       raise ValueError(f"config.{field}={config.get(field)} must be >= 1.")
@@ -121,13 +136,23 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dic
   plot_options(config)
   if getattr(module, "HSIC_MINIBATCHES", False):
     pipeline.check_batching(config.num_examples, config.batch_size)
-  sources = {"data": pipeline.make_source(config.data)}
-  if getattr(module, "TEST_SPLIT", False):  # e.g. probes: fit on data, score on test
-    sources["test"] = pipeline.make_source(config.data, config.data.test_split)
+
+
+def check_sources(config: ml_collections.ConfigDict, sources: dict[str, data.Source]) -> None:
   if "num_examples" in config and config.num_examples > len(sources["data"]):
     raise ValueError(f"config.num_examples={config.num_examples}, but the data ({sources['data'].name}) "
                      f"has {len(sources['data'])} examples, sampled without replacement; lower "
                      "config.num_examples.")
+
+
+def run_analysis(config: ml_collections.ConfigDict, workdir: str, module) -> dict | None:
+  """Checks what needs no model (config values, the data), then loads the models
+  and builds and runs the analysis of `module` (see `vitcnn_jax.analyses`)."""
+  check_config(config, module)
+  sources = {"data": pipeline.make_source(config.data)}
+  if getattr(module, "TEST_SPLIT", False):  # e.g. probes: fit on data, score on test
+    sources["test"] = pipeline.make_source(config.data, config.data.test_split)
+  check_sources(config, sources)
   models = load_models(config, module.MODELS, getattr(module, "OPTIONAL_MODELS", ()),
                        getattr(module, "HINT", ""), getattr(module, "ONE_OF", ()))
   return run(config, workdir, module.build(config, models), models, sources)

@@ -12,6 +12,7 @@ import os
 from typing import Any, Callable
 
 import jax
+import matplotlib
 import ml_collections
 import numpy as np
 
@@ -104,6 +105,38 @@ def _checkpoints(summary: Any) -> list[str]:
   return []
 
 
+def hover_map(matrix: np.ndarray, rows: list[str], cols: list[str], title: str) -> str:
+  """An inline SVG heatmap whose cells name their two layers and value on hover
+  (origin lower left, as in the PNG; its colour scale 0-1)."""
+  colours = matplotlib.colormaps["magma"](np.clip(matrix, 0, 1))
+  cells = []
+  for i, row in enumerate(rows):
+    for j, col in enumerate(cols):
+      r, g, b, _ = (255 * colours[i, j]).astype(int)
+      cells.append(f'<rect x="{j}" y="{len(rows) - 1 - i}" width="1" height="1" '
+                   f'fill="#{r:02x}{g:02x}{b:02x}"><title>{html.escape(row)} / {html.escape(col)}: '
+                   f"{matrix[i, j]:.3f}</title></rect>")
+  return (f'<figure><svg class=hover viewBox="0 0 {len(cols)} {len(rows)}" '
+          f'preserveAspectRatio="none" role="img" aria-label="{html.escape(title)}">{"".join(cells)}'
+          f"</svg><figcaption>{html.escape(title)}: hover a cell for its layers</figcaption></figure>")
+
+
+def _hover_maps(folder: str) -> str:
+  """Hover maps of every CKA matrix in the section's npz files."""
+  out = []
+  for f in sorted(os.listdir(folder)):
+    if not f.endswith(".npz") or f.endswith("_state.npz"):
+      continue
+    with np.load(os.path.join(folder, f)) as z:
+      names = {k[len("names_"):]: list(z[k]) for k in z.files if k.startswith("names_")}
+      for k in z.files:
+        pair = k[len("cka_"):] if k.startswith("cka_") else ""
+        a = next((m for m in names if pair.startswith(f"{m}_") and pair[len(m) + 1:] in names), None)
+        if a is not None:
+          out.append(hover_map(z[k], names[a], names[pair[len(a) + 1:]], k))
+  return f"<details><summary>Every layer (hover)</summary>{''.join(out)}</details>" if out else ""
+
+
 def _section(name: str, workdir: str, sub: str, config: ml_collections.ConfigDict) -> str:
   analysis = config.analysis
   folder = os.path.join(workdir, sub)
@@ -124,7 +157,7 @@ def _section(name: str, workdir: str, sub: str, config: ml_collections.ConfigDic
   ckpts = "".join(f"<li><code>{html.escape(c)}</code></li>" for c in dict.fromkeys(_checkpoints(summary)))
   return (f'<section id="{html.escape(name)}"><h2>{html.escape(name.replace("_", " "))}'
           f'<span class="fig">{html.escape(figs)}</span></h2>'
-          f"<p class=paper><b>The paper:</b> {html.escape(claim)}</p>{images}"
+          f"<p class=paper><b>The paper:</b> {html.escape(claim)}</p>{images}{_hover_maps(folder)}"
           f"<h3>Key numbers ({html.escape(sub)}/{html.escape(jsons[0] if jsons else '-')})</h3>"
           f"<table>{rows}</table><h3>Checkpoints</h3><ul>{ckpts}</ul>"
           f"<details><summary>Config</summary><pre>{html.escape(config.to_json_best_effort(indent=1))}"
@@ -137,7 +170,8 @@ STYLE = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em a
          "figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}"
          "figcaption{color:#666;font-size:.85em}table{border-collapse:collapse}"
          "td{border-bottom:1px solid #eee;padding:.2em .8em .2em 0}pre{font-size:12px;"
-         "background:#f6f6f6;padding:.6em;overflow:auto}.paper{background:#f4f7fb;padding:.6em}")
+         "background:#f6f6f6;padding:.6em;overflow:auto}.paper{background:#f4f7fb;padding:.6em}"
+         "svg.hover{width:100%;max-width:640px;aspect-ratio:1;display:block}")
 # Marks the page once every image has loaded or failed: a headless browser (and a
 # reader) can tell a complete page from one with missing figures.
 CHECK = ("<script>window.addEventListener('load',()=>{const i=[...document.images];"

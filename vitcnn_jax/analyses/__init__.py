@@ -5,7 +5,7 @@ None: any), `build(config, models) -> driver.Analysis`, which the driver runs,
 and optionally `HSIC_MINIBATCHES = True` (each step's rows are HSIC minibatches,
 so their sizes are checked before any model is loaded). `inspect` reads one
 checkpoint and runs no data, so it has `run(config, workdir)` and writes through
-`driver.write`.
+`driver.write`. The notebook API (`vitcnn_jax.api`) builds the same analyses.
 """
 
 from __future__ import annotations

@@ -96,11 +96,11 @@ class HeadSubsets:
       for i, g in enumerate(groups):
         a[i, g] = 1
       a[len(groups):, self.heads:] = np.eye(len(self.res_names))
-      hsic = a @ sums[0][0]["hsic"] @ a.T
+      pairs = a @ sums[0][0]["hsic"] @ a.T
       moments = a @ sums[0][0]["moments"]  # a subset's: the sum of its heads'
     else:
-      hsic, moments = sums[1][0]["hsic"], sums[1][0]["moments"]
-    full = hsic.cka_from_hsic(hsic, [f"heads{g}" for g in groups] + self.res_names,
+      pairs, moments = sums[1][0]["hsic"], sums[1][0]["moments"]
+    full = hsic.cka_from_hsic(pairs, [f"heads{g}" for g in groups] + self.res_names,
                              moments / self.config.num_examples)
     sub_cka = full[:len(groups), len(groups):]
     sub_dist = [float(head_dist[g].mean()) for g in groups]

@@ -38,6 +38,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   lines += [f"  {k:20s} from {v}" + ("  [assumed: pass --config.overrides." + k + "=... if "
                                        "it was trained otherwise]" if k in summary["assumed"] else "")
             for k, v in reading.evidence.items()]
+  if "image_size" not in reading.evidence:  # a ResNet: any size works, none is recorded
+    given = "resolution" in overrides or "image_size" in overrides
+    summary["image_size_source"] = "override" if given else "default (not in the file)"
+    lines.append(f"  {'image_size':20s} {fields['image_size']}: " + (
+        "as overridden" if given else "not recorded in the file, so the default; the points "
+        "below are at this size. Pass --config.overrides.resolution=N for the size the model "
+        "was trained at (32 for the demo ResNet)"))
   lines += [f"{summary['num_params']:,} parameters",
            f"{len(points)} representation points (per-example shapes):"]
   lines += [f"  {p['name']:40s} {tuple(p['shape'])}" for p in summary["points"]]

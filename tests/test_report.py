@@ -1,0 +1,83 @@
+"""configs/report.py: sections run into the workdir, one report.html, checked in a
+real headless browser (Debian's chromium): every figure loads; a missing one shows."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import upstream_files as uf
+from vitcnn_jax import analyses
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars"]
+
+
+def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
+  if CHROMIUM is None:
+    if os.environ.get("CI"):
+      pytest.fail("chromium is not installed; `make test` installs Debian's chromium.")
+    pytest.skip("chromium is not installed (apt-get install chromium)")
+  return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+                        capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  d = tmp_path_factory.mktemp("report")
+  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
+  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  config = report_config.get_config("demo,only=cka+attention_distance")
+  with config.unlocked():
+    for sub in config.runs.values():
+      sub.data.source, sub.data.num_examples, sub.num_examples, sub.batch_size = "synthetic", 64, 32, 16
+      for name, spec in sub.models.items():
+        spec.checkpoint = str(vit if name.startswith("vit") else bit)
+    config.runs.cka.repeats = 1
+  wd = d / "wd"
+  analyses.run(config, str(wd))
+  return wd
+
+
+def test_report_page_has_every_section_and_number(report):
+  page = (report / "report.html").read_text()
+  assert page.index('id="cka"') < page.index('id="attention_distance"')  # the paper's order
+  for fig in ("cka/cka_resnet_resnet.png", "cka/cka_resnet_vit.png", "cka/cka_vit_vit.png",
+              "attention_distance/attention_distance.png"):
+    assert f'src="{fig}"' in page and (report / fig).exists()
+  assert "Figs 1, 2, B.1" in page and "Figs 3, 4, C.5, C.6" in page
+  assert "mean CKA resnet_vit" in page and "uniform-attention distance (px)" in page
+  assert str(report.parent / "vit.npz") in page  # the checkpoints used
+  assert page.count("<svg class=hover") == 3  # a hover map per CKA matrix
+  assert "<title>root/conv / root/conv: 1.000</title>" in page
+  assert "<title>block00/ln1 / block00/ln1: 1.000</title>" in page
+
+
+def test_report_in_a_headless_browser(report, tmp_path):
+  dom = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom",
+                  (report / "report.html").as_uri())
+  title = re.search(r"<title>(.*?)</title>", dom.stdout)
+  assert title, dom.stderr[-2000:]
+  assert title.group(1).endswith("(4 figures, 0 missing)"), title.group(1)
+
+  shot = report / "report_screenshot.png"
+  _chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", (report / "report.html").as_uri())
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  pixels = matplotlib.image.imread(shot)
+  assert pixels.shape[:2] == (2400, 1200) and float(np.std(pixels)) > 0.05  # not a blank page
+
+  os.rename(report / "cka" / "cka_vit_vit.png", tmp_path / "moved.png")
+  try:
+    dom = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom",
+                    (report / "report.html").as_uri())
+    assert "(4 figures, 1 missing)" in dom.stdout and "missing: cka_vit_vit.png" in dom.stdout
+  finally:
+    os.rename(tmp_path / "moved.png", report / "cka" / "cka_vit_vit.png")
