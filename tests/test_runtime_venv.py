@@ -118,4 +118,4 @@ def test_pip_install_then_the_notebook_example_elsewhere(runtime_venv, tmp_path)
   r = subprocess.run([runtime_venv, "-c", NOTEBOOK, vit, bit], cwd=work, env=env,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert f"NOTEBOOK OK {site}/vitcnn_jax/__init__.py (31, 12) CKA: BiT vs ViT" in r.stdout, r.stdout
+  assert f"NOTEBOOK OK {site}/vitcnn_jax/__init__.py (31, 12) CKA within BiT" in r.stdout, r.stdout
