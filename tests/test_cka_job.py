@@ -136,9 +136,9 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path)
   plan, compiled = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
   assert plan.devices_per_minibatch > 1 and plan.peak_bytes <= config.device_memory_gib * memory.GIB
   assert (BATCH, plan.devices_per_minibatch) in compiled  # the steps it measured
-  # The run in a fresh process: in a long-lived test worker that had compiled many
-  # programs, this run once ended in an inf self-HSIC and once in a segfault (cause
-  # not found; see the closing note of issue 13).
+  # The run as main.py runs it, in a fresh process that reads the steps the planner
+  # wrote to the suite's persistent compilation cache (steps with collectives in a
+  # loop came back broken from it: why hsic's group rings are unrolled).
   r = _run(_flags(ckpts, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"),
            devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
