@@ -72,3 +72,11 @@ def network(roundings: int) -> float:
 VIT_ROUNDINGS = 1_100   # ViT w48 d2: patch 192 + 2 x 386 per block + final norm and head 96
 MIXER_ROUNDINGS = 700   # Mixer w32: 192 + 2 x 184 + 80
 BIT_ROUNDINGS = 20_000  # BiT w0.5, up to 5 units at 64 px; GroupNorm sums over H W C/32
+
+
+def job_runs_bound(batch: int) -> float:
+  """Two float32 runs of the tiny ViT + BiT CKA job (`tiny_vit_bit`), or of its
+  forwards, compiled apart: each CKA within its own bound twice over, plus 4x the
+  models' relative difference (each Gram moves by twice it). The widest layer:
+  BiT root conv at 32 px, 16 x 16 x 32 features."""
+  return 2 * cka_bound(batch, 16 * 16 * 32) + 4 * (network(VIT_ROUNDINGS) + network(BIT_ROUNDINGS))

@@ -11,24 +11,13 @@ import pytest
 
 import upstream_files as uf
 from conftest import ROOT, run_main
-from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
+from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
 
 N, BATCH = 48, 16
-# Two compiles of one job (each forward fused its own way): each CKA within its own
-# float32 bound twice over, plus 4x the models' relative difference. The widest
-# layer: BiT root conv at 32 px, 16 x 16 x 32 features.
-RUNS_BOUND = 2 * cka_bound(BATCH, 16 * 16 * 32) + 4 * (network(VIT_ROUNDINGS) + network(BIT_ROUNDINGS))
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-  d = tmp_path_factory.mktemp("ckpt")
-  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
-  return vit, bit
+RUNS_BOUND = job_runs_bound(BATCH)  # the job compiled twice
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +28,8 @@ def images():
   return np.clip(grey + rng.integers(0, 30, grey.shape), 0, 255).astype(np.uint8), rng.integers(0, 10, N)
 
 
-def test_cka_is_the_config_job(ckpts, images, tmp_path):
-  vit, bit = ckpts
+def test_cka_is_the_config_job(tiny_vit_bit, images, tmp_path):
+  vit, bit = tiny_vit_bit
   grey, labels = images
   write_idx(tmp_path / "idx", "t10k", grey, labels)
   wd = tmp_path / "job"
@@ -60,8 +49,8 @@ def test_cka_is_the_config_job(ckpts, images, tmp_path):
   assert r.summary["num_examples"] == json.loads((wd / "cka.json").read_text())["num_examples"]
 
 
-def test_a_finished_workdir_is_reused_and_says_so(ckpts, images, tmp_path, capsys):
-  vit, _ = ckpts
+def test_a_finished_workdir_is_reused_and_says_so(tiny_vit_bit, images, tmp_path, capsys):
+  vit, _ = tiny_vit_bit
   first = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
   assert "holds a finished" not in capsys.readouterr().out
   again = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
@@ -70,8 +59,8 @@ def test_a_finished_workdir_is_reused_and_says_so(ckpts, images, tmp_path, capsy
   np.testing.assert_array_equal(first["cka_v_v"], again["cka_v_v"])
 
 
-def test_in_memory_model_and_labels(ckpts, images):
-  vit, _ = ckpts
+def test_in_memory_model_and_labels(tiny_vit_bit, images):
+  vit, _ = tiny_vit_bit
   grey, _ = images
   model, params = checkpoints.load_model(vit)
   from_file = vj.cka({"ViT-B/8": vit}, grey, layers="blocks", batch_size=BATCH)
@@ -82,8 +71,8 @@ def test_in_memory_model_and_labels(ckpts, images):
   assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
 
 
-def test_plot_returns_the_figures_it_writes(ckpts, images, tmp_path):
-  vit, bit = ckpts
+def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
+  vit, bit = tiny_vit_bit
   r = vj.cka({"ViT": vit, "BiT": {"checkpoint": bit, "resolution": 32}}, images[0][:32],
              batch_size=BATCH, workdir=str(tmp_path))
   figs = r.plot(format="pdf", vmin=0.2)
@@ -96,8 +85,8 @@ def test_plot_returns_the_figures_it_writes(ckpts, images, tmp_path):
   assert "cka_bit_vit[" in repr(r)
 
 
-def test_attention_distance_and_skip_ratio(ckpts, images):
-  vit, bit = ckpts
+def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
+  vit, bit = tiny_vit_bit
   grey = images[0][:16]
   r = vj.attention_distance(vit, grey, label="tiny ViT", batch_size=8)
   assert r["mean_distance"].shape == (2, 3)  # blocks x heads
@@ -106,8 +95,8 @@ def test_attention_distance_and_skip_ratio(ckpts, images):
   assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["bit_ratio"]).all()
 
 
-def test_mistakes_are_named(ckpts, images, tmp_path):
-  vit, _ = ckpts
+def test_mistakes_are_named(tiny_vit_bit, images, tmp_path):
+  vit, _ = tiny_vit_bit
   grey = images[0]
   with pytest.raises(TypeError, match="float32.*uint8"):
     vj.cka({"v": vit}, grey.astype(np.float32))
@@ -121,8 +110,8 @@ def test_mistakes_are_named(ckpts, images, tmp_path):
     vj.cka({"v": [vit]}, grey)
 
 
-def test_the_other_analyses_run_from_one_line(ckpts, images):
-  vit, bit = ckpts
+def test_the_other_analyses_run_from_one_line(tiny_vit_bit, images):
+  vit, bit = tiny_vit_bit
   grey, labels = images
   vit2 = uf.save(os.path.join(os.path.dirname(vit), "vit2.npz"),
                  uf.vt_vit(1, width=48, depth=2, heads=3, mlp=96, patch=8))

@@ -14,27 +14,16 @@ import pytest
 
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
-from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
+from numerics import assert_close, job_runs_bound
 from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, data, zoo
 
 EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
-# Two float32 runs of the job (or of its forwards): each CKA within its own bound twice
-# over, plus 4x the models' relative difference (each Gram moves by twice it). The
-# widest layer: BiT root conv at 32 px, 16 x 16 x 32 features.
-RUNS_BOUND = 2 * cka_bound(BATCH, 16 * 16 * 32) + 4 * (network(VIT_ROUNDINGS) + network(BIT_ROUNDINGS))
+RUNS_BOUND = job_runs_bound(BATCH)
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-  d = tmp_path_factory.mktemp("ckpt")
-  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
-  return vit, bit
-
-
-def _flags(ckpts, workdir, *extra):
-  vit, bit = ckpts
+def _flags(tiny_vit_bit, workdir, *extra):
+  vit, bit = tiny_vit_bit
   return [f"--config={ROOT}/configs/cka_vit_resnet.py:examples={EXAMPLES},batch={BATCH},repeats={REPEATS}",
           f"--workdir={workdir}", f"--config.models.vit.checkpoint={vit}",
           f"--config.models.resnet.checkpoint={bit}", "--config.models.resnet.overrides.resolution=32",
@@ -47,9 +36,9 @@ def _run(args, devices=None, check=True):
 
 
 @pytest.fixture(scope="module")
-def one_device(ckpts, tmp_path_factory):
+def one_device(tiny_vit_bit, tmp_path_factory):
   wd = tmp_path_factory.mktemp("one")
-  _run(_flags(ckpts, wd), devices=1)
+  _run(_flags(tiny_vit_bit, wd), devices=1)
   return wd
 
 
@@ -70,11 +59,11 @@ def test_writes_results_and_figures(one_device):
     assert (wd / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_matches_an_independent_float64_computation(one_device, ckpts):
+def test_matches_an_independent_float64_computation(one_device, tiny_vit_bit):
   """Same samples through the models in-process, CKA in float64 NumPy."""
   z = np.load(one_device / "cka.npz")
   source = data.SyntheticSource(64, 32, 0)
-  vit, bit = ckpts
+  vit, bit = tiny_vit_bit
   mx, px = checkpoints.load_model(vit)
   my, py = checkpoints.load_model(bit, resolution=32)
   pairs = [("block00/ln1", "root/conv"), ("block01/out", "block3/unit01/conv2"),
@@ -97,30 +86,30 @@ def test_matches_an_independent_float64_computation(one_device, ckpts):
       assert_close(ours, ref, RUNS_BOUND, f"repeat {repeat}: {a} x {b}")
 
 
-def test_eight_devices_equal_one_device(one_device, ckpts, tmp_path):
-  _run(_flags(ckpts, tmp_path))
+def test_eight_devices_equal_one_device(one_device, tiny_vit_bit, tmp_path):
+  _run(_flags(tiny_vit_bit, tmp_path))
   a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "8 devices vs 1")
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
 
 
 @pytest.mark.parametrize("group", [2, 8])
-def test_minibatches_spread_over_devices_equal_one_device(one_device, ckpts, tmp_path, group):
+def test_minibatches_spread_over_devices_equal_one_device(one_device, tiny_vit_bit, tmp_path, group):
   """Each minibatch of 8 over `group` of the 8 devices (rows of 4 or 1; the last
   minibatch of 4 leaves devices with padding only)."""
-  _run(_flags(ckpts, tmp_path, f"--config.devices_per_minibatch={group}"))
+  _run(_flags(tiny_vit_bit, tmp_path, f"--config.devices_per_minibatch={group}"))
   a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, f"{group} devices per minibatch vs 1")
 
 
-def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path):
+def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tmp_path):
   """A fake device memory (config.device_memory_gib) between the step's compiled
   peak on one device and on 8 makes the planner spread each minibatch; one too
   small for any group names the largest minibatch that fits."""
   from conftest import _config_from_flags  # pylint: disable=g-import-not-at-top
   from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
-  config, _ = _config_from_flags(_flags(ckpts, tmp_path))
+  config, _ = _config_from_flags(_flags(tiny_vit_bit, tmp_path))
   models = driver.load_models(config, None)
   job = cka_job.build(config, models)
   peaks = {}
@@ -139,7 +128,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path)
   # The run as main.py runs it, in a fresh process that reads the steps the planner
   # wrote to the suite's persistent compilation cache (steps with collectives in a
   # loop came back broken from it: why hsic's group rings are unrolled).
-  r = _run(_flags(ckpts, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"),
+  r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"),
            devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
   assert np.load(tmp_path / "cka.npz")["per_repeat"].shape[0] == REPEATS
@@ -150,7 +139,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(ckpts, tmp_path)
 
 
 @pytest.mark.parametrize("group", [1, 8])
-def test_two_processes_equal_one_process(one_device, ckpts, tmp_path, group):
+def test_two_processes_equal_one_process(one_device, tiny_vit_bit, tmp_path, group):
   """Two processes x 4 CPU devices over loopback (gloo), each loading its own rows;
   with group 8, each minibatch spans both processes."""
   with socket.socket() as s:
@@ -158,7 +147,7 @@ def test_two_processes_equal_one_process(one_device, ckpts, tmp_path, group):
     port = s.getsockname()[1]
   env = device_env(4)
   procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(ckpts, tmp_path),
+      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(tiny_vit_bit, tmp_path),
        f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
        f"--process_id={i}", "--cpu_collectives=gloo"],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -170,43 +159,43 @@ def test_two_processes_equal_one_process(one_device, ckpts, tmp_path, group):
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
 
 
-def test_interrupted_run_resumes_to_the_same_result(one_device, ckpts, tmp_path):
-  r = _run(_flags(ckpts, tmp_path, "--config.stop_after=4"), devices=1)
+def test_interrupted_run_resumes_to_the_same_result(one_device, tiny_vit_bit, tmp_path):
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.stop_after=4"), devices=1)
   assert "Stopped after 4 steps" in r.stdout
   assert (tmp_path / "cka_state.npz").exists() and not (tmp_path / "cka.npz").exists()
   state = np.load(tmp_path / "cka_state.npz")
   assert tuple(state["position"]) == (0, 0, 4)  # pass 0, repeat 0, after step 4
-  _run(_flags(ckpts, tmp_path), devices=1)
+  _run(_flags(tiny_vit_bit, tmp_path), devices=1)
   np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"],
                                 np.load(one_device / "cka.npz")["per_repeat"])
 
 
-def test_bad_config_fields_are_named(ckpts, tmp_path):
-  r = _run(_flags(ckpts, tmp_path, "--config.batch_size=3"), check=False)
+def test_bad_config_fields_are_named(tiny_vit_bit, tmp_path):
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.batch_size=3"), check=False)
   assert r.returncode != 0 and "config.batch_size=3" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.num_examples=42"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.num_examples=42"), check=False)
   assert r.returncode != 0 and "last minibatch of 2" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.num_examples=100"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.num_examples=100"), check=False)
   assert r.returncode != 0 and "config.num_examples=100, but the data" in r.stderr and "has 64 examples" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.models.vit.capture=block*/nothing"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.models.vit.capture=block*/nothing"), check=False)
   assert r.returncode != 0 and "capture: " in r.stderr and "match no representation point" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.models.vit.checkpoint=gs://nowhere/x.npz"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.models.vit.checkpoint=gs://nowhere/x.npz"), check=False)
   assert r.returncode != 0 and "--config.models.vit.checkpoint=" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.data.source=csv"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.data.source=csv"), check=False)
   assert r.returncode != 0 and "config.data.source='csv'" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.gram_precision=fp16"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.gram_precision=fp16"), check=False)
   assert r.returncode != 0 and "config.gram_precision: gram precision 'fp16' is not one of" in r.stderr
-  r = _run(_flags(ckpts, tmp_path, "--config.devices_per_minibatch=3"), check=False)
+  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.devices_per_minibatch=3"), check=False)
   assert r.returncode != 0 and "config.devices_per_minibatch=3 must divide both the 8 devices" in r.stderr
 
 
-def test_three_models_as_a_mapping(ckpts, one_device, tmp_path):
+def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
   """config.models = {name: spec}: every pair's block from one HSIC matrix, equal to
   the two-model run's blocks for the same two models."""
   import ml_collections
   from configs import cka_vit_resnet, common
   from vitcnn_jax import analyses
-  vit, bit = ckpts
+  vit, bit = tiny_vit_bit
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models = ml_collections.ConfigDict({

@@ -11,7 +11,6 @@ import subprocess
 import numpy as np
 import pytest
 
-import upstream_files as uf
 from vitcnn_jax import analyses
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -30,11 +29,10 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, tiny_vit_bit):
   from configs import report as report_config  # pylint: disable=g-import-not-at-top
   d = tmp_path_factory.mktemp("report")
-  vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  vit, bit = tiny_vit_bit
   config = report_config.get_config("demo,only=cka+attention_distance")
   with config.unlocked():
     for sub in config.runs.values():
@@ -47,7 +45,7 @@ def report(tmp_path_factory):
   return wd
 
 
-def test_report_page_has_every_section_and_number(report):
+def test_report_page_has_every_section_and_number(report, tiny_vit_bit):
   page = (report / "report.html").read_text()
   assert page.index('id="cka"') < page.index('id="attention_distance"')  # the paper's order
   for fig in ("cka/cka_resnet_resnet.png", "cka/cka_resnet_vit.png", "cka/cka_vit_vit.png",
@@ -55,7 +53,7 @@ def test_report_page_has_every_section_and_number(report):
     assert f'src="{fig}"' in page and (report / fig).exists()
   assert "Figs 1, 2, B.1" in page and "Figs 3, 4, C.5, C.6" in page
   assert "mean CKA resnet_vit" in page and "uniform-attention distance (px)" in page
-  assert str(report.parent / "vit.npz") in page  # the checkpoints used
+  assert tiny_vit_bit[0] in page and tiny_vit_bit[1] in page  # the checkpoints used
   assert page.count("<svg class=hover") == 3  # a hover map per CKA matrix
   assert "<title>root/conv / root/conv: 1.000</title>" in page
   assert "<title>block00/ln1 / block00/ln1: 1.000</title>" in page
