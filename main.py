@@ -72,7 +72,7 @@ def quiet_start() -> None:
 def main(argv: list[str]) -> int:
   quiet_start()
   if legacy := legacy_flag(argv[1:]):
-    print(f"main.py: {legacy}", file=sys.stderr)
+    print(f"main.py: error: {legacy}", file=sys.stderr)
     return 2
   verbose = "--verbose" in argv
   try:
