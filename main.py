@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Analysis config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for results and figures.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of an error.")
+flags.DEFINE_bool("verbose", False, "Show the traceback of an error.")  # read from argv, before parsing
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Join a multi-process JAX job.")
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
@@ -38,9 +38,9 @@ USER_ERRORS = (ValueError, KeyError, OSError, ImportError, MemoryError, Floating
 
 def legacy_flag(argv: list[str]) -> str | None:
   """The message for a flag of a model field from before `config.models`, if any."""
-  from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import control  # pylint: disable=g-import-not-at-top
   for arg in argv:
-    for old, new in driver.LEGACY_FIELDS.items():
+    for old, new in control.LEGACY_FIELDS.items():
       if arg.startswith(f"--config.{old}."):
         return (f"{arg.split('=')[0]}: models are now the mapping config.models (name -> spec); "
                 f"use --config.models.{new}.{arg.split('=')[0][len(f'--config.{old}.'):]} "
@@ -77,12 +77,12 @@ def main(argv: list[str]) -> int:
   verbose = "--verbose" in argv
   try:
     flags.FLAGS(argv)
-    from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+    from vitcnn_jax import jobs  # pylint: disable=g-import-not-at-top
     from vitcnn_jax import parallel  # pylint: disable=g-import-not-at-top
     if _DISTRIBUTED.value:
       parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           _CPU_COLLECTIVES.value)
-    analyses.run(_CONFIG.value, _WORKDIR.value)
+    jobs.run(_CONFIG.value, _WORKDIR.value)
   except (*USER_ERRORS, AttributeError) as e:
     if isinstance(e, AttributeError) and not isinstance(e.__context__, KeyError):
       raise  # not a missing config field: a bug

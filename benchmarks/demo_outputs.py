@@ -1,6 +1,6 @@
 r"""Every analysis's `:demo` output, run and compared across two checkouts.
 
-  python benchmarks/demo_outputs.py run DIR            # each demo into DIR/<config>
+  python benchmarks/demo_outputs.py run DIR            # each demo into DIR/<config>_<variant>
   python benchmarks/demo_outputs.py compare DIR_A DIR_B [--tol 1e-6] [--rename OLD=NEW[.T] ...]
 
 For refactors that must not change results: run it in the old checkout and in
@@ -20,22 +20,27 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ("cka_vit_resnet", "attention_distance", "head_subsets", "receptive_field",
-           "skip_ratio", "localization")
+# Every `:demo*` variant of every config (the demo models are trained once, cached).
+DEMOS = (("cka_vit_resnet", "demo"), ("cka_vit_resnet", "demo3"), ("cka_vit_resnet", "demo_mixer"),
+         ("attention_distance", "demo"), ("head_subsets", "demo"), ("receptive_field", "demo"),
+         ("receptive_field", "demo_mixer"), ("skip_ratio", "demo"), ("skip_ratio", "demo_mixer"),
+         ("localization", "demo"), ("localization", "demo_gap"), ("localization", "demo_mixer"),
+         ("linear_probe", "demo"), ("linear_probe", "demo_tokens"), ("linear_probe", "demo_mixer"),
+         ("skip_ablation", "demo"), ("data_scale", "demo"), ("data_scale", "demo_finetune"))
 
 
 def run(out_dir: str) -> None:
-  for name in CONFIGS:
-    workdir = os.path.join(os.path.abspath(out_dir), name)
+  for config, variant in DEMOS:
+    workdir = os.path.join(os.path.abspath(out_dir), f"{config}_{variant}")
     cmd = [sys.executable, os.path.join(ROOT, "main.py"),
-           f"--config={ROOT}/configs/{name}.py:demo", f"--workdir={workdir}"]
+           f"--config={ROOT}/configs/{config}.py:{variant}", f"--workdir={workdir}"]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
 def compare(a: str, b: str, tol: float, rename: dict[str, str]) -> int:
   bad = 0
-  for name in CONFIGS:
+  for name in sorted(os.listdir(a)):
     files = sorted(f for f in os.listdir(os.path.join(a, name))
                    if f.endswith(".npz") and not f.endswith("_state.npz"))
     for f in files:

@@ -1,35 +1,23 @@
-"""Shared config pieces: `arg` parsing, model specs, the driver's fields (the
-paper's layer sets, checkpoints and data specs live in `vitcnn_jax.zoo`)."""
+"""Shared config pieces: an analysis's declared fields, `arg` parsing, model specs,
+the demo models. No jax here (the analyses declare their fields in a literal
+that `declaration.defaults` reads; checkpoints and data specs live in
+`vitcnn_jax.zoo`)."""
 
 from __future__ import annotations
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from vitcnn_jax import driver
+from vitcnn_jax import control
+from vitcnn_jax import declaration
 from vitcnn_jax import zoo
 
 
-def run_control(config: ml_collections.ConfigDict) -> None:
-  """The driver's fields, the same for every analysis (`driver.CONTROL` documents them)."""
-  config.update(ml_collections.ConfigDict(driver.CONTROL))
-
-
-def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
-            demo_repeats: int = 3) -> ml_collections.ConfigDict:
-  """`:arg` of a minibatch-CKA config: the paper's protocol by default, smaller for demos."""
-  demo = is_demo(arg)
-  return parse_arg(arg, variant=variant, examples=demo_examples if demo else 10240,
-                   batch=256 if demo else 1024, repeats=demo_repeats if demo else 20, seed=0)
-
-
-def cka_protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
-  """The minibatch-CKA fields from a parsed `cka_arg`, and the driver's fields."""
-  config.num_examples = arg.examples  # paper: 10,240 ...
-  config.batch_size = arg.batch  # ... in minibatches of 1,024
-  config.repeats = arg.repeats  # paper: mean of 20 repeats
-  config.seed = arg.seed
-  run_control(config)
+def analysis(name: str) -> ml_collections.ConfigDict:
+  """A config of analysis `name`: its declared fields with their defaults (the
+  paper's protocol, see `vitcnn_jax/analyses/NAME.py`) and the driver's fields."""
+  return ml_collections.ConfigDict({"analysis": name, **declaration.defaults(name),
+                                    **control.CONTROL})
 
 
 def is_demo(arg: str | None) -> bool:
@@ -55,6 +43,24 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
+            demo_repeats: int = 3) -> ml_collections.ConfigDict:
+  """`:arg` of a minibatch-CKA config: the paper's protocol (the analysis's
+  defaults) unless given, smaller for demos."""
+  demo, paper = is_demo(arg), declaration.defaults("cka")
+  return parse_arg(arg, variant=variant, examples=demo_examples if demo else paper["num_examples"],
+                   batch=256 if demo else paper["batch_size"],
+                   repeats=demo_repeats if demo else paper["repeats"], seed=0)
+
+
+def protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:
+  """The protocol fields a parsed `arg` sets (those it has)."""
+  for field, name in (("num_examples", "examples"), ("batch_size", "batch"),
+                      ("repeats", "repeats"), ("seed", "seed")):
+    if name in arg:
+      config[field] = arg[name]
+
+
 def overrides(**given) -> ml_collections.ConfigDict:
   """`load_model` overrides, each settable from the command line (unset: None)."""
   fields = dict(resolution=placeholder(int), pool=placeholder(str), gelu=placeholder(str),
@@ -64,8 +70,11 @@ def overrides(**given) -> ml_collections.ConfigDict:
 
 
 def model(checkpoint: str, capture, label: str, **given) -> ml_collections.ConfigDict:
+  """A model spec; `capture` holds glob patterns or preset names ("paper", "blocks",
+  "all": the family's `layer_presets`)."""
+  capture = (capture,) if isinstance(capture, str) else tuple(capture)
   return ml_collections.ConfigDict(dict(
-      checkpoint=checkpoint, label=label, capture=tuple(capture), policy="",
+      checkpoint=checkpoint, label=label, capture=capture, policy="",
       overrides=overrides(**given)))
 
 
@@ -74,6 +83,24 @@ def trained(train: ml_collections.ConfigDict, capture, label: str) -> ml_collect
   spec = model("", capture, label, resolution=train.model.image_size)  # npz files of BiT
   spec.train = train  # models do not record their input size: run at the training one
   return spec
+
+
+DEMO_MODELS = {  # name -> (demo training variant, label)
+    "vit": ("vit_demo", "ViT (demo)"),
+    "resnet": ("bit_demo", "BiT (demo)"),
+    "vit_gap": ("vit_gap_demo", "ViT GAP (demo)"),
+    "mixer": ("mixer_demo", "Mixer (demo)"),
+}
+
+
+def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet"), capture="paper") -> None:
+  """Tiny Fashion-MNIST models trained on first use (cached in config.cache_dir),
+  and their held-out test images as the data."""
+  config.models = ml_collections.ConfigDict()
+  for name in names:
+    variant, label = DEMO_MODELS[name]
+    config.models[name] = trained(zoo.demo_training(variant), capture, label)
+  config.data = zoo.fashion_mnist("t10k")
 
 
 def imagenet_validation(data_dir: str = "") -> ml_collections.ConfigDict:

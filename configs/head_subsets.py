@@ -11,44 +11,31 @@ point; the defaults here are sliding windows of a quarter of the heads
 
 import ml_collections
 
-from configs import cka_vit_resnet
 from configs import common
 from vitcnn_jax import zoo
 
 LOWER_RESNET = ["block1/unit01/out", "block1/unit02/out", "block1/unit03/out",
                 "block2/unit01/out", "block2/unit02/out"]
-PAIRS = {
-    "l16_r50": ("ViT-L/16", "BiT-R50x1", 16),  # names in zoo.CHECKPOINTS, also the labels
-    "h14_r152": ("ViT-H/14", "BiT-R152x2", 16),
-}
+PAIRS = {"l16_r50": ("ViT-L/16", "BiT-R50x1"), "h14_r152": ("ViT-H/14", "BiT-R152x2")}  # zoo names
+REPORT = {"head_subsets": ("demo", "l16_r50", 5)}  # report section: demo and paper variants, order
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   demo = common.is_demo(arg)
-  arg = common.parse_arg(arg, variant="l16_r50", examples=2560 if demo else 10240,
-                         batch=256 if demo else 1024)
-  config = ml_collections.ConfigDict()
-  config.analysis = "head_subsets"
+  config = common.analysis("head_subsets")  # subsets of a quarter of the heads, stride 1
+  arg = common.parse_arg(arg, variant="l16_r50", examples=2560 if demo else config.num_examples,
+                         batch=256 if demo else config.batch_size)
   if demo:
-    cka_vit_resnet.demo_models(config)
+    common.demo_models(config)
+    config.models.vit.capture = ("all",)
     config.models.resnet.capture = ("block1/unit01/out", "block2/unit01/out")
-    heads = 4
   elif arg.variant in PAIRS:
-    vit, res, heads = PAIRS[arg.variant]
+    vit, res = PAIRS[arg.variant]
     config.models = dict(
-        vit=common.model(zoo.CHECKPOINTS[vit], ["**"], vit),
-        resnet=common.model(zoo.CHECKPOINTS[res], LOWER_RESNET, res,
-                            resolution=224))
+        vit=common.model(zoo.CHECKPOINTS[vit], "all", vit),
+        resnet=common.model(zoo.CHECKPOINTS[res], LOWER_RESNET, res, resolution=224))
     config.data = common.imagenet_validation()
-    config.cache_dir = ""
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
-  config.block = 0  # the paper uses the first block
-  config.subset_size = max(1, heads // 4)
-  config.subset_stride = 1
-  config.tap = "heads"  # "heads" (before the output projection) or "projected"
-  config.num_examples = arg.examples
-  config.batch_size = arg.batch  # per device (a CKA minibatch)
-  config.seed = 0
-  common.run_control(config)
+  common.protocol(config, arg)
   return config

@@ -33,37 +33,29 @@ where the fit keeps the shots' rows.
 
 import ml_collections
 
-from configs import cka_vit_resnet
 from configs import common
-from vitcnn_jax import probe
 from vitcnn_jax import zoo
 
-VIT_BLOCKS, BIT_BLOCKS = ("block*/out",), ("block*/unit*/out",)
 CIFAR = {"cifar10": "cifar10", "cifar100": "cifar100"}
+DEMOS = {"demo": ("vit", "vit_gap", "resnet"), "demo_tokens": ("vit", "vit_gap"),
+         "demo_mixer": ("vit", "mixer")}
+# Report sections: the per-token probes (Fig 11) and the layer-wise ones (Fig 13).
+REPORT = {"linear_probe": ("demo_tokens", "b32_tokens", 11), "layerwise_probe": ("demo", "imagenet10", 13)}
 
 
-def _vit(path: str, label: str, features) -> ml_collections.ConfigDict:
-  spec = common.model(path, VIT_BLOCKS, label)
+def _model(path: str, label: str, features, **overrides) -> ml_collections.ConfigDict:
+  spec = common.model(path, "blocks", label, **overrides)
   spec.features = tuple(features)
-  return spec
-
-
-def _bit(path: str, label: str) -> ml_collections.ConfigDict:
-  spec = common.model(path, BIT_BLOCKS, label, resolution=224)
-  spec.features = ("mean",)
   return spec
 
 
 def _demo(config: ml_collections.ConfigDict, variant: str) -> None:
   tokens = variant == "demo_tokens"
-  names = {"demo": ("vit", "vit_gap", "resnet"), "demo_tokens": ("vit", "vit_gap"),
-           "demo_mixer": ("vit", "mixer")}[variant]
-  cka_vit_resnet.demo_models(config, names)
+  common.demo_models(config, DEMOS[variant], "blocks")
   features = {"vit": ("cls", "spatial_mean", "mean", "each") if tokens else ("cls", "mean"),
               "vit_gap": ("first", "mean", "each") if tokens else ("mean",),
               "resnet": ("mean",), "mixer": ("mean",)}
-  for name in names:
-    config.models[name].capture = BIT_BLOCKS if name == "resnet" else VIT_BLOCKS
+  for name in DEMOS[variant]:
     config.models[name].features = features[name]
   config.data = zoo.fashion_mnist("train")
   config.data.test_split = "t10k"
@@ -72,37 +64,32 @@ def _demo(config: ml_collections.ConfigDict, variant: str) -> None:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   demo = common.is_demo(arg)
-  arg = common.parse_arg(arg, variant="imagenet10", shots=10, seeds=3, test=5000 if demo else 0,
-                         batch=256)
-  config = ml_collections.ConfigDict()
-  config.analysis = "linear_probe"
-  config.shots = arg.shots  # per class; 0: every training example (then seeds=1)
-  config.seeds = arg.seeds  # draws of the shots; mean and spread over them
-  config.l2 = 0.0  # 0: chosen per probe on held-out examples from l2_sweep; big_vision fixes 2**10
-  config.l2_sweep = probe.L2_SWEEP
-  config.test_examples = arg.test  # the first N of the test split; 0: all
-  if arg.variant in ("demo", "demo_tokens", "demo_mixer"):
+  config = common.analysis("linear_probe")
+  arg = common.parse_arg(arg, variant="imagenet10", shots=config.shots, seeds=config.seeds,
+                         test=5000 if demo else 0, batch=config.batch_size)
+  config.shots, config.seeds, config.test_examples = arg.shots, arg.seeds, arg.test
+  config.l2 = 0.0  # chosen per probe on held-out training examples, as the paper
+  if arg.variant in DEMOS:
     _demo(config, arg.variant)
-  elif arg.variant in ("imagenet10", "b32_tokens"):
-    if arg.variant == "imagenet10":
-      config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
-                           resnet=_bit(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1"))
-    else:
-      config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", ("cls", "spatial_mean", "each")))
-    config.data = zoo.data_spec("tfds", name="imagenet2012", split="train", test_split="validation")
-    config.holdout = 10000  # the paper: "a held-out part of the training set"
-    config.cache_dir = ""
+  elif arg.variant == "imagenet10":
+    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
+                         resnet=_model(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", ("mean",),
+                                       resolution=224))
+  elif arg.variant == "b32_tokens":
+    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32",
+                                    ("cls", "spatial_mean", "each")))
   elif arg.variant in CIFAR:
-    config.models = dict(vit=_vit(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
-                         resnet=_bit(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1"))
+    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
+                         resnet=_model(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", ("mean",),
+                                       resolution=224))
     config.data = zoo.data_spec("tfds", name=CIFAR[arg.variant], split="train", test_split="test")
     config.holdout = 5000
     config.shots, config.seeds = 0, 1
-    config.cache_dir = ""
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of demo, demo_tokens, demo_mixer, "
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {', '.join(DEMOS)}, "
                      f"imagenet10, b32_tokens, {', '.join(CIFAR)}.")
-  config.batch_size = arg.batch  # per device
-  config.seed = 0
-  common.run_control(config)
+  if arg.variant in ("imagenet10", "b32_tokens"):
+    config.data = zoo.data_spec("tfds", name="imagenet2012", split="train", test_split="validation")
+    config.holdout = 10000  # the paper: "a held-out part of the training set"
+  config.batch_size = arg.batch
   return config

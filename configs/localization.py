@@ -14,43 +14,32 @@ pooling instead of a CLS token: Fig 10's comparison, run it beside `demo`),
 
 import ml_collections
 
-from configs import cka_vit_resnet
 from configs import common
 from vitcnn_jax import zoo
 
-MODELS = {
-    "l16": (zoo.CHECKPOINTS["ViT-L/16"], "ViT-L/16", "block23/out"),
-    "b32": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", "block11/out"),
-    "r50": (zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", "block4/unit03/out"),
-    "mixer_b16": (zoo.CHECKPOINTS["Mixer-B/16"], "Mixer-B/16", "block11/out"),
+MODELS = {  # variant -> (checkpoint, label, config name); the layer: the last block's output
+    "l16": (zoo.CHECKPOINTS["ViT-L/16"], "ViT-L/16", "vit"),
+    "b32": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", "vit"),
+    "r50": (zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", "resnet"),
+    "mixer_b16": (zoo.CHECKPOINTS["Mixer-B/16"], "Mixer-B/16", "mixer"),
 }
 DEMOS = {"demo": "vit", "demo_gap": "vit_gap", "demo_mixer": "mixer"}  # -> demo model
+REPORT = {"localization": ("demo", "l16", 9)}  # report section: demo and paper variants, order
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   demo = common.is_demo(arg)
-  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else 10240,
-                         batch=256 if demo else 1024)
-  config = ml_collections.ConfigDict()
-  config.analysis = "localization"
+  config = common.analysis("localization")
+  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else config.num_examples,
+                         batch=256 if demo else config.batch_size)
   if arg.variant in DEMOS:
-    name = DEMOS[arg.variant]
-    cka_vit_resnet.demo_models(config, (name,))
-    config.models[name].capture = ("**",)
-    config.layer = "block03/out"
+    common.demo_models(config, (DEMOS[arg.variant],), "all")
   elif arg.variant in MODELS:
-    path, label, layer = MODELS[arg.variant]
+    path, label, name = MODELS[arg.variant]
     overrides = {"resolution": 224} if arg.variant == "r50" else {}
-    name = {"r50": "resnet", "mixer_b16": "mixer"}.get(arg.variant, "vit")
-    config.models = {name: common.model(path, ["**"], label, **overrides)}
+    config.models = {name: common.model(path, "all", label, **overrides)}
     config.data = common.imagenet_validation()
-    config.cache_dir = ""
-    config.layer = layer
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(MODELS) + sorted(DEMOS)}.")
-  config.num_examples = arg.examples
-  config.batch_size = arg.batch  # per device (a CKA minibatch)
-  config.seed = 0
-  config.tokens = []  # default: one off-centre token and the centre token
-  common.run_control(config)
+  common.protocol(config, arg)
   return config

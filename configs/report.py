@@ -11,45 +11,48 @@ Variants: `demo` (every `:demo` config, offline on Fashion-MNIST; the first run
 trains the demo models, about 25 minutes on 2 CPU cores, later runs reuse them)
 or `paper` (each config's default, the paper's checkpoints and ImageNet; set
 their data flags, e.g. --config.runs.cka.data.data_dir=DIR). Then
-`only=cka+skip_ratio` keeps some sections.
+`only=cka+skip_ratio` keeps some sections. Sections are the configs that
+declare `REPORT` (section -> demo variant, paper variant, order).
 """
 
 import importlib
+import os
 
 import ml_collections
 
 from configs import common
 
-# Section -> (config file, its demo variant, its paper variant).
-SECTIONS = {
-    "cka": ("cka_vit_resnet", "demo", "b16_r50"),
-    "attention_distance": ("attention_distance", "demo", "l16"),
-    "head_subsets": ("head_subsets", "demo", "l16_r50"),
-    "receptive_field": ("receptive_field", "demo", "b32_r50"),
-    "skip_ratio": ("skip_ratio", "demo", "b16_r50"),
-    "skip_ablation": ("skip_ablation", "demo", "b32"),
-    "localization": ("localization", "demo", "l16"),
-    "linear_probe": ("linear_probe", "demo_tokens", "b32_tokens"),
-    "layerwise_probe": ("linear_probe", "demo", "imagenet10"),
-    "data_scale": ("data_scale", "demo", "b32"),
-}
+CONFIGS = os.path.dirname(os.path.abspath(__file__))
+
+
+def sections() -> dict[str, tuple[str, str, str, int]]:
+  """Section -> (config file, its demo variant, its paper variant, order): every
+  config that declares `REPORT`, in the order of the paper's figures."""
+  found = []
+  for f in sorted(os.listdir(CONFIGS)):
+    if f.endswith(".py") and f not in ("__init__.py", "report.py"):
+      module = importlib.import_module(f"configs.{f[:-3]}")
+      found += [(order, name, (f[:-3], demo, paper, order))
+                for name, (demo, paper, order) in getattr(module, "REPORT", {}).items()]
+  return {name: entry for _, name, entry in sorted(found)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.parse_arg(arg, variant="demo", only="")
   if arg.variant not in ("demo", "paper"):
     raise ValueError(f"Unknown variant {arg.variant!r}; expected demo or paper.")
+  known = sections()
   only = [s for s in arg.only.split("+") if s]
-  unknown = [s for s in only if s not in SECTIONS]
+  unknown = [s for s in only if s not in known]
   if unknown:
-    raise ValueError(f"only={arg.only}: {unknown} are not sections; they are {list(SECTIONS)}.")
+    raise ValueError(f"only={arg.only}: {unknown} are not sections; they are {list(known)}.")
   config = ml_collections.ConfigDict()
   config.analysis = "report"
   config.title = f"vitcnn_jax report ({arg.variant})"
   config.runs = ml_collections.ConfigDict()
-  for name, (module, demo, paper) in SECTIONS.items():
+  for name, (module, demo, paper, _) in known.items():
     if not only or name in only:
       config.runs[name] = importlib.import_module(f"configs.{module}").get_config(
           demo if arg.variant == "demo" else paper)
-  config.order = tuple(n for n in SECTIONS if n in config.runs)  # sections in the paper's order
+  config.order = tuple(n for n in known if n in config.runs)  # sections in the paper's order
   return config

@@ -12,7 +12,7 @@ import upstream_files as uf
 from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
 from vitcnn_jax import fileio
-from vitcnn_jax.checkpoints import CheckpointError
+from vitcnn_jax.models.io import CheckpointError
 from vitcnn_jax.models import BiT, Mixer, ViT
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)

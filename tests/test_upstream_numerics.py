@@ -15,7 +15,7 @@ from conftest import ROOT, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
-from vitcnn_jax.checkpoints import CheckpointError
+from vitcnn_jax.models.io import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 # Ours (float32) against float64: one side's roundings only, relative to the largest output.

@@ -1,10 +1,12 @@
-"""The configured models: checkpoints (or demo models, trained once), capture lists,
-preprocessing policies, from the mapping `config.models` (name -> model spec)."""
+"""The configured models, loaded: checkpoint files (or models handed over in
+memory), their capture lists and preprocessing, from the mapping `config.models`
+(name -> model spec). Loading only loads: demo models are trained, if they must
+be, by `demos.resolve` before a job starts."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 
@@ -12,8 +14,9 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax import preprocess
 from vitcnn_jax import representations
-from vitcnn_jax import train
+from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
+from vitcnn_jax.models import io
 
 
 @dataclasses.dataclass
@@ -41,8 +44,10 @@ class Loaded:
 
 def unreachable(path: str) -> str | None:
   """Why the checkpoint file `path` cannot be read (None: it can)."""
+  if path.startswith(io.IN_MEMORY):
+    return None
   try:
-    return None if fileio.exists(path) else "no such file"
+    return None if fileio.exists(io.split_tower(path)[0]) else "no such file"
   except ImportError as e:
     return str(e)
   except Exception as e:  # network or credential errors of remote filesystems
@@ -50,32 +55,31 @@ def unreachable(path: str) -> str | None:
 
 
 def overrides(spec: ml_collections.ConfigDict) -> dict:
-  """The `load_model` overrides a model spec sets (unset ones are None); a model
-  this tool trains also passes what its npz cannot record (blocks without skips)."""
-  out = {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
-  if spec.get("train") and spec.train.model.get("no_skip") and "no_skip" not in out:
-    out["no_skip"] = tuple(spec.train.model.no_skip)
-  return out
+  """The `load_model` overrides a model spec sets (unset ones are None)."""
+  return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
+
+
+def load_models(config: ml_collections.ConfigDict, hint: str = "") -> dict[str, Loaded]:
+  """Every model of `config.models`, by name."""
+  return {n: load_model(config, n, hint) for n in config.models}
 
 
 def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> Loaded:
   """The model `config.models[name]`."""
   spec, key = config.models[name], f"models.{name}"
   path = spec.get("checkpoint")
-  if not path and spec.get("train"):
-    path = train.cached(spec.train, config.get("cache_dir") or "~/.cache/vitcnn_jax")
   if not path:
     raise ValueError(f"config.{key}.checkpoint is empty; pass --config.{key}.checkpoint=FILE.npz{hint}")
-  if why := unreachable(checkpoints.split_tower(path)[0]):
+  if why := unreachable(path):
     raise FileNotFoundError(
         f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
         f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
   try:
     model, params = checkpoints.load_model(path, **overrides(spec))
-  except checkpoints.CheckpointError as e:
-    if spec.get("checkpoint"):
+  except io.CheckpointError as e:
+    if not spec.get("train"):
       raise
-    raise checkpoints.CheckpointError(  # a model this tool trained: no one to download it from
+    raise io.CheckpointError(  # a model this tool trained: no one to download it from
         f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
         "train it again.") from e
   try:
@@ -85,16 +89,18 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
     raise ValueError(f"config.{key}.{e}") from e
 
 
-def loaded(name: str, path: str, label: str, model, params, capture, policy: str = "") -> Loaded:
-  """A model ready for the driver: its points matching `capture` (patterns, each of
-  which must match) and its preprocessing `policy` (default: the family's)."""
-  patterns = list(capture) if not isinstance(capture, str) else [capture]
+def loaded(name: str, path: str, label: str, model, params, capture: str | Sequence[str],
+           policy: str = "") -> Loaded:
+  """A model ready for the driver: its points matching `capture` (patterns or
+  preset names such as "paper", each of which must match) and its preprocessing
+  `policy` (default: the model's own)."""
+  patterns = anatomy.capture_patterns(model, capture)
   names = list(representations.point_shapes(model, params, patterns))
   unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]
   if unmatched:  # one misspelt pattern among several would silently drop a layer type
     raise ValueError(f"capture: {unmatched} of {patterns} match no representation point of "
                      f"{path}; list them with configs/inspect.py.")
-  policy = policy or preprocess.DEFAULT_POLICY[model.family]
+  policy = policy or model.default_policy
   if policy not in preprocess.POLICIES:
     raise ValueError(f"policy={policy!r} is not one of {preprocess.POLICIES}.")
   return Loaded(name, path, label, model, params, names, policy)

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 from matplotlib import ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402
 
+from vitcnn_jax import control  # noqa: E402
 from vitcnn_jax import fileio  # noqa: E402
 
 
@@ -21,7 +22,6 @@ from vitcnn_jax import fileio  # noqa: E402
 STYLE = {"font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 8.5,
          "ytick.labelsize": 8.5, "legend.fontsize": 8.5, "figure.titlesize": 11.5,
          "legend.frameon": False, "svg.fonttype": "none", "pdf.fonttype": 42}  # editable text in vector files
-FORMATS = ("png", "pdf", "svg")
 _options: dict[str, Any] = {"format": "png", "vmin": 0.0, "vmax": 1.0, "kept": None}
 
 
@@ -31,8 +31,8 @@ def options(format: str = "png", vmin: float = 0.0, vmax: float = 1.0,  # pylint
   """Figure options while the block runs: `format` (a vector file beside each PNG),
   the CKA colour scale, and `keep`: figures stay open and are collected in the
   list yielded (a notebook shows them) instead of being closed once written."""
-  if format not in FORMATS:
-    raise ValueError(f"plot format {format!r} is not one of {FORMATS}.")
+  if format not in control.FIGURE_FORMATS:
+    raise ValueError(f"plot format {format!r} is not one of {control.FIGURE_FORMATS}.")
   if not vmin < vmax:
     raise ValueError(f"plot vmin={vmin} must be below vmax={vmax}.")
   kept: list = []
@@ -165,14 +165,16 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
 
 @styled
 def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
-               resnet: tuple[np.ndarray, str] | None, sublayers: Sequence[str], path: str) -> None:
-  """Fig 7 (tokens x sublayers heatmap; CLS vs spatial vs ResNet) and Fig E.2 (cosine)."""
-  depth = ratio.shape[0]
-  flat = ratio.reshape(2 * depth, -1)  # rows: attn 0, mlp 0, attn 1, ...
+               others: Sequence[tuple[np.ndarray, str]], sublayers: Sequence[str], path: str) -> None:
+  """Fig 7 (tokens x sublayers heatmap; CLS vs spatial tokens vs the ratios of
+  `others`, e.g. a ResNet's units) and Fig E.2 (cosine). `ratio`: (block,
+  sublayer, token)."""
+  depth = ratio.shape[0] * ratio.shape[1]
+  flat = ratio.reshape(depth, -1)  # rows: attn 0, mlp 0, attn 1, ...
   finite = np.where(np.isfinite(flat), flat, np.nan)
   top = np.nanmax(finite) if np.isfinite(finite).any() else 1.0
   shown = np.where(np.isfinite(flat), flat, top)  # an infinite ratio (zero branch) shows as the max
-  rows = [f"{s} {b}" for b in range(depth) for s in sublayers]
+  rows = [f"{s} {b}" for b in range(ratio.shape[0]) for s in sublayers]
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), layout="constrained")
   k = min(plot_tokens, flat.shape[1])
   token_label = "token" + (" (0 = CLS)" if prefix else "")
@@ -180,18 +182,17 @@ def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int
   fig.colorbar(im, ax=axes[0], label="||z|| / ||f(z)||")
   axes[0].set_title(f"Norm ratio, first {k} tokens")
   if prefix:
-    axes[1].plot(np.linspace(0, 1, 2 * depth), shown[:, 0], "o-", ms=3, label=f"{label} CLS token")
-  axes[1].plot(np.linspace(0, 1, 2 * depth), shown[:, prefix:].mean(axis=1), "o-", ms=3,
+    axes[1].plot(np.linspace(0, 1, depth), shown[:, 0], "o-", ms=3, label=f"{label} CLS token")
+  axes[1].plot(np.linspace(0, 1, depth), shown[:, prefix:].mean(axis=1), "o-", ms=3,
                label=f"{label} spatial tokens")
-  if resnet is not None:
-    r, rlabel = resnet
+  for r, rlabel in others:
     axes[1].plot(np.linspace(0, 1, len(r)), np.where(np.isfinite(r), r, top), "s-", ms=3,
                  label=rlabel)
   axes[1].set_xlabel("relative depth")
   axes[1].set_ylabel("||z|| / ||f(z)||")
   axes[1].set_title("Mean over tokens, by depth")
   axes[1].legend()
-  im = axes[2].imshow(cos.reshape(2 * depth, -1)[:, :k].T, aspect="auto", origin="lower",
+  im = axes[2].imshow(cos.reshape(depth, -1)[:, :k].T, aspect="auto", origin="lower",
                       cmap="coolwarm", vmin=-1, vmax=1)
   fig.colorbar(im, ax=axes[2], label="cos(f(z), z + f(z))")
   axes[2].set_title(f"Cosine of branch and sum, first {k} tokens")
@@ -326,19 +327,25 @@ def probe_tokens(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]],
 
 
 @styled
-def reference_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], reference: str, title: str,
-                    path: str) -> None:
-  """CKA of each layer with the same layer of a reference model, a line per model
-  (Fig 12: a line per data fraction; Fig G.1: before vs after fine-tuning)."""
+def layer_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], ylabel: str, title: str,
+                path: str, spread: dict[str, np.ndarray] | None = None,
+                ylim: tuple[float, float] | None = (0, 1.02)) -> None:
+  """A per-layer quantity, a line per model over its layers (by block), with an
+  optional band of +-`spread` (Fig 12: CKA with the reference, a line per data
+  fraction; Fig G.1: before vs after fine-tuning)."""
   fig, ax = plt.subplots(figsize=(7.5, 4.4), layout="constrained")
   names: Sequence[str] = []
   for i, (label, (names_, values)) in enumerate(lines.items()):
-    ax.plot(np.arange(len(values)), values, "os^vDP*X"[i % 8] + "-", ms=4, label=label)
+    x = np.arange(len(values))
+    ax.plot(x, values, "os^vDP*X"[i % 8] + "-", ms=4, label=label)
+    if spread is not None and label in spread:
+      ax.fill_between(x, values - spread[label], values + spread[label], alpha=0.2, lw=0)
     names = names_ if len(names_) > len(names) else names
   unit = _block_axis(ax, names, "x", edges="0.8")
-  ax.set_xlabel(f"layer of {reference}, by {unit} ({len(names)} layers)")
-  ax.set_ylabel(f"CKA with {reference}")
-  ax.set_ylim(0, 1.02)
+  ax.set_xlabel(f"layer, by {unit} ({len(names)} layers)")
+  ax.set_ylabel(ylabel)
+  if ylim is not None:
+    ax.set_ylim(*ylim)
   ax.set_title(title)
   ax.legend()
   save_figure(fig, path)

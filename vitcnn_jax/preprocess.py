@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 POLICIES = ("resize", "resize_small_crop")
-DEFAULT_POLICY = {"vit": "resize", "bit": "resize", "mixer": "resize"}
 
 
 def _as_rgb(image: np.ndarray) -> np.ndarray:

@@ -1,52 +1,24 @@
-"""One HTML page for a set of analyses (`configs/report.py`): each one is run in
-WORKDIR/SECTION (or its finished results reused), then `report.html` shows, per
-paper figure, the figures, what the paper found, the key numbers of its json,
-and the config and checkpoints that made them. Figures are linked, not copied:
-the page works wherever the workdir is opened or copied whole."""
+"""One HTML page over a set of finished analyses (`configs/report.py`, run by
+`jobs.run_report`): per section, the figures, each of the paper's findings (our
+words, from the analysis's declaration) with whether this run shows it and the
+numbers that decide it, the key numbers of its json, and the config and
+checkpoints that made them. Figures are linked, not copied: the page works
+wherever the workdir is opened or copied whole."""
 
 from __future__ import annotations
 
 import html
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
-import jax
 import matplotlib
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import analyses
+from vitcnn_jax import declaration
 from vitcnn_jax import fileio
-
-# Per analysis: the paper's figures, and what they show (our summary of the paper).
-PAPER = {
-    "cka": ("Figs 1, 2, B.1", "ViT representations are far more uniform across depth than a "
-            "ResNet's: CKA between ViT layers stays high over most of the network, while the "
-            "ResNet shows a stage-wise block structure. Across models, the lower half of the "
-            "ResNet matches about the lowest quarter of the ViT."),
-    "attention_distance": ("Figs 3, 4, C.5, C.6", "With large pre-training data, lower ViT "
-                           "blocks have both local and global heads; higher blocks attend "
-                           "globally (near the uniform-attention distance). Trained on "
-                           "ImageNet alone, lower blocks lose their local heads."),
-    "head_subsets": ("Fig 5", "Subsets of first-block heads that attend more locally are more "
-                     "similar (CKA) to the lower ResNet layers; CKA falls as the subset's mean "
-                     "attention distance grows."),
-    "receptive_field": ("Figs 6, C.1-C.4", "ViT receptive fields are more global than a "
-                        "ResNet's from the lowest layers on, yet remain centred on the token's "
-                        "own position; ResNet fields grow gradually with depth."),
-    "skip_ratio": ("Figs 7, E.1, E.2", "ViT skip connections carry much of the signal: the "
-                   "CLS token's ratio is high in the first half and the spatial tokens' in "
-                   "the second half, with ratios far above a ResNet's."),
-    "reference_cka": ("Figs 8, 12, G.1", "Removing a block's skip connection changes the "
-                      "representations (and costs accuracy, most in the middle blocks); lower "
-                      "layers trained on 3% of the data already resemble the full-data model."),
-    "localization": ("Figs 9, 10, D.1-D.3", "Higher-layer ViT tokens trained with a CLS token "
-                     "stay localised: each is most similar to its own input patch. GAP "
-                     "training weakens this."),
-    "linear_probe": ("Figs 11, 13, D.4, F.1-F.3", "With a CLS token, spatial tokens of the "
-                     "last blocks hold little class information (the CLS token gathers it); "
-                     "with GAP every token does. Layerwise probes rise with depth."),
-}
 
 
 def _scalars(d: dict, prefix: str = "", limit: int = 12) -> list[tuple[str, str]]:
@@ -63,36 +35,19 @@ def _scalars(d: dict, prefix: str = "", limit: int = 12) -> list[tuple[str, str]
   return out[:limit]
 
 
-def _attention(s: dict) -> list[tuple[str, str]]:
-  mean = np.asarray(s["mean_distance_px"])
-  return [("uniform-attention distance (px)", f"{s['uniform_ceiling_px']:.1f}"),
-          (f"block {s['blocks'][0]}: heads from / to (px)", f"{mean[0].min():.1f} / {mean[0].max():.1f}"),
-          (f"block {s['blocks'][-1]}: heads from / to (px)", f"{mean[-1].min():.1f} / {mean[-1].max():.1f}")]
-
-
-def _skip(s: dict) -> list[tuple[str, str]]:
-  out = []
-  for k in ("vit", "mixer"):
-    if k in s:
-      cls, spatial = s[k].get("cls_ratio"), np.asarray(s[k]["spatial_ratio"])
-      half = len(spatial) // 2
-      if cls is not None:
-        cls = np.asarray(cls)
-        out.append((f"{s[k]['label']} CLS ratio, first / second half",
-                    f"{cls[:half].mean():.2f} / {cls[half:].mean():.2f}"))
-      out.append((f"{s[k]['label']} spatial ratio, first / second half",
-                  f"{spatial[:half].mean():.2f} / {spatial[half:].mean():.2f}"))
-  if "bit" in s:
-    out.append((f"{s['bit']['label']} ratio, mean over units", f"{np.mean(s['bit']['ratio']):.2f}"))
-  return out
-
-
-KEY_NUMBERS: dict[str, Callable[[dict], list[tuple[str, str]]]] = {
-    "cka": lambda s: [(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()]
-    + [("largest std over repeats", f"{s['max_std_over_repeats']:.4f}")],
-    "attention_distance": _attention,
-    "skip_ratio": _skip,
-}
+def _findings(declared: declaration.Declaration, summary: dict) -> str:
+  """The paper's findings, each with this run's verdict and its numbers."""
+  rows = []
+  for finding, verdict in declared.verdicts(summary):
+    if verdict is None:
+      mark, numbers = "<span class=na>does not apply</span>", ""
+    else:
+      shown, numbers = verdict
+      mark = "<span class=yes>shown</span>" if shown else "<span class=no>not shown</span>"
+    rows.append(f"<tr><td>{html.escape(finding.text)}</td><td>{mark}</td>"
+                f"<td>{html.escape(numbers)}</td></tr>")
+  return ("<table class=findings><tr><th>The paper</th><th>this run</th><th>numbers</th></tr>"
+          f"{''.join(rows)}</table>" if rows else "")
 
 
 def _checkpoints(summary: Any) -> list[str]:
@@ -137,28 +92,27 @@ def _hover_maps(folder: str) -> str:
   return f"<details><summary>Every layer (hover)</summary>{''.join(out)}</details>" if out else ""
 
 
-def _section(name: str, workdir: str, sub: str, config: ml_collections.ConfigDict) -> str:
-  analysis = config.analysis
-  folder = os.path.join(workdir, sub)
-  jsons = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
+def _section(name: str, workdir: str, config: ml_collections.ConfigDict) -> str:
+  declared = analyses.get(config.analysis)
+  folder = os.path.join(workdir, name)
+  summary_file = f"{declared.name}.json"
   summary = {}
-  if jsons:
-    with open(os.path.join(folder, jsons[0])) as f:
+  if os.path.exists(os.path.join(folder, summary_file)):
+    with open(os.path.join(folder, summary_file)) as f:
       summary = json.load(f)
-  figures = sorted(f for f in os.listdir(folder) if f.endswith(".png"))
-  figs, claim = PAPER.get(analysis, ("", ""))
   try:
-    numbers = KEY_NUMBERS.get(analysis, _scalars)(summary)
-  except (KeyError, ValueError, TypeError):  # an older summary: its scalars as they are
+    numbers = declared.key_numbers(summary)
+  except (KeyError, ValueError, TypeError, IndexError):  # an older summary: its scalars as they are
     numbers = _scalars(summary)
   rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in numbers)
-  images = "".join(f'<figure><img src="{html.escape(sub)}/{html.escape(f)}" alt="{html.escape(f)}">'
+  figures = sorted(f for f in os.listdir(folder) if f.endswith(".png"))
+  images = "".join(f'<figure><img src="{html.escape(name)}/{html.escape(f)}" alt="{html.escape(f)}">'
                    f"<figcaption>{html.escape(f)}</figcaption></figure>" for f in figures)
   ckpts = "".join(f"<li><code>{html.escape(c)}</code></li>" for c in dict.fromkeys(_checkpoints(summary)))
   return (f'<section id="{html.escape(name)}"><h2>{html.escape(name.replace("_", " "))}'
-          f'<span class="fig">{html.escape(figs)}</span></h2>'
-          f"<p class=paper><b>The paper:</b> {html.escape(claim)}</p>{images}{_hover_maps(folder)}"
-          f"<h3>Key numbers ({html.escape(sub)}/{html.escape(jsons[0] if jsons else '-')})</h3>"
+          f'<span class="fig">{html.escape(declared.figures)}</span></h2>'
+          f"{_findings(declared, summary)}{images}{_hover_maps(folder)}"
+          f"<h3>Key numbers ({html.escape(name)}/{html.escape(summary_file)})</h3>"
           f"<table>{rows}</table><h3>Checkpoints</h3><ul>{ckpts}</ul>"
           f"<details><summary>Config</summary><pre>{html.escape(config.to_json_best_effort(indent=1))}"
           "</pre></details></section>")
@@ -167,6 +121,8 @@ def _section(name: str, workdir: str, sub: str, config: ml_collections.ConfigDic
 STYLE = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
          "color:#222}h1{font-size:1.6em}h2{border-top:1px solid #ccc;padding-top:1em}"
          ".fig{font-weight:normal;color:#666;font-size:.75em;margin-left:.8em}"
+         ".findings td,.findings th{vertical-align:top;text-align:left}.findings{background:#f4f7fb}"
+         ".yes{color:#176b26;font-weight:bold}.no{color:#b3261e;font-weight:bold}.na{color:#666}"
          "figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}"
          "figcaption{color:#666;font-size:.85em}table{border-collapse:collapse}"
          "td{border-bottom:1px solid #eee;padding:.2em .8em .2em 0}pre{font-size:12px;"
@@ -183,7 +139,7 @@ CHECK = ("<script>window.addEventListener('load',()=>{const i=[...document.image
 
 def write(workdir: str, sections: dict[str, ml_collections.ConfigDict], title: str) -> str:
   """WORKDIR/report.html over the finished runs in WORKDIR/<section>."""
-  body = "".join(_section(name, workdir, name, cfg) for name, cfg in sections.items())
+  body = "".join(_section(name, workdir, cfg) for name, cfg in sections.items())
   toc = " · ".join(f'<a href="#{html.escape(n)}">{html.escape(n.replace("_", " "))}</a>'
                    for n in sections)
   page = (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
@@ -193,24 +149,3 @@ def write(workdir: str, sections: dict[str, ml_collections.ConfigDict], title: s
   path = os.path.join(workdir, "report.html")
   fileio.atomic_write(path, lambda f: f.write(page.encode()))
   return path
-
-
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Runs (or reuses) each analysis of `config.runs` in WORKDIR/<name>, then the page."""
-  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top  (analyses runs this)
-  order = list(config.get("order") or ())
-  missing = [n for n in order if n not in config.runs]
-  if missing:
-    raise ValueError(f"config.order names {missing}, which config.runs does not have.")
-  sections = {n: config.runs[n] for n in order + sorted(set(config.runs) - set(order))}
-  if not sections:
-    raise ValueError("config.runs is empty; give the report the analyses to run (configs/report.py).")
-  for i, (name, sub) in enumerate(sections.items(), 1):
-    if jax.process_index() == 0:
-      print(f"[{i}/{len(sections)}] {name} ({sub.analysis}) in {os.path.join(workdir, name)}")
-    analyses.run(sub, os.path.join(workdir, name))
-  if jax.process_index() != 0:
-    return {}
-  path = write(workdir, sections, config.get("title") or "vitcnn_jax report")
-  print(f"Wrote {path}")
-  return {"report": path, "sections": list(sections)}

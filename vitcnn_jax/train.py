@@ -20,14 +20,18 @@ import ml_collections
 import numpy as np
 import optax
 
+from vitcnn_jax import accuracy
 from vitcnn_jax import checkpoints
 from vitcnn_jax import data
+from vitcnn_jax import driver
 from vitcnn_jax import fileio
+from vitcnn_jax import loading
 from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import preprocess
 from vitcnn_jax import progress
 from vitcnn_jax import results
+from vitcnn_jax import runstate
 from vitcnn_jax.models import common, get_model
 
 
@@ -72,27 +76,22 @@ def _load_rows(source: data.Source, indices: np.ndarray, size: int, policy: str)
 
 def evaluate(model, params, source: data.Source, size: int, policy: str, mesh,
              batch: int = 512) -> float:
-  """Top-1 accuracy over the whole source (last batch padded and masked)."""
-  batch = -(-batch // jax.device_count()) * jax.device_count()
-  local = batch // jax.process_count()
-
-  @jax.jit
-  def correct(params, images, labels, mask):
-    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=())
-    return ((logits.argmax(-1) == labels) * mask).sum()
-
-  hits, n = 0.0, len(source)
-  bar = progress.Bar(-(-n // batch), f"evaluate {model.family}", enabled=jax.process_index() == 0)
-  for start in range(0, n, batch):
-    rows = np.arange(start, start + batch)[jax.process_index() * local:][:local]
-    valid = rows < n
-    images, labels = _load_rows(source, np.where(valid, rows, 0), size, policy)
-    hits += float(correct(params, parallel.global_batch(mesh, images),
-                          parallel.global_batch(mesh, labels),
-                          parallel.global_batch(mesh, valid.astype(np.float32))))
-    bar.update(1, int(valid.sum()))
+  """Top-1 accuracy over the whole source: the `accuracy.Accuracy` pass, compiled
+  and fed as the driver does (last batch padded and masked)."""
+  models = {"model": loading.Loaded("model", "", model.family, model, params, [], policy)}
+  p = accuracy.Accuracy(models)
+  step = driver.compile_pass(p, models, mesh)
+  rows = -(-batch // jax.device_count())
+  indices = np.arange(len(source))
+  bar = progress.Bar(pipeline.num_steps(len(indices), rows), "evaluate",
+                     enabled=jax.process_index() == 0)
+  sums: dict = {}
+  replicated = [parallel.replicate(mesh, params)]
+  for b in pipeline.steps(mesh, source, indices, list(models.values()), rows, labels=True):
+    sums = runstate.add(sums, jax.device_get(step(replicated, None, b.images, b.labels, b.mask)))
+    bar.update(1, b.examples)
   bar.close()
-  return hits / n
+  return accuracy.Accuracy.of(sums, "model")
 
 
 # Options added after models were first cached: at these values they leave a
@@ -113,23 +112,19 @@ def fingerprint(config: ml_collections.ConfigDict) -> str:
   return results.fingerprint(c)
 
 
-# Seconds per step of 128 images for the demo models' sizes, measured on 2 CPU cores:
-# the notice before training them.
-CPU_SECONDS_PER_STEP = {"vit": 0.26, "bit": 0.38, "mixer": 0.26}
+def cache_path(config: ml_collections.ConfigDict, cache_dir: str) -> str:
+  """Where the model `config` trains is cached: named by its whole training config."""
+  return os.path.join(os.path.expanduser(cache_dir), f"{config.name}-{fingerprint(config)}.npz")
 
 
 def cached(config: ml_collections.ConfigDict, cache_dir: str) -> str:
   """Path of the model `config` trains, training it first unless it is cached."""
-  cache_dir = os.path.expanduser(cache_dir)
-  path = os.path.join(cache_dir, f"{config.name}-{fingerprint(config)}.npz")
+  path = cache_path(config, cache_dir)
   if not fileio.exists(path):
     if jax.process_index() == 0:
-      family = config.model.family
-      minutes = config.steps * config.batch_size / 128 * CPU_SECONDS_PER_STEP.get(family, 0) / 60
-      print(f"Training {config.name} once ({config.steps} steps; about {max(1, round(minutes))} "
-            f"min on 2 CPU cores); later runs read {path}." if minutes else
-            f"Training {config.name} once ({config.steps} steps); later runs read {path}.")
-    train(config, path, cache_dir)
+      print(f"Training {config.name} once ({config.steps} steps of {config.batch_size} images; "
+            f"the bar shows the time left); later runs read {path}.")
+    train(config, path, os.path.expanduser(cache_dir))
   return path
 
 
@@ -172,7 +167,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     raise ValueError(f"{train_src.name} has no class labels to train on.")
   model = build_model(config, train_src.num_classes)
   size = common.to_pair(model.image_size)[0]
-  policy = config.get("policy") or preprocess.DEFAULT_POLICY[model.family]
+  policy = config.get("policy") or model.default_policy
   mesh = parallel.mesh()
   b = config.batch_size
   if b % jax.device_count():

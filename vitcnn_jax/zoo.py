@@ -1,27 +1,13 @@
-"""What the package knows by name: the paper's layer sets, the public checkpoints,
-and the tiny offline demo models (trained once, cached by their training config)."""
+"""What the package knows by name: the public checkpoints, the data specs, and
+the tiny offline demo models' training configs (`demos` trains them once). No jax
+here: configs import it. The paper's layer sets are each family's
+`layer_presets` ("paper", "blocks", "all"), named in capture lists."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from vitcnn_jax import data as data_lib
-from vitcnn_jax import train
-
-# About six points per ViT block, as in the paper's figures (Section 4, Fig 1 axes).
-VIT_LAYERS = ("block*/ln1", "block*/attn/out", "block*/ln2", "block*/mlp/hidden",
-              "block*/mlp/out", "block*/out")
-# Every ResNet-v2 sublayer (the projection shortcut duplicates nothing, identity
-# shortcuts would duplicate the previous unit's output, so shortcuts are left out).
-BIT_LAYERS = ("root/*", "block*/unit*/preact", "block*/unit*/conv1", "block*/unit*/preact2",
-              "block*/unit*/conv2", "block*/unit*/preact3", "block*/unit*/conv3",
-              "block*/unit*/out", "head/preact")
-MIXER_LAYERS = ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/channel_mlp/hidden",
-                "block*/channel_mlp/out", "block*/out")
-# Presets by name and model family ("all": every representation point).
-LAYERS = {"paper": {"vit": VIT_LAYERS, "bit": BIT_LAYERS, "mixer": MIXER_LAYERS},
-          "blocks": {"vit": ("block*/out",), "bit": ("block*/unit*/out",), "mixer": ("block*/out",)},
-          "all": {"vit": ("**",), "bit": ("**",), "mixer": ("**",)}}
 
 # The public checkpoints the paper's figures use (its JFT-300M models were never
 # released; these are the same architectures on ImageNet-21k).
@@ -48,17 +34,8 @@ DEMO_ARCHITECTURES = {
     "mixer_demo": dict(family="mixer", patch_size=4, image_size=32, hidden_dim=64, num_blocks=4,
                        tokens_mlp_dim=64, channels_mlp_dim=128),
 }
-DEMO_STEPS = {"vit": 700, "bit": 400, "mixer": 700}  # about 3, 2.5 and 3 minutes on 2 CPU cores
-CACHE_DIR = "~/.cache/vitcnn_jax"
-
-
-def layers(preset: str | tuple | list, family: str) -> tuple[str, ...]:
-  """Capture patterns: a preset name of `LAYERS` for a model family, or patterns as given."""
-  if not isinstance(preset, str):
-    return tuple(preset)
-  if preset not in LAYERS:
-    return (preset,)  # one pattern, e.g. "block*/out"
-  return LAYERS[preset][family]
+DEMO_STEPS = {"vit_demo": 700, "vit_gap_demo": 700, "vit_noskip_demo": 700, "bit_demo": 400,
+              "mixer_demo": 700}  # about 3, 2.5 (BiT) and 3 minutes on 2 CPU cores
 
 
 def checkpoint(name: str) -> str:
@@ -92,7 +69,7 @@ def demo_training(variant: str, steps: int = 0, batch: int = 128,
   config.data.test_split = "t10k"
   config.policy = ""  # family default
   config.batch_size = batch
-  config.steps = steps or DEMO_STEPS[DEMO_ARCHITECTURES[variant]["family"]]
+  config.steps = steps or DEMO_STEPS[variant]
   config.lr = 1e-3
   config.warmup_steps = 100
   config.weight_decay = 1e-4
@@ -103,8 +80,3 @@ def demo_training(variant: str, steps: int = 0, batch: int = 128,
   config.subset_seed = 0
   config.init = ""  # fine-tune from this checkpoint (head zeroed); see also `pretrain`
   return config
-
-
-def demo_checkpoint(variant: str = "vit_demo", cache_dir: str = CACHE_DIR) -> str:
-  """The npz of a demo model, trained first (minutes, once) unless it is cached."""
-  return train.cached(demo_training(variant), cache_dir)

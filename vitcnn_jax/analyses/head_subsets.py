@@ -18,11 +18,23 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import declaration
 from vitcnn_jax import hsic
 from vitcnn_jax import plotting
+from vitcnn_jax import protocol
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.models import anatomy
 
+DEFAULTS = {
+    "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)
+    "batch_size": 1024,  # per device (a CKA minibatch)
+    "seed": 0,
+    "block": 0,  # the paper uses the first block
+    "subset_size": 0,  # heads per subset (the paper does not say); 0: a quarter of the heads
+    "subset_stride": 1,  # sliding windows over the heads sorted by distance
+    "tap": "heads",  # "heads" (before the output projection) or "projected"
+}
 TAPS = ("heads", "projected")
 
 
@@ -34,29 +46,25 @@ def subsets(order: np.ndarray, size: int, stride: int) -> list[list[int]]:
   return [order[i:i + size].tolist() for i in range(0, len(order) - size + 1, stride)]
 
 
-MODELS = ("vit", "resnet")
-HSIC_MINIBATCHES = True
-
-
-class HeadSubsets:
+class HeadSubsets(protocol.HsicPass, protocol.Analysis):
   """Head distances and per-subset HSIC. With tap="heads" one pass suffices: a
   subset's Gram is the sum of its heads' Grams and U-centring is linear, so its
   HSIC with any layer is a sum of per-head terms (A H A^T below). The projected
   tap mixes heads, so it takes a second pass once the subsets are known."""
-  name, title, repeats, labels = "head_subsets", "head subsets", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     if config.tap not in TAPS:
       raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
     self.config, self.vit, self.res = config, models["vit"], models["resnet"]
-    if self.vit.model.family != "vit" or self.res.model.family != "bit":
-      raise ValueError("config.models.vit must be a ViT and config.models.resnet a BiT ResNet.")
-    if not 0 <= config.block < self.vit.model.depth:
-      raise ValueError(f"config.block={config.block} is outside 0..{self.vit.model.depth - 1}.")
-    self.blk, self.heads = f"block{config.block:02d}", self.vit.model.num_heads
+    anatomy.require(self.vit.model, "attention", "config.models.vit")
+    layers = self.vit.model.attention()
+    if not 0 <= config.block < len(layers):
+      raise ValueError(f"config.block={config.block} is outside 0..{len(layers) - 1}.")
+    self.layer, self.heads = layers[config.block], self.vit.model.num_heads
+    self.subset_size = config.subset_size or max(1, self.heads // 4)
     self.res_names = list(self.res.names)
     one_pass = config.tap == "heads"
-    self.points = {"vit": [f"{self.blk}/attn/weights"] + [f"{self.blk}/attn/heads"] * one_pass}
+    self.points = {"vit": [self.layer.weights] + [self.layer.heads] * one_pass}
     if one_pass:
       self.points["resnet"] = self.res_names
     self.groups: list[list[int]] = []
@@ -66,14 +74,15 @@ class HeadSubsets:
 
   def spatial_heads(self, out: dict):
     """(B, N, H, hd) per-head outputs of the spatial tokens, from the captured points."""
-    return out[f"{self.blk}/attn/heads"][:, self.vit.model.num_prefix_tokens:]
+    return out[self.layer.heads][:, self.vit.model.num_prefix_tokens:]
 
   def step(self, forward, labels, mask) -> dict:
     del labels
     out = forward("vit")
-    dist = jnp.asarray(ad.distance_matrix(self.vit.model.grid, int(np.ravel(self.vit.model.patch_size)[0])),
+    dist = jnp.asarray(ad.distance_matrix(self.vit.model.grid,
+                                          ad.square_patch(self.vit.model, "config.models.vit")),
                        jnp.float32)
-    w = out[f"{self.blk}/attn/weights"]
+    w = out[self.layer.weights]
     sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
     if self.config.tap == "heads":
       heads = self.spatial_heads(out)
@@ -85,9 +94,7 @@ class HeadSubsets:
   def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
     head_dist = distance_sums / self.config.num_examples
     order = np.argsort(head_dist, kind="stable")
-    return head_dist, subsets(order, self.config.subset_size, self.config.subset_stride)
-
-  host_sums = staticmethod(hsic.unscale)
+    return head_dist, subsets(order, self.subset_size, self.config.subset_stride)
 
   def finalize(self, sums):
     head_dist, groups = self.subsets(sums[0][0]["distance"])
@@ -117,13 +124,12 @@ class HeadSubsets:
                           results.workdir_path(workdir, "head_subsets.png"))
 
 
-class _Projected:
+class _Projected(protocol.HsicPass):
   """Second pass of tap="projected": each subset's heads through the output projection."""
-  repeats, labels, title = 1, False, "head subsets (projected)"
 
   def __init__(self, a: HeadSubsets):
     self.a = a
-    self.points = {"vit": [f"{a.blk}/attn/heads"], "resnet": a.res_names}
+    self.points = {"vit": [a.layer.heads], "resnet": a.res_names}
     self.groups: list[list[int]] = []
 
   def setup(self, done) -> None:
@@ -131,15 +137,36 @@ class _Projected:
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    kernel = self.a.vit.params["Transformer"][f"encoderblock_{self.a.config.block}"][
-        "MultiHeadDotProductAttention_0"]["out"]["kernel"]
+    kernel = self.a.vit.model.head_projection(self.a.vit.params, self.a.layer.block)
     heads = self.a.spatial_heads(forward("vit"))
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("resnet")
     reps += [res[n] for n in self.a.res_names]
     return forward.minibatch_sums(reps, mask)
 
-  host_sums = staticmethod(hsic.unscale)
+
+def _local_more_similar(s: dict) -> declaration.Verdict:
+  dist = np.asarray(s["subset_distance_px"])
+  mean_cka = np.asarray(s["cka"]).mean(axis=1)
+  if len(dist) < 3 or np.ptp(dist) == 0:
+    return None
+  r = float(np.corrcoef(dist, mean_cka)[0, 1])
+  return r < 0, (f"correlation of a subset's distance with its mean CKA {r:+.2f} over "
+                 f"{len(dist)} subsets ({dist.min():.1f}-{dist.max():.1f} px)")
 
 
-build = HeadSubsets
+def key_numbers(s: dict) -> list[tuple[str, str]]:
+  d, c = np.asarray(s["subset_distance_px"]), np.asarray(s["cka"]).mean(axis=1)
+  return [("subsets", str(len(d))), ("subset distance, from / to (px)", f"{d.min():.1f} / {d.max():.1f}"),
+          ("mean CKA of the most local / most global subset",
+           f"{c[d.argmin()]:.3f} / {c[d.argmax()]:.3f}")]
+
+
+DECLARATION = declaration.Declaration(
+    name="head_subsets", build=HeadSubsets, models=declaration.Models(required=("vit", "resnet")),
+    defaults=DEFAULTS, layers="all", figures="Fig 5", hsic_minibatches=True,
+    key_numbers=key_numbers,
+    findings=(declaration.Finding(
+        "Subsets of first-block heads that attend more locally are more similar (CKA) to the "
+        "lower ResNet layers; CKA falls as the subset's mean attention distance grows (here: "
+        "a negative correlation of a subset's distance with its mean CKA).", _local_more_similar),))

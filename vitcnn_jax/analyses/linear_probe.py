@@ -21,14 +21,23 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import declaration
 from vitcnn_jax import plotting
 from vitcnn_jax import probe
+from vitcnn_jax import protocol
 from vitcnn_jax import representations
 from vitcnn_jax import results
 
-MODELS = None  # any number, under any names
-TEST_SPLIT = True
-DEFAULT_FEATURES = {"vit": ("cls", "mean"), "bit": ("mean",), "mixer": ("mean",)}
+DEFAULTS = {
+    "batch_size": 256,  # per device (any size gives the same result)
+    "seed": 0,
+    "shots": 10,  # per class; 0: every training example (then seeds=1)
+    "seeds": 3,  # draws of the shots; mean and spread over them
+    "l2": 1024.0,  # ridge strength (big_vision: 2**10); 0: chosen per probe on held-out examples
+    "l2_sweep": [],  # the l2 values tried when l2=0; []: 2**-10 .. 2**19, Google's usual list
+    "holdout": 0,  # the last N training examples, which choose l2 (the paper: part of train)
+    "test_examples": 0,  # the first N of the test split; 0: all
+}
 
 
 @dataclasses.dataclass
@@ -52,25 +61,25 @@ class Group:
     return f"{self.model}/{self.point}/{self.how}"
 
 
-class Pass:
+class Pass(protocol.Pass):
   """A sweep of the probe: `kind` is "shift", "fit" or "score"."""
+  labels = True
 
   def __init__(self, owner: "LinearProbe", kind: str, repeats: int):
     self.owner, self.kind, self.repeats = owner, kind, repeats
-    self.title, self.labels, self.points = f"probe {kind}", True, owner.points
+    self.points = owner.points
 
   def examples(self, repeat: int, sources) -> tuple[str, np.ndarray]:
-    return self.owner.examples(self.kind, repeat, sources)
+    return self.owner.examples_of(self.kind, repeat, sources)
 
   def setup(self, done) -> None:
-    self.constants = self.owner.constants(self.kind, done)
+    self.constants = self.owner.constants_of(self.kind, done)
 
   def step(self, forward, labels, mask) -> dict:
-    return self.owner.step(self.kind, forward, labels, mask)
+    return self.owner.step_of(self.kind, forward, labels, mask)
 
 
-class LinearProbe:
-  name = "linear_probe"
+class LinearProbe(protocol.Analysis):
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     if config.shots < 0 or config.seeds < 1:
@@ -84,7 +93,7 @@ class LinearProbe:
       raise ValueError("config.l2=0 chooses l2 on held-out examples, but config.holdout=0; "
                        "hold some out (the paper: part of train) or fix config.l2 (big_vision: 1024).")
     self.config, self.models = config, models
-    self.l2s = [config.l2] if config.l2 else [float(v) for v in config.l2_sweep]
+    self.l2s = [config.l2] if config.l2 else [float(v) for v in config.l2_sweep or probe.L2_SWEEP]
     self.points = {k: m.names for k, m in models.items()}
     self.groups = [g for k, m in models.items() for g in self._groups(k, m)]
     self._shots: dict[int, np.ndarray] = {}
@@ -92,7 +101,8 @@ class LinearProbe:
 
   def _groups(self, name: str, m) -> list[Group]:
     spec = self.config.models[name]
-    hows = list(spec.get("features") or DEFAULT_FEATURES[m.model.family])
+    hows = list(spec.get("features") or (("cls", "mean") if "cls" in m.model.prefix_tokens
+                                         else ("mean",)))
     shapes = {k: v.shape for k, v in representations.point_shapes(m.model, m.params, m.names).items()}
     maps = [s[1:3] for s in shapes.values() if len(s) == 4]
     final_grid = tuple(min(maps)) if maps else None
@@ -103,7 +113,7 @@ class LinearProbe:
         why = probe.check_features(how, shape, prefix, final_grid)
         if why:
           raise ValueError(f"config.models.{name}.features: {point} {tuple(shape)}: {why}.")
-        grid = tuple(shape[1:3]) if len(shape) == 4 else getattr(m.model, "grid", None)
+        grid = tuple(shape[1:3]) if len(shape) == 4 else m.model.grid
         g = Group(name, point, how, 0, 0, prefix, final_grid, grid and tuple(grid))
         g.tokens, g.dim = jax.eval_shape(g.features, jax.ShapeDtypeStruct(shape, jnp.float32)).shape[1:]
         out.append(g)
@@ -113,7 +123,7 @@ class LinearProbe:
     return [Pass(self, "shift", 1), Pass(self, "fit", self.config.seeds),
             Pass(self, "score", 1 if self.config.l2 else 2)]
 
-  def examples(self, kind: str, repeat: int, sources) -> tuple[str, np.ndarray]:
+  def examples_of(self, kind: str, repeat: int, sources) -> tuple[str, np.ndarray]:
     data = sources["data"]
     if kind in ("shift", "fit"):
       return "data", self.shots(repeat, data)
@@ -144,14 +154,14 @@ class LinearProbe:
         g.rows = n < g.dim + 1
     return self._shots[seed]
 
-  def constants(self, kind: str, done) -> dict | None:
+  def constants_of(self, kind: str, done) -> dict | None:
     """Before the fit: each group's shift; before scoring: the fitted probes, float32."""
     if kind == "shift":
       return None
     if kind == "fit":
       s = done[0][0]
       return {g.key: (s[g.key] / s["count"]).astype(np.float32) for g in self.groups if not g.rows}
-    shift, fits = self.constants("fit", done[:1]), done[1]
+    shift, fits = self.constants_of("fit", done[:1]), done[1]
     out = {}
     for g in self.groups:
       sols = [[self._fit(g, f, t, shift) for t in range(g.tokens)] for f in fits]
@@ -166,7 +176,7 @@ class LinearProbe:
                       sums[f"{g.key}/class_totals"][t], sums["class_counts"])
     return probe.fit_moments(m, shift[g.key][t].astype(np.float64))
 
-  def step(self, kind: str, forward, labels, mask) -> dict:
+  def step_of(self, kind: str, forward, labels, mask) -> dict:
     outs = {k: forward(k) for k in self.points}
     feats = {g.key: g.features(outs[g.model][g.point]).astype(jnp.float32) for g in self.groups}
     hp = jax.lax.Precision.HIGHEST
@@ -231,4 +241,44 @@ class LinearProbe:
                               results.workdir_path(workdir, f"linear_probe_tokens_{name}.png"))
 
 
-build = LinearProbe
+def _rises(s: dict) -> declaration.Verdict:
+  """Every model's probe on its last point beats its probe on its first."""
+  lines = {f"{k} {how}": v["accuracy"] for k, hows in s["models"].items() for how, v in hows.items()
+           if how != "each" and len(v["accuracy"]) > 1}
+  if not lines:
+    return None
+  return (all(v[-1] > v[0] for v in lines.values()),
+          ", ".join(f"{k}: {100 * v[0]:.1f} -> {100 * v[-1]:.1f}%" for k, v in lines.items()))
+
+
+def _cls_spatial(s: dict) -> declaration.Verdict:
+  """A model read as `each` token with a class token: its spatial tokens' mean at the
+  last point is below its class token's probe there."""
+  found = {k: hows for k, hows in s["models"].items() if "each" in hows and "cls" in hows}
+  if not found:
+    return None
+  pairs = {k: (h["each"]["accuracy"][-1], h["cls"]["accuracy"][-1]) for k, h in found.items()}
+  return (all(e < c for e, c in pairs.values()),
+          ", ".join(f"{k}: spatial tokens {100 * e:.1f}% vs CLS {100 * c:.1f}%"
+                    for k, (e, c) in pairs.items()))
+
+
+def key_numbers(s: dict) -> list[tuple[str, str]]:
+  return [(f"{k} {how}: first / last point (%)",
+           f"{100 * v['accuracy'][0]:.1f} / {100 * v['accuracy'][-1]:.1f}")
+          for k, hows in s["models"].items() for how, v in hows.items()]
+
+
+DECLARATION = declaration.Declaration(
+    name="linear_probe", build=LinearProbe, models=declaration.Models(any_names=True),
+    defaults=DEFAULTS, layers="blocks", figures="Figs 11, 13, D.4, F.1-F.3", test_split=True,
+    model_fields=("features",), key_numbers=key_numbers,
+    findings=(
+        declaration.Finding(
+            "With a CLS token, spatial tokens of the last blocks hold little class information "
+            "(the CLS token gathers it; with GAP every token does). Here: a model probed per "
+            "token ('each') and on its CLS token scores lower on its spatial tokens at the last "
+            "point.", _cls_spatial),
+        declaration.Finding(
+            "Layer-wise probes rise with depth (here: every model's probe on its last point "
+            "beats its probe on its first).", _rises)))

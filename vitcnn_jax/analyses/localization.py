@@ -14,9 +14,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import declaration
 from vitcnn_jax import hsic
 from vitcnn_jax import plotting
+from vitcnn_jax import protocol
 from vitcnn_jax import results
+
+DEFAULTS = {
+    "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)
+    "batch_size": 1024,
+    "seed": 0,
+    "layer": "",  # the point read; "": the output of the model's last block
+    "tokens": [],  # tokens plotted (row-major, CLS excluded); []: one off-centre, the centre
+}
 
 
 def to_tokens(act: jax.Array, prefix: int) -> tuple[jax.Array, tuple[int, int] | None]:
@@ -41,20 +51,13 @@ def to_columns(tokens: jax.Array, patches: jax.Array) -> list[jax.Array]:
   return [tokens[:, i] for i in range(tokens.shape[1])] + [patches[:, j] for j in range(patches.shape[1])]
 
 
-MODELS = None  # one model, under any name (a ViT or a ResNet)
-HSIC_MINIBATCHES = True
-
-
-class Localization:
+class Localization(protocol.HsicPass, protocol.Analysis):
   """One pass: the HSIC of every token and every input patch, all pairs at once."""
-  name, title, repeats, labels = "localization", "localization", 1, False
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    if len(models) != 1:
-      raise ValueError(f"config.models has {list(models)}; localization reads one model.")
     (self.key, self.m), = models.items()
     self.config = config
-    self.layer = config.layer
+    self.layer = config.layer or self.m.model.residuals()[-1].out
     if self.layer not in self.m.names:
       raise ValueError(f"config.layer={self.layer!r} is not a representation point of {self.m.path}; "
                        f"e.g. {self.m.names[-3:]} (configs/inspect.py lists them).")
@@ -72,16 +75,11 @@ class Localization:
       raise ValueError(f"config.tokens {bad} are outside 0..{self.n - 1} "
                        f"({self.grid[0]}x{self.grid[1]} grid).")
 
-  def passes(self):
-    return [self]
-
   def step(self, forward, labels, mask) -> dict:
     del labels
     tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
     acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
     return forward.minibatch_sums(acts, mask)
-
-  host_sums = staticmethod(hsic.unscale)
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
@@ -90,7 +88,9 @@ class Localization:
     tok_patch = tok_patch[:self.n, self.n:]
     summary = {"analysis": "localization", "checkpoint": self.m.path, "label": self.m.label,
                "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,
-               "tokens": self.tokens, "own_patch_cka_mean": float(np.mean(np.diag(tok_patch)))}
+               "tokens": self.tokens, "own_patch_cka_mean": float(np.mean(np.diag(tok_patch))),
+               "class_token": "cls" in self.m.model.prefix_tokens,
+               "own_patch_best_fraction": float(np.mean(tok_patch.argmax(axis=1) == np.arange(self.n)))}
     return {"cka": tok_patch, "grid": np.asarray(self.grid)}, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
@@ -98,4 +98,25 @@ class Localization:
                           results.workdir_path(workdir, "localization.png"))
 
 
-build = Localization
+def _own_patch(s: dict) -> declaration.Verdict:
+  if not s["class_token"]:
+    return None  # the finding is about models trained with a class token
+  return (s["own_patch_best_fraction"] > 0.5,
+          f"{100 * s['own_patch_best_fraction']:.0f}% of {s['layer']}'s tokens are most similar to "
+          f"their own patch (mean CKA with it {s['own_patch_cka_mean']:.3f})")
+
+
+def key_numbers(s: dict) -> list[tuple[str, str]]:
+  return [("layer", s["layer"]), ("mean CKA of a token with its own patch", f"{s['own_patch_cka_mean']:.3f}"),
+          ("tokens most similar to their own patch", f"{100 * s['own_patch_best_fraction']:.0f}%")]
+
+
+DECLARATION = declaration.Declaration(
+    name="localization", build=Localization, models=declaration.Models(any_names=True, count=1),
+    defaults=DEFAULTS, layers="all", figures="Figs 9, 10, D.1-D.3", hsic_minibatches=True,
+    key_numbers=key_numbers,
+    findings=(declaration.Finding(
+        "Higher-layer ViT tokens trained with a CLS token stay localised: each is most similar "
+        "to its own input patch (here: for more than half of the tokens, their own patch is the "
+        "most similar one). GAP training weakens this (compare a run of a GAP model).",
+        _own_patch),))

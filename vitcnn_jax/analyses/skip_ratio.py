@@ -1,11 +1,12 @@
 """Skip-connection norm ratio ||z|| / ||f(z)|| (paper Figs 7, E.1, E.2).
 
-ViT and MLP-Mixer: for every block, sublayer (attention or token mixing, MLP or
-channel mixing) and token, z is the sublayer's input carried by the skip
-connection and f(z) its long branch (App. H for the Mixer); ResNet-v2: for
-every unit, z is the shortcut and f(z) the conv branch, per spatial position.
-Ratios (and the cosine similarity between branch and output, Fig E.2) are
-averaged over images; a zero branch gives an infinite ratio, never NaN.
+For every residual connection of every model (`Anatomy.residuals`: a ViT's
+attention and MLP, a Mixer's token and channel mixing, a ResNet-v2 unit), z is
+the input carried by the skip connection and f(z) the long branch. Models with
+tokens get a ratio per token (App. H for the Mixer); feature maps are averaged
+over their positions. Ratios (and the cosine similarity between branch and
+output, Fig E.2) are averaged over images; a zero branch gives an infinite
+ratio, never NaN. Each model with tokens gets a figure, beside the others'.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import declaration
 from vitcnn_jax import plotting
+from vitcnn_jax import protocol
 from vitcnn_jax import results
+from vitcnn_jax.models import anatomy
 
-# Per token-model family: (sublayer, skip input z, branch f(z)) of every block.
-SUBLAYERS = {"vit": (("attn", "in", "attn/out"), ("mlp", "attn/residual", "mlp/out")),
-             "mixer": (("token", "in", "token_mlp/out"), ("channel", "token_mlp/residual",
-                                                          "channel_mlp/out"))}
-BIT_POINTS = ("shortcut", "conv3")
+DEFAULTS = {
+    "num_examples": 2560,  # the paper does not say
+    "batch_size": 128,  # per device (any size gives the same result)
+    "seed": 0,
+    "plot_tokens": 9,  # tokens shown in the heatmaps (Fig 7 shows 0-8)
+}
 
 
 def ratio_and_cosine(z: jax.Array, f: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -46,85 +51,112 @@ def _masked_sum(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
   return jnp.where(mask.reshape(shape) > 0, x, 0.0).sum(axis=axis)
 
 
-def _token_names(family: str, depth: int) -> list[str]:
-  return [f"block{b:02d}/{p}" for b in range(depth) for _, z, f in SUBLAYERS[family] for p in (z, f)]
-
-
-def _bit_units(names: list[str]) -> list[str]:
-  return sorted({n.rsplit("/", 1)[0] for n in names if n.endswith("/conv3")})
-
-
-MODELS, OPTIONAL_MODELS, ONE_OF = (), ("vit", "mixer", "resnet"), ("vit", "mixer")
-TOKEN_MODELS = ("vit", "mixer")
-
-
-class SkipRatio:
-  """One pass: ratios and cosines summed over images (ViT and Mixer per token,
-  ResNet per unit)."""
-  name, title, repeats, labels = "skip_ratio", "skip ratio", 1, False
+class SkipRatio(protocol.Analysis):
+  """One pass: ratios and cosines summed over images, per residual (and token)."""
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
-    self.config, self.bit = config, models.get("resnet")
-    self.tokens = {k: models[k] for k in TOKEN_MODELS if k in models}
-    self.depth, self.points = {}, {}
-    for k, m in self.tokens.items():
-      if m.model.family != k:
-        raise ValueError(f"config.models.{k} must be a {k} checkpoint, got a {m.model.family} one.")
-      self.depth[k] = m.model.depth if k == "vit" else m.model.num_blocks
-      self.points[k] = _token_names(k, self.depth[k])
-    self.units = []
-    if self.bit is not None:
-      if self.bit.model.family != "bit":
-        raise ValueError(f"config.models.resnet must be a BiT ResNet, got a {self.bit.model.family} checkpoint.")
-      self.units = _bit_units(self.bit.names)
-      self.points["resnet"] = [f"{u}/{p}" for u in self.units for p in BIT_POINTS]
-
-  def passes(self):
-    return [self]
+    self.config, self.models = config, models
+    for k, m in models.items():
+      anatomy.require(m.model, "residuals", f"config.models.{k}")
+    self.tokens = [k for k, m in models.items() if m.model.grid is not None]
+    if not self.tokens:
+      raise ValueError(f"config.models has {list(models)}, none with tokens; skip ratios per "
+                       "token need a ViT or a Mixer (a ResNet is shown beside one).")
+    self.residuals = {k: m.model.residuals() for k, m in models.items()}
+    self.points = {k: list(dict.fromkeys(p for r in rs for p in (r.skip, r.branch)))
+                   for k, rs in self.residuals.items()}
 
   def step(self, forward, labels, mask) -> dict:
     del labels
     sums = {}
-    for k in self.tokens:
+    for k, residuals in self.residuals.items():
       out = forward(k)
-      pairs = [(out[f"block{b:02d}/{z}"], out[f"block{b:02d}/{f}"])
-               for b in range(self.depth[k]) for _, z, f in SUBLAYERS[k]]
-      r, c = (jnp.stack(v) for v in zip(*[ratio_and_cosine(z, f) for z, f in pairs]))  # (2 depth, B, T)
-      sums[f"{k}_ratio"], sums[f"{k}_cosine"] = _masked_sum(r, mask, 1), _masked_sum(c, mask, 1)
-    if self.bit is not None:
-      out = forward("resnet")
-      r, c = zip(*[ratio_and_cosine(out[f"{u}/shortcut"], out[f"{u}/conv3"]) for u in self.units])
-      sums["bit_ratio"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in r]), mask, 1)
-      sums["bit_cosine"] = _masked_sum(jnp.stack([x.mean(axis=(1, 2)) for x in c]), mask, 1)
+      r, c = zip(*[ratio_and_cosine(out[x.skip], out[x.branch]) for x in residuals])
+      if k not in self.tokens:  # feature maps: the mean over positions
+        r, c = ([x.mean(axis=(1, 2)) for x in v] for v in (r, c))
+      sums[f"{k}_ratio"] = _masked_sum(jnp.stack(r), mask, 1)  # (residuals[, tokens])
+      sums[f"{k}_cosine"] = _masked_sum(jnp.stack(c), mask, 1)
     return sums
 
   def finalize(self, sums):
     s, n = sums[0][0], self.config.num_examples
-    summary, arrays = {"analysis": "skip_ratio", "num_examples": n}, {}
-    for k, m in self.tokens.items():
-      ratio = s[f"{k}_ratio"].reshape(self.depth[k], 2, -1) / n  # (block, sublayer, token)
-      prefix = m.model.num_prefix_tokens
-      summary[k] = {"checkpoint": m.path, "label": m.label,
-                    "sublayers": [name for name, _, _ in SUBLAYERS[k]],
-                    "cls_ratio": ratio[:, :, 0].tolist() if prefix else None,
-                    "spatial_ratio": ratio[:, :, prefix:].mean(axis=-1).tolist()}
-      arrays[f"{k}_ratio"] = ratio
-      arrays[f"{k}_cosine"] = s[f"{k}_cosine"].reshape(self.depth[k], 2, -1) / n
-    if self.bit is not None:
-      summary["bit"] = {"checkpoint": self.bit.path, "label": self.bit.label, "units": self.units,
-                        "ratio": (s["bit_ratio"] / n).tolist(), "cosine": (s["bit_cosine"] / n).tolist()}
-      arrays.update(bit_ratio=s["bit_ratio"] / n, bit_cosine=s["bit_cosine"] / n,
-                    bit_units=np.asarray(self.units))
+    summary, arrays = {"analysis": "skip_ratio", "num_examples": n, "models": {}}, {}
+    for k, m in self.models.items():
+      ratio, cosine = s[f"{k}_ratio"] / n, s[f"{k}_cosine"] / n
+      entry = {"checkpoint": m.path, "label": m.label, "tokens": k in self.tokens}
+      if k in self.tokens:
+        shape = (m.model.num_blocks, len(m.model.sublayers), -1)  # (block, sublayer, token)
+        ratio, cosine = ratio.reshape(shape), cosine.reshape(shape)
+        prefix = m.model.num_prefix_tokens
+        entry.update(sublayers=list(m.model.sublayers),
+                     cls_ratio=ratio[:, :, 0].tolist() if prefix else None,
+                     spatial_ratio=ratio[:, :, prefix:].mean(axis=-1).tolist())
+      else:
+        units = [r.block for r in self.residuals[k]]
+        entry.update(units=units, ratio=ratio.tolist(), cosine=cosine.tolist())
+        arrays[f"{k}_units"] = np.asarray(units)
+      summary["models"][k] = entry
+      arrays[f"{k}_ratio"], arrays[f"{k}_cosine"] = ratio, cosine
     return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
-    bit = (arrays["bit_ratio"], self.bit.label) if self.bit is not None else None
-    for k, m in self.tokens.items():
-      plotting.skip_ratio(arrays[f"{k}_ratio"], arrays[f"{k}_cosine"], m.model.num_prefix_tokens,
-                          self.config.plot_tokens, m.label, bit,
-                          [name for name, _, _ in SUBLAYERS[k]],
-                          results.workdir_path(workdir, "skip_ratio.png" if k == "vit"
-                                               else f"skip_ratio_{k}.png"))
+    others = [(arrays[f"{k}_ratio"], m.label) for k, m in self.models.items() if k not in self.tokens]
+    for k in self.tokens:
+      m = self.models[k].model
+      plotting.skip_ratio(arrays[f"{k}_ratio"], arrays[f"{k}_cosine"], m.num_prefix_tokens,
+                          self.config.plot_tokens, self.models[k].label, others, m.sublayers,
+                          results.workdir_path(workdir, f"skip_ratio_{k}.png"))
 
 
-build = SkipRatio
+def _halves(v) -> tuple[float, float]:
+  v = np.asarray(v, np.float64).ravel()
+  return float(v[:len(v) // 2].mean()), float(v[len(v) // 2:].mean())
+
+
+def _cls_then_spatial(s: dict) -> declaration.Verdict:
+  with_cls = {k: e for k, e in s["models"].items() if e.get("cls_ratio") is not None}
+  if not with_cls:
+    return None
+  shown, text = True, []
+  for e in with_cls.values():
+    cls, spatial = _halves(e["cls_ratio"]), _halves(e["spatial_ratio"])
+    shown &= cls[0] > spatial[0] and spatial[1] > cls[1]
+    text.append(f"{e['label']}: CLS {cls[0]:.2f} / {cls[1]:.2f}, spatial {spatial[0]:.2f} / "
+                f"{spatial[1]:.2f} (first / second half)")
+  return shown, "; ".join(text)
+
+
+def _above_cnn(s: dict) -> declaration.Verdict:
+  tokens = {e["label"]: np.mean(e["spatial_ratio"]) for e in s["models"].values() if e["tokens"]}
+  maps = {e["label"]: np.mean(e["ratio"]) for e in s["models"].values() if not e["tokens"]}
+  if not tokens or not maps:
+    return None
+  return (min(tokens.values()) > max(maps.values()),
+          ", ".join(f"{k} {v:.2f}" for k, v in {**tokens, **maps}.items()))
+
+
+def key_numbers(s: dict) -> list[tuple[str, str]]:
+  out = []
+  for e in s["models"].values():
+    if not e["tokens"]:
+      out.append((f"{e['label']} ratio, mean over units", f"{np.mean(e['ratio']):.2f}"))
+      continue
+    if e["cls_ratio"] is not None:
+      out.append((f"{e['label']} CLS ratio, first / second half", "%.2f / %.2f" % _halves(e["cls_ratio"])))
+    out.append((f"{e['label']} spatial ratio, first / second half",
+                "%.2f / %.2f" % _halves(e["spatial_ratio"])))
+  return out
+
+
+DECLARATION = declaration.Declaration(
+    name="skip_ratio", build=SkipRatio, models=declaration.Models(any_names=True),
+    defaults=DEFAULTS, layers="all", figures="Figs 7, E.1, E.2", key_numbers=key_numbers,
+    findings=(
+        declaration.Finding(
+            "ViT skip connections carry much of the signal: the CLS token's norm ratio is high "
+            "in the first half of the network and the spatial tokens' in the second half (here: "
+            "CLS above spatial over the first half of the sublayers, spatial above CLS over the "
+            "second).", _cls_then_spatial),
+        declaration.Finding(
+            "ViT ratios are far above a ResNet's (here: every token model's mean spatial ratio "
+            "above every feature-map model's mean ratio).", _above_cnn)))

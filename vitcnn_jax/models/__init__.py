@@ -1,21 +1,42 @@
-"""Model families by name; each model returns `(logits, out)`."""
+"""The model families, each with its architecture and its checkpoint formats.
+
+Every model returns `(logits, out)` and exposes its anatomy (`models/anatomy.py`):
+analyses ask a model what it has, never which family it is.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from types import ModuleType
+
 import flax.linen as nn
 
+from vitcnn_jax.models import bit_io, mixer_io, vit_io
 from vitcnn_jax.models.bit import BiT
-from vitcnn_jax.models.common import Capture
 from vitcnn_jax.models.mixer import Mixer
 from vitcnn_jax.models.vit import ViT
 
-FAMILIES: dict[str, type[nn.Module]] = {"vit": ViT, "bit": BiT, "mixer": Mixer}
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  name: str
+  module: type[nn.Module]  # the Flax model
+  io: ModuleType  # its formats: detect, read, adapt, write, FORMATS, OVERRIDABLE
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("vit", ViT, vit_io), Family("bit", BiT, bit_io), Family("mixer", Mixer, mixer_io))}
+
+
+def family_of(model: nn.Module) -> Family:
+  """The family of a model instance."""
+  return FAMILIES[model.family]
 
 
 def get_model(family: str, **kwargs) -> nn.Module:
   if family not in FAMILIES:
     raise ValueError(f"Unknown model family {family!r}; expected one of {sorted(FAMILIES)}.")
-  return FAMILIES[family](**kwargs)
+  return FAMILIES[family].module(**kwargs)
 
 
-__all__ = ["BiT", "Capture", "FAMILIES", "Mixer", "ViT", "get_model"]
+__all__ = ["BiT", "FAMILIES", "Family", "Mixer", "ViT", "family_of", "get_model"]

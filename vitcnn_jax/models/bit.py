@@ -26,8 +26,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
+# Capture presets. "paper": every ResNet-v2 sublayer (the projection shortcut
+# duplicates nothing, identity shortcuts would duplicate the previous unit's output,
+# so shortcuts are left out); "blocks": unit outputs; "all": every point.
+LAYER_PRESETS = {
+    "paper": ("root/*", "block*/unit*/preact", "block*/unit*/conv1", "block*/unit*/preact2",
+              "block*/unit*/conv2", "block*/unit*/preact3", "block*/unit*/conv3",
+              "block*/unit*/out", "head/preact"),
+    "blocks": ("block*/unit*/out",),
+    "all": ("**",),
+}
 DEPTHS: dict[int, tuple[int, ...]] = {
     50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 
@@ -151,7 +162,31 @@ class BiT(nn.Module):
   root_pool_pad: str = "zero"  # "zero": big_transfer; "-inf": big_vision bit_paper
 
   family = "bit"
+  # Anatomy (models/anatomy.py): residual blocks are units; no tokens, no attention.
+  sublayers = ("unit",)
+  stem = "root/conv"
+  grid = None
+  token_pixels = None
+  prefix_tokens = ()
   num_prefix_tokens = 0
+  num_heads = 0
+  default_policy = "resize"
+  layer_presets = LAYER_PRESETS
+
+  @property
+  def num_blocks(self) -> int:
+    return sum(block_sizes(self.depth))
+
+  def residuals(self) -> list[anatomy.Residual]:
+    units = [f"block{b}/unit{u:02d}" for b, n in enumerate(block_sizes(self.depth), 1)
+             for u in range(1, n + 1)]
+    return [anatomy.Residual(k, "unit", f"{k}/shortcut", f"{k}/conv3", f"{k}/out") for k in units]
+
+  def attention(self) -> list[anatomy.AttentionLayer]:
+    return []
+
+  def head_projection(self, params, block: int):
+    raise ValueError("A ResNet has no attention heads.")
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax import checkpoints
 from vitcnn_jax.models import bit
 from vitcnn_jax.models import common
+from vitcnn_jax.models import io
 
 FAMILY = "bit"
 OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
@@ -38,18 +38,18 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _bt_names(keys: checkpoints.Keys) -> None:
+def _bt_names(keys: io.Keys) -> None:
   """Some big_transfer files number their convs: standardized_conv2d_3."""
   renamed: dict[str, np.ndarray] = {}
   for k, v in keys.flat.items():
     k2 = re.sub(r"/standardized_conv2d_\d+/", "/standardized_conv2d/", k)
     if k2 in renamed:
-      raise checkpoints.CheckpointError(f"{keys.path}: {k!r} and another key both map to {k2!r}.")
+      raise io.CheckpointError(f"{keys.path}: {k!r} and another key both map to {k2!r}.")
     renamed[k2] = v
   keys.flat = renamed
 
 
-def read(keys: checkpoints.Keys) -> checkpoints.Reading:
+def read(keys: io.Keys) -> io.Reading:
   bt = keys.fmt == "bit"
   if bt:
     _bt_names(keys)
@@ -66,12 +66,12 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
   pre = "resnet/" if bt else ""
   blocks = keys.indices(rf"{pre}block(\d+)/")
   if not blocks or blocks[0] != 1:
-    raise checkpoints.CheckpointError(f"{keys.path}: no {pre}block1/ found.")
+    raise io.CheckpointError(f"{keys.path}: no {pre}block1/ found.")
   depth = []
   for b in blocks:
     units = keys.indices(rf"{pre}block{b}/unit(\d+)/")
     if not units or units[0] != 1:
-      raise checkpoints.CheckpointError(f"{keys.path}: {pre}block{b} has no unit01.")
+      raise io.CheckpointError(f"{keys.path}: {pre}block{b} has no unit01.")
     depth.append(len(units))
     for u in units:
       src = f"block{b}/unit{u:02d}"
@@ -89,16 +89,16 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
     p[f"norm-pre-head/{leaf}"] = keys.take(f"resnet/group_norm/{_TF_GN[leaf]}" if bt
                                            else f"norm-pre-head/{leaf}")
   if bt:
-    checkpoints.take_head(keys, p, cfg, ev, "resnet/head/conv2d/kernel", "resnet/head/conv2d/bias")
+    io.take_head(keys, p, cfg, ev, "resnet/head/conv2d/kernel", "resnet/head/conv2d/bias")
   else:
-    checkpoints.take_head(keys, p, cfg, ev)
+    io.take_head(keys, p, cfg, ev)
   for k in list(p):  # GroupNorm params are (1, 1, 1, C) in some files.
     if "/gn" in k or k.startswith("norm-pre-head"):
       p[k] = p[k].reshape(-1)
-  return checkpoints.Reading(keys.fmt, cfg, ev, p)
+  return io.Reading(keys.fmt, cfg, ev, p)
 
 
-def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
   """Fully convolutional: any resolution of at least 32 px runs (the network
   downsamples by 32), and the file records none."""
   del r, native

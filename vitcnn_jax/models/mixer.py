@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
 # (hidden_dim, num_blocks, tokens_mlp_dim, channels_mlp_dim)
@@ -37,6 +38,15 @@ def decode_variant(variant: str) -> dict:
   if patch:
     cfg["patch_size"] = int(patch)
   return cfg
+
+
+# Capture presets (as ViT's): about six points per block; block outputs; every point.
+LAYER_PRESETS = {
+    "paper": ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/channel_mlp/hidden",
+              "block*/channel_mlp/out", "block*/out"),
+    "blocks": ("block*/out",),
+    "all": ("**",),
+}
 
 
 class MixerBlock(nn.Module):
@@ -70,11 +80,37 @@ class Mixer(nn.Module):
   gelu: str = "tanh"
 
   family = "mixer"
+  # Anatomy (models/anatomy.py).
+  sublayers = ("token", "channel")
+  stem = None
+  prefix_tokens = ()
   num_prefix_tokens = 0
+  num_heads = 0
+  default_policy = "resize"
+  layer_presets = LAYER_PRESETS
 
   @property
   def grid(self) -> tuple[int, int]:
     return common.patch_grid(self.patch_size, self.image_size)
+
+  @property
+  def token_pixels(self) -> tuple[int, int]:
+    return common.to_pair(self.patch_size)
+
+  def residuals(self) -> list[anatomy.Residual]:
+    out = []
+    for b in range(self.num_blocks):
+      k = f"block{b:02d}"
+      out += [anatomy.Residual(k, "token", f"{k}/in", f"{k}/token_mlp/out", f"{k}/token_mlp/residual"),
+              anatomy.Residual(k, "channel", f"{k}/token_mlp/residual", f"{k}/channel_mlp/out",
+                               f"{k}/out")]
+    return out
+
+  def attention(self) -> list[anatomy.AttentionLayer]:
+    return []
+
+  def head_projection(self, params, block: int):
+    raise ValueError("An MLP-Mixer has no attention heads.")
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

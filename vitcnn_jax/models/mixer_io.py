@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
+from vitcnn_jax.models import io
 
 FAMILY = "mixer"
 OVERRIDABLE = ("gelu",)  # tanh GELU like every upstream
@@ -25,13 +25,13 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def read(keys: checkpoints.Keys) -> checkpoints.Reading:
+def read(keys: io.Keys) -> io.Reading:
   p: dict[str, np.ndarray] = {}
   stem = keys.take("stem/kernel")
   p["stem/kernel"], p["stem/bias"] = stem, keys.take("stem/bias")
   idx = keys.indices(r"MixerBlock_(\d+)/")
   if not idx or idx[0] != 0:
-    raise checkpoints.CheckpointError(f"{keys.path}: no MixerBlock_0 found.")
+    raise io.CheckpointError(f"{keys.path}: no MixerBlock_0 found.")
   for i in idx:
     for sub, leaves in (("LayerNorm_0", _LN), ("token_mixing", _MLP),
                         ("LayerNorm_1", _LN), ("channel_mixing", _MLP)):
@@ -52,18 +52,18 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
             num_blocks=f"MixerBlock_0..{len(idx) - 1}", tokens_mlp_dim=token_kernel,
             image_size=token_kernel,
             channels_mlp_dim=keys.shape("MixerBlock_0/channel_mixing/Dense_0/kernel"))
-  checkpoints.take_head(keys, p, cfg, ev)
-  return checkpoints.Reading(keys.fmt, cfg, ev, p)
+  io.take_head(keys, p, cfg, ev)
+  return io.Reading(keys.fmt, cfg, ev, p)
 
 
-def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
   """The token-mixing MLP fixes the number of tokens, so the resolution too."""
   if cfg.get("image_size") is None:
-    raise checkpoints.CheckpointError(
+    raise io.CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
   if native is not None and common.to_pair(cfg["image_size"]) != (native, native):
-    raise checkpoints.CheckpointError(
+    raise io.CheckpointError(
         f"{path}: a Mixer's token-mixing MLP fixes its input to {native}x{native} "
         f"({r.evidence['image_size']}); resolution={cfg['image_size']!r} is not possible.")
 

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
 POOLS = ("token", "gap", "map", "0")
@@ -38,6 +39,16 @@ VARIANTS: dict[str, tuple[int, int, int, int]] = {
     "B": (768, 12, 3072, 12),
     "L": (1024, 24, 4096, 16),
     "H": (1280, 32, 5120, 16),
+}
+
+
+# Capture presets: about six points per block, as in the paper's figures (Section 4,
+# Fig 1 axes); block outputs; every point.
+LAYER_PRESETS = {
+    "paper": ("block*/ln1", "block*/attn/out", "block*/ln2", "block*/mlp/hidden", "block*/mlp/out",
+              "block*/out"),
+    "blocks": ("block*/out",),
+    "all": ("**",),
 }
 
 
@@ -172,15 +183,48 @@ class ViT(nn.Module):
   no_skip: tuple[int, ...] = ()  # blocks trained without residual connections
 
   family = "vit"
+  # Anatomy (models/anatomy.py).
+  sublayers = ("attn", "mlp")
+  stem = None
+  default_policy = "resize"
+  layer_presets = LAYER_PRESETS
+
+  @property
+  def num_blocks(self) -> int:
+    return self.depth
+
+  @property
+  def prefix_tokens(self) -> tuple[str, ...]:
+    """Tokens before the spatial ones: the cls token of `token` pooling."""
+    return ("cls",) if self.pool == "token" else ()
 
   @property
   def num_prefix_tokens(self) -> int:
-    """Tokens before the spatial ones (the cls token of `token` pooling)."""
-    return 1 if self.pool == "token" else 0
+    return len(self.prefix_tokens)
 
   @property
   def grid(self) -> tuple[int, int]:
     return common.patch_grid(self.patch_size, self.image_size)
+
+  @property
+  def token_pixels(self) -> tuple[int, int]:
+    return common.to_pair(self.patch_size)
+
+  def residuals(self) -> list[anatomy.Residual]:
+    out = []
+    for b in range(self.depth):
+      k = f"block{b:02d}"
+      out += [anatomy.Residual(k, "attn", f"{k}/in", f"{k}/attn/out", f"{k}/attn/residual"),
+              anatomy.Residual(k, "mlp", f"{k}/attn/residual", f"{k}/mlp/out", f"{k}/out")]
+    return out
+
+  def attention(self) -> list[anatomy.AttentionLayer]:
+    return [anatomy.AttentionLayer(b, f"block{b:02d}/attn/weights", f"block{b:02d}/attn/heads")
+            for b in range(self.depth)]
+
+  def head_projection(self, params, block: int) -> jax.Array:
+    return params["Transformer"][f"encoderblock_{block}"]["MultiHeadDotProductAttention_0"][
+        "out"]["kernel"]
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import scipy.ndimage
 
-from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
+from vitcnn_jax.models import io
 
 FAMILY = "vit"
 OVERRIDABLE = ("gelu", "no_skip")  # tanh GELU like every upstream; `no_skip` for ablation models
@@ -66,7 +66,7 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
 
 
-def _blocks(keys: checkpoints.Keys, p: dict, cfg: dict, ev: dict) -> None:
+def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
   stacked = keys.has("Transformer/encoderblock/LayerNorm_0/scale")
   if stacked:
     depth = keys.flat["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
@@ -74,7 +74,7 @@ def _blocks(keys: checkpoints.Keys, p: dict, cfg: dict, ev: dict) -> None:
   else:
     idx = keys.indices(r"Transformer/encoderblock_(\d+)/")
     if not idx or idx[0] != 0:
-      raise checkpoints.CheckpointError(f"{keys.path}: no Transformer/encoderblock_0 found.")
+      raise io.CheckpointError(f"{keys.path}: no Transformer/encoderblock_0 found.")
     depth = len(idx)
     ev["depth"] = f"Transformer/encoderblock_0..{depth - 1}"
   cfg["depth"] = depth
@@ -86,7 +86,7 @@ def _blocks(keys: checkpoints.Keys, p: dict, cfg: dict, ev: dict) -> None:
         arr = keys.take(f"{src}/{name}/{leaf}")
         if stacked:
           if arr.shape[0] != depth:
-            raise checkpoints.CheckpointError(
+            raise io.CheckpointError(
                 f"{keys.path}: scan-stacked {src}/{name}/{leaf} has leading axis "
                 f"{arr.shape[0]}, expected depth {depth}.")
           arr = arr[i]
@@ -99,7 +99,7 @@ def _blocks(keys: checkpoints.Keys, p: dict, cfg: dict, ev: dict) -> None:
     p[f"Transformer/encoder_norm/{leaf}"] = keys.take(f"Transformer/encoder_norm/{leaf}")
 
 
-def read(keys: checkpoints.Keys) -> checkpoints.Reading:
+def read(keys: io.Keys) -> io.Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
@@ -117,7 +117,7 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
     ev["representation_size"] = keys.shape("pre_logits/kernel")
   else:
     cfg["representation_size"], ev["representation_size"] = None, "no pre_logits in the file"
-  checkpoints.take_head(keys, p, cfg, ev)
+  io.take_head(keys, p, cfg, ev)
 
   pe_key = next((k for k in _POSEMB_KEYS if keys.has(k)), None)
   if pe_key is None and keys.fmt == "big_vision" and cfg["width"] % 4 == 0:
@@ -140,7 +140,7 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
       # folding its first row into cls gives big_vision's equivalent form.
       rows = pe.shape[1]
       if math.isqrt(rows) ** 2 == rows and math.isqrt(rows - 1) ** 2 != rows - 1:
-        raise checkpoints.CheckpointError(
+        raise io.CheckpointError(
             f"{keys.path}: {pe_key} {pe.shape} has {rows} rows, a whole "
             f"{math.isqrt(rows)}x{math.isqrt(rows)} grid, but with a class token ('cls') "
             "a vision_transformer file has one more row, for the class token, first. The "
@@ -167,13 +167,13 @@ def read(keys: checkpoints.Keys) -> checkpoints.Reading:
     square = g * g == pe.shape[1] and np.ndim(cfg["patch_size"]) == 0
     cfg["image_size"] = int(g * cfg["patch_size"]) if square else None
     ev["image_size"] = keys.shape(pe_key)
-  return checkpoints.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
 
 
-def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
   """Checks the resolution; a learned embedding is resampled to the new grid."""
   if cfg.get("image_size") is None:
-    raise checkpoints.CheckpointError(
+    raise io.CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
   bad = [b for b in cfg.get("no_skip") or () if not 0 <= b < cfg["depth"]]
@@ -188,7 +188,7 @@ def adapt(cfg: dict, r: checkpoints.Reading, native: int | None, path: str) -> N
   rows, grid = r.params["pos_embedding"].shape[1], (new[0] // patch[0], new[1] // patch[1])
   if grid[0] * grid[1] != rows:
     if native is None:
-      raise checkpoints.CheckpointError(f"{path}: cannot resample a non-square position "
+      raise io.CheckpointError(f"{path}: cannot resample a non-square position "
                                         f"embedding ({r.evidence['image_size']}) to {new}.")
     old = native // patch[0]
     r.params["pos_embedding"] = resample_posemb(r.params["pos_embedding"], (old, old), grid)

@@ -1,4 +1,5 @@
-"""What a checkpoint holds: the inferred architecture and every representation point."""
+"""What a checkpoint holds (`configs/inspect.py`): the inferred architecture, the
+tensor each field was read from, and every representation point with its shape."""
 
 from __future__ import annotations
 

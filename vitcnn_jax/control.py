@@ -1,0 +1,84 @@
+"""The fields every run has, and the checks that need neither models nor data.
+
+No jax here: configs import it. `check_config` runs before anything is loaded,
+so a mistake in the config costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitcnn_jax import declaration as declaration_lib
+
+# The fields of the models before they were a mapping, and their names now.
+LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
+CACHE_DIR = "~/.cache/vitcnn_jax"  # demo models, trained once
+FIGURE_FORMATS = ("png", "pdf", "svg")
+MIN_BATCH = 4  # the unbiased HSIC's n (n - 3) and (n - 1)(n - 2) must be positive
+
+# The driver's fields, the same for every analysis, and their defaults.
+CONTROL = dict(
+    save_every_seconds=60,  # resumable state written at most this often
+    stop_after=0,  # >0: stop (resumably) after this many steps, for time-boxed jobs
+    # Devices sharing one minibatch (the estimator's n stays batch_size); 0: the fewest
+    # whose memory holds the step (always 1 where the device reports no memory: CPU).
+    devices_per_minibatch=0,
+    device_memory_gib=0.0,  # per device; 0: what the device reports
+    # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
+    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/hsic.py).
+    gram_precision="auto",
+    # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), CKA colour scale.
+    plot=dict(format="png", vmin=0.0, vmax=1.0),
+    cache_dir="",  # demo models trained on first use; "": ~/.cache/vitcnn_jax
+)
+# Fields that do not change a run's result (left out of its identity).
+VOLATILE = ("stop_after", "save_every_seconds", "device_memory_gib", "plot", "cache_dir")
+
+
+def cache_dir(config: Any) -> str:
+  return config.get("cache_dir") or CACHE_DIR
+
+
+def check_config(config: Any, declared: declaration_lib.Declaration) -> None:
+  """Value ranges, figure options, minibatch sizes and the model names."""
+  for field in ("num_examples", "batch_size"):  # (an analysis choosing its own examples has none)
+    if config.get(field, 1) < 1:
+      raise ValueError(f"config.{field}={config.get(field)} must be >= 1.")
+  for field in ("seed", "stop_after", "save_every_seconds"):
+    if config.get(field, 0) < 0:
+      raise ValueError(f"config.{field}={config.get(field)} must be >= 0.")
+  plot_options(config)
+  if declared.hsic_minibatches:
+    check_batching(config.num_examples, config.batch_size)
+  for old, new in LEGACY_FIELDS.items():
+    if old in config:
+      raise ValueError(f"config.{old}: models are now the mapping config.models (name -> spec); "
+                       f"move this spec to config.models.{new} (configs/*.py show the names "
+                       "each analysis reads).")
+  declared.models.check(list(config.get("models") or {}), declared.hint)
+
+
+def check_batching(num_examples: int, batch_size: int) -> None:
+  if batch_size < MIN_BATCH:
+    raise ValueError(f"config.batch_size={batch_size}: the unbiased HSIC needs minibatches of "
+                     f"at least {MIN_BATCH}.")
+  rest = num_examples % batch_size
+  if 0 < rest < MIN_BATCH:
+    raise ValueError(
+        f"config.num_examples={num_examples} leaves a last minibatch of {rest} (< {MIN_BATCH}) "
+        f"with batch_size={batch_size}; choose num_examples so that the remainder is 0 or "
+        f">= {MIN_BATCH}.")
+
+
+def plot_options(config: Any) -> dict:
+  """`plotting.options` from `config.plot` (format, vmin, vmax), checked."""
+  given = dict(config.get("plot") or {})
+  unknown = sorted(set(given) - {"format", "vmin", "vmax"})
+  if unknown:
+    raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
+  if given.get("format", "png") not in FIGURE_FORMATS:
+    raise ValueError(f"config.plot.format={given['format']!r} is not one of {FIGURE_FORMATS}.")
+  if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
+    raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
+                     f"config.plot.vmax={given.get('vmax', 1.0)}.")
+  return given

@@ -1,0 +1,118 @@
+"""How an analysis declares itself (no jax here: configs read declarations too).
+
+Each module of `vitcnn_jax/analyses/` ends with `DECLARATION = Declaration(...)`:
+the models it reads, whether its steps are HSIC minibatches, its config fields
+and their defaults (`DEFAULTS`, a literal, so that configs read it without
+importing the analysis: `defaults(name)`), the paper's figures and findings in
+our words with a check of each on the run's own summary, and its key numbers.
+`main.py`, the notebook API, the configs and the report read nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+# A finding's verdict on one run: (shown?, the numbers that decide it), or None
+# where the finding does not apply to the run (e.g. no ResNet among its models).
+Verdict = tuple[bool, str] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Models:
+  """The names in `config.models` an analysis reads: `required` ones, `optional`
+  ones, at least one of `one_of`; or any names (`any_names`), `count` of them if set."""
+  required: tuple[str, ...] = ()
+  optional: tuple[str, ...] = ()
+  one_of: tuple[str, ...] = ()
+  any_names: bool = False
+  count: int | None = None
+
+  def describe(self) -> str:
+    if self.any_names:
+      return f"{self.count or 'any number of'} model{'s' if self.count != 1 else ''} under any names"
+    return ", ".join([*self.required, *(f"{n} (optional)" for n in self.optional)])
+
+  def check(self, names: Sequence[str], hint: str = "") -> None:
+    """Raises a ValueError naming what is missing, extra or too many."""
+    wanted = self.describe()
+    if not names:
+      raise ValueError(f"config.models is empty; give it the models to analyse ({wanted}){hint}")
+    if self.any_names:
+      if self.count is not None and len(names) != self.count:
+        raise ValueError(f"config.models has {list(names)}; this analysis reads {wanted}.")
+      return
+    missing = [n for n in self.required if n not in names]
+    extra = [n for n in names if n not in (*self.required, *self.optional)]
+    if missing or extra:
+      raise ValueError(f"config.models has {list(names)}; this analysis reads {wanted}"
+                       f"{f', so {missing} is missing' if missing else ''}"
+                       f"{f', so {extra} would be ignored: remove or rename it' if extra else ''}.")
+    if self.one_of and not set(self.one_of) & set(names):
+      raise ValueError(f"config.models has {list(names)}; this analysis reads {wanted}, and at "
+                       f"least one of {list(self.one_of)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  """A finding of the paper (our words) and its check on a run's summary."""
+  text: str
+  check: Callable[[dict], Verdict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+  """Everything the rest of the package knows about one analysis."""
+  name: str  # config.analysis, and the stem of its files (NAME.npz, NAME.json)
+  build: Callable[..., Any]  # (config, models) -> protocol.Analysis
+  models: Models
+  defaults: dict[str, Any]  # its config fields (the module's DEFAULTS)
+  figures: str  # the paper's figures it reproduces, e.g. "Figs 3, 4, C.5, C.6"
+  findings: tuple[Finding, ...]
+  key_numbers: Callable[[dict], list[tuple[str, str]]]  # from its own summary
+  layers: str | tuple[str, ...] = "paper"  # default capture (a preset or patterns)
+  hsic_minibatches: bool = False  # steps are HSIC minibatches: sizes checked first
+  test_split: bool = False  # also reads config.data.test_split (as source "test")
+  model_fields: tuple[str, ...] = ()  # per-model config fields it reads (config.models.NAME.X)
+  hint: str = ""  # appended to messages about missing models
+
+  def verdicts(self, summary: dict) -> list[tuple[Finding, Verdict]]:
+    """Each finding with its verdict on `summary` (None where it does not apply
+    or the summary lacks what the check reads)."""
+    out = []
+    for f in self.findings:
+      try:
+        out.append((f, f.check(summary)))
+      except (KeyError, ValueError, TypeError, IndexError):
+        out.append((f, None))
+    return out
+
+
+ANALYSES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analyses")
+
+
+def names() -> list[str]:
+  """Every analysis: the modules of `analyses/` that end with a DECLARATION."""
+  return sorted(f[:-3] for f in os.listdir(ANALYSES_DIR)
+                if f.endswith(".py") and not f.startswith("_")
+                and "\nDECLARATION = " in _source(f[:-3]))
+
+
+def _source(name: str) -> str:
+  path = os.path.join(ANALYSES_DIR, f"{name}.py")
+  if not os.path.exists(path):
+    raise ValueError(f"config.analysis={name!r} is not an analysis; they are {names()}.")
+  with open(path) as f:
+    return f.read()
+
+
+def defaults(name: str) -> dict[str, Any]:
+  """The `DEFAULTS` of analysis `name`, read from its source without importing it
+  (it imports jax; a config should not have to)."""
+  for node in ast.parse(_source(name)).body:
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1
+        and getattr(node.targets[0], "id", None) == "DEFAULTS"):
+      return ast.literal_eval(node.value)
+  raise ValueError(f"vitcnn_jax/analyses/{name}.py has no DEFAULTS literal.")

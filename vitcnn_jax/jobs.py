@@ -1,0 +1,141 @@
+"""Every job, one path for `main.py`, the notebook API and the report.
+
+`run(config, workdir)` checks and locks the workdir and runs the job named by
+`config.analysis`: an analysis (`vitcnn_jax/analyses/`), `train`, `inspect` or
+`report`. An analysis goes: config checks (no model, no data) -> the data
+sources and their checks -> demo models resolved to files (trained once if the
+cache lacks them) -> models loaded -> the analysis built -> the driver. Nothing
+after the first step trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from vitcnn_jax import analyses
+from vitcnn_jax import control
+from vitcnn_jax import data
+from vitcnn_jax import declaration
+from vitcnn_jax import demos
+from vitcnn_jax import describe
+from vitcnn_jax import driver
+from vitcnn_jax import loading
+from vitcnn_jax import pipeline
+from vitcnn_jax import plotting
+from vitcnn_jax import report
+from vitcnn_jax import train
+from vitcnn_jax import workdir as workdir_lib
+
+OTHER_JOBS = ("inspect", "report", "train")
+CONFIG_FILES = {"cka": "cka_vit_resnet", "reference_cka": "data_scale"}  # else configs/NAME.py
+
+
+@dataclasses.dataclass
+class Result:
+  """An analysis's arrays (as in its npz), summary (its json) and figures."""
+  analysis: str
+  arrays: dict[str, np.ndarray]
+  summary: dict
+  workdir: str
+  _plot: Callable = dataclasses.field(repr=False)
+
+  def __getitem__(self, key: str) -> np.ndarray:
+    return self.arrays[key]
+
+  def __repr__(self) -> str:
+    shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in self.arrays.items())
+    return f"Result({self.analysis!r}, workdir={self.workdir!r}, arrays: {shapes})"
+
+  @property
+  def names(self) -> dict[str, list[str]]:
+    """Layer names by model (the rows and columns of the CKA matrices)."""
+    return {k[len("names_"):]: list(v) for k, v in self.arrays.items() if k.startswith("names_")}
+
+  def plot(self, format: str = "png", vmin: float = 0.0, vmax: float = 1.0):  # pylint: disable=redefined-builtin
+    """The analysis's figures (also written to the workdir): one Figure, or a list."""
+    with plotting.options(format, vmin, vmax, keep=True) as figures:
+      self._plot(self.arrays, self.summary, self.workdir)
+    return figures[0] if len(figures) == 1 else figures
+
+
+def run(config: ml_collections.ConfigDict, workdir: str,
+        sources: dict[str, data.Source] | None = None) -> Result | dict | None:
+  """Runs the job of `config` in `workdir` (held by this run alone); an analysis
+  may be given its `sources` (else those of `config.data`)."""
+  name = config.get("analysis")
+  if name not in (*analyses.names(), *OTHER_JOBS):
+    raise ValueError(f"config.analysis={name!r} is not one of {analyses.names() + list(OTHER_JOBS)}.")
+  if jax.process_index() != 0:  # process 0 alone writes, so it alone checks and locks
+    return _dispatch(name, config, workdir, sources)
+  workdir = workdir_lib.check(workdir)
+  with workdir_lib.lock(workdir):
+    return _dispatch(name, config, workdir, sources)
+
+
+def _dispatch(name: str, config: ml_collections.ConfigDict, workdir: str, sources):
+  try:
+    if name == "train":
+      return train.run(config, workdir)
+    if name == "inspect":
+      return describe.run(config, workdir)
+    if name == "report":
+      return run_report(config, workdir)
+    return run_analysis(config, workdir, sources)
+  except AttributeError as e:
+    if isinstance(e.__context__, KeyError):  # how ConfigDict reports a missing field
+      field = str(e.__context__.args[0]).strip("'\"")
+      raise ValueError(f"The config has no field {field!r} that job {name!r} needs; start "
+                       f"from configs/{CONFIG_FILES.get(name, name)}.py.") from e
+    raise
+
+
+def sources_of(config: ml_collections.ConfigDict,
+               declared: declaration.Declaration) -> dict[str, data.Source]:
+  """The configured data (source "data") and, for an analysis that reads it, its test split."""
+  out = {"data": pipeline.make_source(config.data)}
+  if declared.test_split:
+    out["test"] = pipeline.make_source(config.data, config.data.test_split)
+  return out
+
+
+def run_analysis(config: ml_collections.ConfigDict, workdir: str,
+                 sources: dict[str, data.Source] | None = None) -> Result | None:
+  """The analysis of `config`, checked, loaded and run; None if `stop_after` stopped it."""
+  declared = analyses.get(config.analysis)
+  control.check_config(config, declared)
+  sources = sources or sources_of(config, declared)
+  if "num_examples" in config and config.num_examples > len(sources["data"]):
+    raise ValueError(f"config.num_examples={config.num_examples}, but the data ({sources['data'].name}) "
+                     f"has {len(sources['data'])} examples, sampled without replacement; lower "
+                     "config.num_examples.")
+  config = demos.resolve(config)
+  models = loading.load_models(config, declared.hint)
+  analysis = declared.build(config, models)
+  done = driver.run(config, workdir, declared.name, analysis, models, sources)
+  return None if done is None else Result(declared.name, *done, workdir, analysis.plot)
+
+
+def run_report(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or reuses) each analysis of `config.runs` in WORKDIR/<section>, then the page."""
+  order = list(config.get("order") or ())
+  missing = [n for n in order if n not in config.runs]
+  if missing:
+    raise ValueError(f"config.order names {missing}, which config.runs does not have.")
+  sections = {n: config.runs[n] for n in order + sorted(set(config.runs) - set(order))}
+  if not sections:
+    raise ValueError("config.runs is empty; give the report the analyses to run (configs/report.py).")
+  for i, (name, sub) in enumerate(sections.items(), 1):
+    if jax.process_index() == 0:
+      print(f"[{i}/{len(sections)}] {name} ({sub.analysis}) in {os.path.join(workdir, name)}")
+    run(sub, os.path.join(workdir, name))
+  if jax.process_index() != 0:
+    return {}
+  path = report.write(workdir, sections, config.get("title") or "vitcnn_jax report")
+  print(f"Wrote {path}")
+  return {"report": path, "sections": list(sections)}

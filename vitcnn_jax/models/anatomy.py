@@ -1,0 +1,70 @@
+"""What an analysis may ask of a model, whatever its family.
+
+Every family (`ViT`, `BiT`, `Mixer`) implements `Anatomy`; analyses read these
+members and refuse a model that lacks what they need (`require`), naming it.
+Point names are those of the model's `out` dict (`models/*.py` docstrings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+  """One residual connection of a block: `out` = `skip` + `branch`."""
+  block: str  # the block's point prefix, e.g. "block03" or "block2/unit01"
+  sublayer: str  # e.g. "attn", "mlp", "token", "channel", "unit"
+  skip: str  # the input carried by the skip connection (z)
+  branch: str  # the long branch's output (f(z))
+  out: str  # after the add
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLayer:
+  """A block's multi-head attention: its weights (B,H,Q,K) and per-head outputs
+  (B,T,H,hd), before the output projection."""
+  block: int
+  weights: str
+  heads: str
+
+
+class Anatomy(Protocol):
+  """The members every model family has."""
+  num_blocks: int  # residual blocks (ViT/Mixer blocks, ResNet units)
+  sublayers: tuple[str, ...]  # the residual sublayers of one block, in order
+  stem: str | None  # the stem's spatial map shown before the blocks (None: a patch embedding)
+  grid: tuple[int, int] | None  # the token grid (None: feature maps of varying size)
+  token_pixels: tuple[int, int] | None  # pixels per token (patch size)
+  prefix_tokens: tuple[str, ...]  # tokens before the spatial ones, e.g. ("cls",)
+  num_prefix_tokens: int
+  num_heads: int  # 0 without attention
+  default_policy: str  # the preprocessing it was trained with
+  layer_presets: dict[str, tuple[str, ...]]  # "paper", "blocks", "all" -> capture patterns
+
+  def residuals(self) -> list[Residual]: ...
+
+  def attention(self) -> list[AttentionLayer]: ...
+
+  def head_projection(self, params: Any, block: int) -> Any:
+    """(H, hd, D): the output projection of block `block`'s attention heads."""
+
+
+def require(model: Any, what: str, where: str) -> None:
+  """Raises, naming the model and what it lacks, unless it has `what`: "attention",
+  "tokens" (a token grid) or "residuals"."""
+  has = {"attention": lambda: bool(model.attention()), "tokens": lambda: model.grid is not None,
+         "residuals": lambda: bool(model.residuals())}[what]
+  if not has():
+    kind = type(model).__name__
+    raise ValueError(f"{where}: this analysis needs a model with {what}, and a {kind} has none.")
+
+
+def capture_patterns(model: Any, capture: str | Sequence[str]) -> list[str]:
+  """Capture globs with preset names ("paper", "blocks", "all") expanded for `model`."""
+  given = [capture] if isinstance(capture, str) else list(capture)
+  out = []
+  for p in given:
+    out += list(model.layer_presets.get(p, (p,)))
+  return out

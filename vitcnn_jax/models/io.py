@@ -1,0 +1,184 @@
+"""What every checkpoint format shares, imported by the families' readers:
+errors, what a reader found (`Reading`), the key ledger (`Keys`), npz reading,
+value checks, content digests, and parameters handed over in memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import logging
+import re
+import zipfile
+import zlib
+from typing import Any
+
+import numpy as np
+
+from vitcnn_jax import fileio
+from vitcnn_jax.models.common import flatten
+
+Params = dict[str, Any]
+log = logging.getLogger("vitcnn_jax")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be read as the model it describes."""
+
+
+@dataclasses.dataclass
+class Reading:
+  """What a family's reader found in a file."""
+  fmt: str
+  config: dict[str, Any]     # model fields read from the file
+  evidence: dict[str, str]   # field -> the tensor (or absence) it was read from
+  params: dict[str, np.ndarray]  # flat, our names
+  assumed: tuple[str, ...] = ()  # fields no tensor decides: defaults, overridable
+
+
+_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_npz last read there
+
+
+IN_MEMORY = "memory:"  # the "path" of parameters handed over in memory: memory:DIGEST
+_REMEMBERED: dict[str, tuple[Any, Params]] = {}  # memory:DIGEST -> (model, params)
+
+
+def params_digest(params) -> str:
+  """`IN_MEMORY` + a content hash of a parameter tree, its stand-in for a file's digest."""
+  h = hashlib.sha256()
+  for key, value in sorted(flatten(params).items()):
+    h.update(key.encode())
+    h.update(np.ascontiguousarray(np.asarray(value, np.float32)).tobytes())
+  return IN_MEMORY + h.hexdigest()[:16]
+
+
+def digest(path: str) -> str:
+  """Content hash of a checkpoint file (`file.npz:tower` hashes the file): the bytes
+  this process loaded from it, or read now if it loaded none."""
+  if path.startswith(IN_MEMORY):
+    return path[len(IN_MEMORY):]
+  file, _ = split_tower(path)
+  if file not in _DIGESTS:
+    _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]
+  return _DIGESTS[file]
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+  """All arrays of an npz file; bfloat16 (stored as void) becomes float32."""
+  data = fileio.read_bytes(path)
+  _DIGESTS[path] = hashlib.sha256(data).hexdigest()[:16]
+  bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error)
+  try:
+    loaded = np.load(io.BytesIO(data), allow_pickle=False)
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+      with loaded as z:
+        flat = {k: z[k] for k in z.files}
+  except bad as e:
+    raise CheckpointError(
+        f"{path}: not a readable npz archive ({type(e).__name__}: {e}). The file "
+        "is truncated or corrupt: download it again and compare its size.") from e
+  if not isinstance(loaded, np.lib.npyio.NpzFile):
+    raise CheckpointError(f"{path}: holds a single array of shape {np.shape(loaded)}, "
+                          "not an npz archive of named arrays.")
+  for k, v in flat.items():
+    if not isinstance(v, np.ndarray):  # np.load hands back other members as bytes
+      raise CheckpointError(f"{path}: member {k!r} of the archive is not a .npy array; an "
+                            "npz checkpoint holds only arrays.")
+    if v.dtype.kind == "V":
+      if v.dtype.itemsize != 2:
+        raise CheckpointError(f"{path}: key {k!r} has an unknown void dtype {v.dtype}.")
+      import ml_dtypes  # pylint: disable=g-import-not-at-top  (jax dependency)
+      v = v.view(ml_dtypes.bfloat16)
+    if v.dtype.kind == "f" or v.dtype.name == "bfloat16":
+      flat[k] = np.asarray(v, np.float32)
+  if not flat:
+    raise CheckpointError(f"{path}: the npz archive is empty.")
+  return flat
+
+
+class Keys:
+  """The file's tensors, handed out once each; leftovers are an error."""
+
+  def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str):
+    self.flat, self.path, self.fmt = flat, path, fmt
+    self.used: set[str] = set()
+
+  def has(self, key: str) -> bool:
+    return key in self.flat
+
+  def shape(self, key: str) -> str:
+    """`key (shape)`: the evidence a field was read from."""
+    return f"{key} {tuple(self.flat[key].shape)}"
+
+  def take(self, key: str) -> np.ndarray:
+    if key not in self.flat:
+      raise CheckpointError(
+          f"{self.path}: key {key!r} is missing; a {self.fmt} checkpoint with "
+          "this architecture needs it. The file is incomplete or of another format.")
+    self.used.add(key)
+    return self.flat[key]
+
+  def indices(self, pattern: str) -> list[int]:
+    """Sorted distinct integers captured by `pattern`, checked to be 0..n-1 or 1..n."""
+    found = sorted({int(m.group(1)) for k in self.flat if (m := re.match(pattern, k))})
+    if found and found != list(range(found[0], found[0] + len(found))):
+      raise CheckpointError(f"{self.path}: numbering of {pattern!r} has gaps: {found}.")
+    return found
+
+  def finish(self) -> None:
+    left = sorted(set(self.flat) - self.used)
+    if left:
+      shown = ", ".join(self.shape(k) for k in left[:10])
+      raise CheckpointError(
+          f"{self.path}: {len(left)} tensor(s) not used by the {self.fmt} model "
+          f"read from this file: {shown}{' ...' if len(left) > 10 else ''}. "
+          "Refusing to ignore them; is this a different architecture?")
+
+
+def take_head(keys: Keys, p: dict, cfg: dict, ev: dict,
+              kernel: str = "head/kernel", bias: str = "head/bias") -> None:
+  """The classifier, if the file has one (two-tower image towers often do not)."""
+  if keys.has(kernel):
+    w = keys.take(kernel).reshape(keys.flat[kernel].shape[-2:])  # big_transfer: (1, 1, C, K)
+    p["head/kernel"], p["head/bias"] = w, keys.take(bias)
+    cfg["num_classes"], ev["num_classes"] = w.shape[-1], keys.shape(kernel)
+  else:
+    cfg["num_classes"], ev["num_classes"] = None, f"no {kernel} in the file"
+
+
+def split_tower(path: str) -> tuple[str, str | None]:
+  """'file.npz:img' -> ('file.npz', 'img'), big_vision's sub-tree syntax."""
+  m = re.fullmatch(r"(.+\.npz):([\w/]+)", str(path))
+  return (m[1], m[2]) if m else (str(path), None)
+
+
+def check_values(flat: dict[str, np.ndarray], path: str) -> None:
+  """Model tensors are finite floating-point arrays (bfloat16 is float32 by now)."""
+  for k, v in flat.items():
+    if v.dtype.kind != "f":
+      raise CheckpointError(f"{path}: key {k!r} has dtype {v.dtype}, shape {v.shape}; model "
+                            "tensors are floating point. The file is not a model checkpoint "
+                            "or was written wrongly.")
+    bad = int(v.size - np.count_nonzero(np.isfinite(v)))
+    if bad:
+      raise CheckpointError(f"{path}: key {k!r} ({v.dtype}, shape {v.shape}) holds {bad} "
+                            "non-finite values (NaN or inf); the file is corrupt or comes from "
+                            "a diverged run.")
+
+
+
+
+def remember(model, params: Params) -> str:
+  """A `memory:DIGEST` path under which `checkpoints.load_model` finds this model
+  and these params: in-memory models then take the same path as files."""
+  path = params_digest(params)
+  _REMEMBERED[path] = (model, params)
+  return path
+
+
+def recall(path: str) -> tuple[Any, Params]:
+  """The model and params `remember` gave `path`."""
+  if path not in _REMEMBERED:
+    raise CheckpointError(f"{path}: no model was handed over in memory under this name in this "
+                          "process; pass the (model, params) pair again.")
+  return _REMEMBERED[path]

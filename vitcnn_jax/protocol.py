@@ -1,0 +1,107 @@
+"""What an analysis is to the driver: passes of jit-compiled steps over the data.
+
+A step sees the models through `Forward` (their captured points on one device's
+rows) and returns named sums over those rows; the driver does the rest. A
+single-pass analysis is its own pass (`Analysis.passes`); the base classes
+give every optional member its default, so the driver asks for nothing twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from vitcnn_jax import hsic
+from vitcnn_jax import parallel
+from vitcnn_jax import preprocess
+
+Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
+ROWS = "rows/"  # step results that are rows, gathered rather than summed
+ROWS_MASK = "rows/.mask"
+
+
+class Forward:
+  """What a step sees of the models: their captured points on this device's rows,
+  `constants`, the arrays its pass's `setup` made (e.g. fitted probes), and
+  `minibatch_sums`, the HSIC sums of this device's share of its minibatch."""
+
+  def __init__(self, models: dict, params: dict, images: dict,
+               points: dict[str, Sequence[str]], constants: Any = None,
+               grouped: bool = False, precision: hsic.Precision = hsic.HIGHEST):
+    self.models, self._params, self._images, self._points = models, params, images, points
+    self.constants = constants
+    self.grouped, self._precision = grouped, precision
+
+  def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
+    """`hsic.minibatch_sums` of these rows' activations (one per layer), for a
+    minibatch held by this device or spread over its group of devices."""
+    return hsic.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
+                               self._precision)
+
+  def inputs(self, name: str) -> jax.Array:
+    """Model `name`'s input images, float32 in [-1, 1]."""
+    return preprocess.to_model_range(self._images[name])
+
+  def logits(self, name: str) -> jax.Array:
+    """Model `name`'s class logits on its inputs."""
+    return self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
+                                         capture=[])[0]
+
+  def __call__(self, name: str, images: jax.Array | None = None) -> dict[str, jax.Array]:
+    """{point: activation} of model `name` on its inputs (or on `images`)."""
+    x = self.inputs(name) if images is None else images
+    return self.models[name].model.apply({"params": self._params[name]}, x,
+                                         capture=list(self._points[name]))[1]
+
+
+class Pass:
+  """One sweep over the data, `repeats` times (each on a new sample)."""
+  title = ""  # the progress bar's (default: the analysis's name)
+  points: dict[str, Sequence[str]]  # model name -> representation points it needs
+  repeats = 1
+  labels = False  # whether steps need class labels
+  constants: Any = None  # arrays the step reads as `forward.constants` (set by `setup`)
+
+  def step(self, forward: Forward, labels: jax.Array, mask: jax.Array) -> Sums:
+    """Sums over this device's valid rows (mask 1); jit-compiled, no I/O. Floating
+    leaves are summed over devices; integer leaves (e.g. scale exponents) must be
+    equal on all devices and are kept once; leaves named `rows/...` are this
+    device's rows themselves, which the host concatenates (valid rows only, in
+    the order of the examples): only for a few rows, e.g. a probe's shots."""
+    raise NotImplementedError
+
+  def host_sums(self, got: Sums) -> Sums:
+    """A step's result as float64 sums on the host (e.g. `hsic.unscale`)."""
+    return got
+
+  def setup(self, done: list[list[Sums]]) -> None:
+    """Runs before the pass with the sums of the passes before it."""
+
+  def examples(self, repeat: int, sources: dict) -> tuple[str, np.ndarray] | None:
+    """(source name, indices) of a repeat; None: `config.num_examples` sampled
+    from the source "data", a new draw each repeat."""
+    del repeat, sources
+    return None
+
+
+class HsicPass(Pass):
+  """A pass whose steps return `Forward.minibatch_sums`."""
+
+  def host_sums(self, got: Sums) -> Sums:
+    return hsic.unscale(got)
+
+
+class Analysis(Pass):
+  """An analysis: its passes (itself, unless it needs more), then its results."""
+
+  def passes(self) -> Sequence[Pass]:
+    return [self]
+
+  def finalize(self, sums: list[list[Sums]]) -> tuple[dict[str, np.ndarray], dict]:
+    """Arrays and a JSON summary from sums[pass][repeat] (float64)."""
+    raise NotImplementedError
+
+  def plot(self, arrays: dict[str, np.ndarray], summary: dict, workdir: str) -> None:
+    raise NotImplementedError

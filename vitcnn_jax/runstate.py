@@ -1,0 +1,109 @@
+"""Where a run stands, saved so that it resumes: finished sums per pass and repeat,
+the open repeat's sums, the position, and the run's identity (what determines
+its result), which a resumed state must match part by part."""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from vitcnn_jax import control
+from vitcnn_jax import data
+from vitcnn_jax import protocol
+from vitcnn_jax import results
+from vitcnn_jax.models import io
+
+
+def identity(config: ml_collections.ConfigDict, models: dict, sources: dict[str, data.Source]) -> dict:
+  """What determines a run's result, by part. Checkpoints and data count by their
+  contents, not their paths."""
+  cfg = config.to_dict()
+  for volatile in control.VOLATILE:
+    cfg.pop(volatile, None)
+  return {"config": results.fingerprint(cfg),
+          "data": " | ".join(s.identity for s in sources.values()),
+          "device count": jax.device_count(),
+          "checkpoints": {k: io.digest(m.path) for k, m in models.items()},
+          "representation points": results.fingerprint({k: m.names for k, m in models.items()})}
+
+
+def add(sums: protocol.Sums, got: protocol.Sums) -> protocol.Sums:
+  """Step results into the host sums, float64; valid rows appended for `rows/` keys."""
+  keep = np.asarray(got.pop(protocol.ROWS_MASK, ())) > 0
+  out = dict(sums)
+  for k, v in got.items():
+    v = np.asarray(v, np.float64)
+    if k.startswith(protocol.ROWS):
+      out[k] = np.concatenate([sums[k], v[keep]]) if k in sums else v[keep]
+    else:
+      out[k] = sums.get(k, 0.0) + v
+  return out
+
+
+def examples(config: ml_collections.ConfigDict, passes: Sequence[protocol.Pass],
+             sources: dict[str, data.Source]) -> list[list[tuple[str, np.ndarray]]]:
+  """(source name, indices) of every repeat of every pass: the pass's own choice,
+  or `config.num_examples` sampled from "data", a new draw each repeat."""
+  def of(p: protocol.Pass, repeat: int) -> tuple[str, np.ndarray]:
+    chosen = p.examples(repeat, sources)
+    if chosen is not None:
+      return chosen
+    return "data", data.sample(len(sources["data"]), config.num_examples, config.seed, repeat)
+  return [[of(p, r) for r in range(p.repeats)] for p in passes]
+
+
+class State:
+  """Finished sums per pass and repeat, the open repeat's sums and the position
+  (pass, repeat, step) of the next step, read from `path` if a run of the same
+  identity left one; written there (by process 0, `writes`) as the run goes."""
+
+  def __init__(self, path: str, identity_: dict, writes: bool = True):
+    self.path, self.identity, self.writes = path, identity_, writes
+    saved = results.read_state(path, identity_) or {}
+    self.position = tuple(int(v) for v in saved.get("position", (0, 0, 0)))
+    self.done: list[list[protocol.Sums]] = []
+    self.open: protocol.Sums = {}
+    for key, value in saved.items():
+      kind, *where = key.split("/")
+      if kind == "done":
+        p, r, name = int(where[0]), int(where[1]), "/".join(where[2:])
+        while len(self.done) <= p:
+          self.done.append([])
+        while len(self.done[p]) <= r:
+          self.done[p].append({})
+        self.done[p][r][name] = value
+      elif kind == "open":
+        self.open["/".join(where)] = value
+
+  def start(self, p: int, repeat: int) -> tuple[int, protocol.Sums]:
+    """(first step, sums so far) of repeat `repeat` of pass `p`."""
+    while len(self.done) <= p:
+      self.done.append([])
+    if (p, repeat) != self.position[:2] or not self.position[2]:
+      return 0, {}
+    return self.position[2], {k: np.asarray(v, np.float64) for k, v in self.open.items()}
+
+  def save(self, p: int, repeat: int, step: int, sums: protocol.Sums) -> None:
+    """The open repeat stands at `step` with `sums`."""
+    self.position, self.open = (p, repeat, step), sums
+    self._write()
+
+  def finish(self, p: int, repeat: int, repeats: int, sums: protocol.Sums) -> None:
+    """Repeat `repeat` (of `repeats`) of pass `p` is done with `sums`."""
+    self.done[p].append(sums)
+    self.position = (p, repeat + 1, 0) if repeat + 1 < repeats else (p + 1, 0, 0)
+    self.open = {}
+    self._write()
+
+  def _write(self) -> None:
+    if not self.writes:
+      return
+    arrays = {f"done/{p}/{r}/{k}": v for p, reps in enumerate(self.done)
+              for r, sums in enumerate(reps) for k, v in sums.items()}
+    arrays.update({f"open/{k}": v for k, v in self.open.items()})
+    results.write_npz(self.path, identity=json.dumps(self.identity, default=str),
+                      position=np.asarray(self.position), **arrays)
