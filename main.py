@@ -69,6 +69,19 @@ def quiet_start() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def parse(argv: list[str]) -> None:
+  """Parses `argv` into the flags; config_flags reads the `--config.X` overrides
+  from sys.argv, so it is `argv` while they are parsed (tests call main() in-process)."""
+  saved, sys.argv = sys.argv, list(argv)
+  try:
+    flags.FLAGS.unparse_flags()
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # a former call's overrides
+      delattr(flags.FLAGS, name)
+    flags.FLAGS(argv)
+  finally:
+    sys.argv = saved
+
+
 def main(argv: list[str]) -> int:
   quiet_start()
   if legacy := legacy_flag(argv[1:]):
@@ -76,7 +89,7 @@ def main(argv: list[str]) -> int:
     return 2
   verbose = "--verbose" in argv
   try:
-    flags.FLAGS(argv)
+    parse(argv)
     from vitcnn_jax import jobs  # pylint: disable=g-import-not-at-top
     from vitcnn_jax import parallel  # pylint: disable=g-import-not-at-top
     if _DISTRIBUTED.value:

@@ -50,77 +50,31 @@ def device_env(devices: int) -> dict[str, str]:
 
 
 def run_main(*args: str, devices: int | None = None, check: bool = True, timeout: int = 300):
-  """`python main.py ARGS`: in this process (the config file and its `--config.X=V`
-  overrides applied as main.py would, then the analysis run directly) when
-  `devices` is None; in a fresh process with `devices` fake CPU devices otherwise,
-  or when the flags need main.py itself."""
+  """`python main.py ARGS`: main.py's own `main()` in this process when `devices`
+  is None (its exit status and output, a bug's traceback as exit status 1), or in
+  a fresh process with `devices` fake CPU devices."""
   import subprocess  # pylint: disable=g-import-not-at-top
-  r = _in_process(args) if devices is None else None
-  if r is None:
+  if devices is None:
+    r = _in_process(args)
+  else:
     r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
-                       env=device_env(devices or 1), capture_output=True, text=True, timeout=timeout)
+                       env=device_env(devices), capture_output=True, text=True, timeout=timeout)
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
   return r
 
 
-def _config_from_flags(args):
-  """(config, workdir) from main.py flags, or None if only main.py can parse them."""
-  import ast  # pylint: disable=g-import-not-at-top
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  flags = dict(a.split("=", 1) for a in args if a.startswith("--") and "=" in a)
-  if len(flags) != len(args) or not {"--config", "--workdir"} <= set(flags):
-    return None
-  file, _, arg = flags.pop("--config").partition(":")
-  spec = importlib.util.spec_from_file_location("config_under_test", file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg or None)
-  workdir = flags.pop("--workdir")
-  for name, text in flags.items():
-    if not name.startswith("--config."):
-      return None
-    *parents, leaf = name[len("--config."):].split(".")
-    node = config
-    for p in parents:
-      node = node.get(p)
-      if node is None:
-        return None
-    if leaf not in node:
-      return None
-    kind = node.get_type(leaf)
-    if kind is bool:
-      value = text.lower() in ("1", "true", "yes")
-    elif kind in (int, float, str):
-      value = kind(text)
-    elif kind in (tuple, list):
-      try:
-        value = kind(ast.literal_eval(text))
-      except (ValueError, SyntaxError):
-        return None
-    else:
-      return None
-    node[leaf] = value
-  config.lock()
-  return config, workdir
-
-
 def _in_process(args):
-  """Runs the analysis of main.py flags here; a CompletedProcess-like result."""
   import contextlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
-  parsed = _config_from_flags(args)
-  if parsed is None:
-    return None
-  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+  import main  # pylint: disable=g-import-not-at-top
   out, err = io.StringIO(), io.StringIO()
-  code = 0
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     try:
-      analyses.run(*parsed)
-    except Exception:  # pylint: disable=broad-except  (reported like main.py's traceback)
+      code = main.main(["main.py", *args])
+    except Exception:  # pylint: disable=broad-except  (a bug: Python would print it, status 1)
       traceback.print_exc()
       code = 1
   return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())

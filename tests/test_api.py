@@ -15,6 +15,7 @@ from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
+from vitcnn_jax.models import io
 
 N, BATCH = 48, 16
 RUNS_BOUND = job_runs_bound(BATCH)  # the job compiled twice
@@ -41,7 +42,7 @@ def test_cka_is_the_config_job(tiny_vit_bit, images, tmp_path):
   job = np.load(wd / "cka.npz")
 
   r = vj.cka({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=BATCH,
-             workdir=str(tmp_path / "api"))
+             repeats=1, workdir=str(tmp_path / "api"))
 
   for key in ("cka_resnet_resnet", "cka_resnet_vit", "cka_vit_vit"):
     assert_close(r[key], job[key], RUNS_BOUND, key)  # same models, examples and sample
@@ -51,9 +52,11 @@ def test_cka_is_the_config_job(tiny_vit_bit, images, tmp_path):
 
 def test_a_finished_workdir_is_reused_and_says_so(tiny_vit_bit, images, tmp_path, capsys):
   vit, _ = tiny_vit_bit
-  first = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
+  first = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, repeats=1,
+                 workdir=str(tmp_path))
   assert "holds a finished" not in capsys.readouterr().out
-  again = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, workdir=str(tmp_path))
+  again = vj.cka({"v": vit}, images[0][:16], layers="blocks", batch_size=8, repeats=1,
+                 workdir=str(tmp_path))
   out = capsys.readouterr().out
   assert "holds a finished cka run of this config" in out and "delete cka_state.npz" in out
   np.testing.assert_array_equal(first["cka_v_v"], again["cka_v_v"])
@@ -63,18 +66,18 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
   vit, _ = tiny_vit_bit
   grey, _ = images
   model, params = checkpoints.load_model(vit)
-  from_file = vj.cka({"ViT-B/8": vit}, grey, layers="blocks", batch_size=BATCH)
-  in_memory = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH)
+  from_file = vj.cka({"ViT-B/8": vit}, grey, layers="blocks", batch_size=BATCH, repeats=1)
+  in_memory = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH, repeats=1)
   np.testing.assert_array_equal(from_file["cka_vit_b_8_vit_b_8"], in_memory["cka_vit_b_8_vit_b_8"])
   assert in_memory.names["vit_b_8"] == ["block00/out", "block01/out"]
-  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(checkpoints.IN_MEMORY)
+  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(io.IN_MEMORY)
   assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
 
 
 def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
   vit, bit = tiny_vit_bit
   r = vj.cka({"ViT": vit, "BiT": {"checkpoint": bit, "resolution": 32}}, images[0][:32],
-             batch_size=BATCH, workdir=str(tmp_path))
+             batch_size=BATCH, repeats=1, workdir=str(tmp_path))
   figs = r.plot(format="pdf", vmin=0.2)
   assert len(figs) == 3 and all(isinstance(f, matplotlib.figure.Figure) for f in figs)
   assert {f.axes[0].get_title().split("\n")[0] for f in figs} == {
@@ -88,11 +91,14 @@ def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
 def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
   vit, bit = tiny_vit_bit
   grey = images[0][:16]
-  r = vj.attention_distance(vit, grey, label="tiny ViT", batch_size=8)
+  r = vj.attention_distance({"vit": {"checkpoint": vit, "label": "tiny ViT"}}, grey, batch_size=8)
   assert r["mean_distance"].shape == (2, 3)  # blocks x heads
   assert np.all((r["mean_distance"] > 0) & (r["mean_distance"] < 32 * np.sqrt(2)))
-  r = vj.skip_ratio(grey, vit=vit, resnet={"checkpoint": bit, "resolution": 32}, batch_size=8)
-  assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["bit_ratio"]).all()
+  assert r.summary["label"] == "tiny ViT"
+  np.testing.assert_array_equal(vj.attention_distance(vit, grey, batch_size=8)["mean_distance"],
+                                r["mean_distance"])  # one model alone: the name it reads
+  r = vj.skip_ratio({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=8)
+  assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["resnet_ratio"]).all()
 
 
 def test_mistakes_are_named(tiny_vit_bit, images, tmp_path):
@@ -121,19 +127,21 @@ def test_the_other_analyses_run_from_one_line(tiny_vit_bit, images):
   assert r["vit_maps"].shape == (4, 32, 32) and r["bit_maps"].shape == (5, 32, 32)
   assert r["bit_grid"][-1].tolist() == [1, 1]  # the last stage at 32 px is 1x1
 
-  r = vj.localization(vit, grey, "block01/out", label="ViT", batch_size=BATCH)
+  r = vj.localization(vit, grey, layer="block01/out", batch_size=BATCH)
   assert r["cka"].shape == (16, 16)  # tokens x patches of the 4x4 grid
+  assert vj.localization({"ViT": vit}, grey, batch_size=BATCH).summary["layer"] == "block01/out"
 
-  r = vj.head_subsets(vit, bit32, grey, resnet_layers=["block1/unit01/out"], batch_size=BATCH)
+  r = vj.head_subsets({"vit": vit, "resnet": {**bit32, "capture": ["block1/unit01/out"]}}, grey,
+                      subset_size=1, batch_size=BATCH)
   assert r["cka"].shape == (3, 1) and np.all(np.diff(r["subset_distance"]) >= 0)
 
-  r = vj.reference_cka({"A": vit, "B": vit2}, grey, "A", layers="blocks", labels=labels % 7,
-                       batch_size=BATCH)
+  r = vj.reference_cka({"A": vit, "B": vit2}, grey, reference="A", layers="blocks",
+                       labels=labels % 7, accuracy=True, batch_size=BATCH, repeats=1)
   np.testing.assert_allclose(r["same_layer_a"], 1.0, atol=1e-6)  # the reference with itself
   assert r.summary["accuracy_examples"] == N and set(r.summary["accuracy"]) == {"a", "b"}
 
-  r = vj.linear_probe({"ViT": vit}, grey[:32], labels[:32], grey[32:], labels[32:],
-                      features=("cls", "mean"), batch_size=BATCH)
+  r = vj.linear_probe({"ViT": vit}, grey[:32], labels=labels[:32], test=(grey[32:], labels[32:]),
+                      features=("cls", "mean"), shots=0, seeds=1, batch_size=BATCH)
   acc = r.summary["models"]["vit"]
   assert set(acc) == {"cls", "mean"} and len(acc["cls"]["accuracy"]) == 2
   assert all(0 <= a <= 1 for a in acc["mean"]["accuracy"])

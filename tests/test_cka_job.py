@@ -194,7 +194,7 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
   the two-model run's blocks for the same two models."""
   import ml_collections
   from configs import cka_vit_resnet, common
-  from vitcnn_jax import analyses
+  from vitcnn_jax import jobs
   vit, bit = tiny_vit_bit
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
@@ -203,7 +203,7 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
       "b_bit": common.model(bit, zoo.BIT_LAYERS, "BiT", resolution=32),
       "c_gap": common.model(third, zoo.VIT_LAYERS, "ViT GAP")})
   config.data = zoo.data_spec("synthetic", num_examples=64)
-  analyses.run(config, str(tmp_path / "wd"))
+  jobs.run(config, str(tmp_path / "wd"))
   z = np.load(tmp_path / "wd" / "cka.npz")
   pairs = ["a_vit_a_vit", "a_vit_b_bit", "a_vit_c_gap", "b_bit_b_bit", "b_bit_c_gap", "c_gap_c_gap"]
   assert sorted(k[4:] for k in z.files if k.startswith("cka_")) == sorted(pairs)

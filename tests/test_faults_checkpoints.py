@@ -9,7 +9,8 @@ import pytest
 
 import upstream_files as uf
 from vitcnn_jax import checkpoints
-from vitcnn_jax.checkpoints import CheckpointError
+from vitcnn_jax.models import io
+from vitcnn_jax.models.io import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
@@ -66,10 +67,10 @@ def test_keys_beside_the_parameters_are_named_in_a_warning(tmp_path, caplog):
 def test_the_digest_follows_the_contents_not_the_path(tmp_path):
   path = uf.save(tmp_path / "v.npz", uf.vt_vit(0, **VIT))
   checkpoints.load_model(path)
-  first = checkpoints.digest(path)
+  first = io.digest(path)
   uf.save(path, uf.vt_vit(1, **VIT))
   checkpoints.load_model(path)
-  assert checkpoints.digest(path) != first and checkpoints.digest(path + ":img") == checkpoints.digest(path)
+  assert io.digest(path) != first and io.digest(path + ":img") == io.digest(path)
 
 
 def test_a_member_that_is_not_an_array_is_named(tmp_path):
@@ -82,18 +83,19 @@ def test_a_member_that_is_not_an_array_is_named(tmp_path):
 
 
 def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path):
-  import os
   from configs import cka_vit_resnet
-  from vitcnn_jax import loading, train
+  from vitcnn_jax import demos, loading, train
   config = cka_vit_resnet.get_config("demo")
   config.cache_dir = str(tmp_path)
   spec = config.models.vit
-  cached = os.path.join(str(tmp_path), f"{spec.train.name}-{train.fingerprint(spec.train)}.npz")
+  cached = train.cache_path(spec.train, str(tmp_path))
   with open(cached, "wb") as f:
     f.write(b"PK\x03\x04 half a file")
+  resolved = demos.resolve(config)  # the file is there: nothing is trained
+  assert resolved.models.vit.checkpoint == cached and not config.models.vit.checkpoint
   with pytest.raises(CheckpointError, match=r"config.models.vit: the cached trained model .* "
                                             r"Delete it to train it again"):
-    loading.load_model(config, "vit")
+    loading.load_model(resolved, "vit")
 
 
 def test_shape_errors_name_the_files_key_and_where_the_architecture_came_from(tmp_path):

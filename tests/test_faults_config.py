@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import upstream_files as uf
-from vitcnn_jax import analyses, checkpoints, zoo
+from vitcnn_jax import jobs, checkpoints, zoo
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
@@ -43,7 +43,7 @@ def _cka(files, **fields):
 ])
 def test_bad_values_are_named_before_any_work(files, tmp_path, field, value, message):
   with pytest.raises(ValueError, match=message):
-    analyses.run(_cka(files, **{field: value}), str(tmp_path / "wd"))
+    jobs.run(_cka(files, **{field: value}), str(tmp_path / "wd"))
   assert not (tmp_path / "wd" / "cka.npz").exists()
 
 

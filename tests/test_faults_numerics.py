@@ -7,7 +7,7 @@ import pytest
 
 import upstream_files as uf
 from numerics import assert_close, cka_bound, worst
-from vitcnn_jax import analyses, hsic, zoo
+from vitcnn_jax import jobs, hsic, zoo
 
 
 def test_identical_images_make_a_constant_layer_an_error_not_cka_one():
@@ -51,7 +51,7 @@ def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
   config.models.vit.checkpoint = vit
   config.data = zoo.data_spec("folder", path=str(folder))
   with pytest.raises(FloatingPointError, match=r"layer 'block00/ln1' is constant over the examples"):
-    analyses.run(config, str(tmp_path / "wd"))
+    jobs.run(config, str(tmp_path / "wd"))
 
 
 @pytest.mark.parametrize("scale", [1e15, 1e-15, 2.0 ** 100, 2.0 ** -100])

@@ -15,7 +15,7 @@ import pytest
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from test_data import striped, write_idx
-from vitcnn_jax import analyses, workdir, zoo
+from vitcnn_jax import jobs, workdir, zoo
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
@@ -36,13 +36,13 @@ def ckpt(tmp_path):
 
 def test_unusable_workdirs_are_refused_before_any_work(tmp_path, ckpt):
   with pytest.raises(ValueError, match="--workdir is empty"):
-    analyses.run(_config(ckpt), "")
+    jobs.run(_config(ckpt), "")
   a_file = tmp_path / "results.txt"
   a_file.write_text("x")
   with pytest.raises(NotADirectoryError, match="results.txt is a file"):
-    analyses.run(_config(ckpt), str(a_file))
+    jobs.run(_config(ckpt), str(a_file))
   with pytest.raises(PermissionError, match="cannot create it"):
-    analyses.run(_config(ckpt), str(a_file / "sub"))
+    jobs.run(_config(ckpt), str(a_file / "sub"))
 
 
 def test_a_workdir_held_by_a_live_run_is_refused(tmp_path, ckpt):
@@ -52,13 +52,13 @@ def test_a_workdir_held_by_a_live_run_is_refused(tmp_path, ckpt):
   try:
     (wd / workdir.LOCK).write_text(f"{other.pid} {socket.gethostname()} 2026-01-01 00:00:00")
     with pytest.raises(RuntimeError, match=rf"in use by another run \(pid {other.pid}"):
-      analyses.run(_config(ckpt), str(wd))
+      jobs.run(_config(ckpt), str(wd))
     assert not (wd / "attention_distance.npz").exists()
   finally:
     other.kill()
     other.wait()
   # The same lock, its run gone: taken over, and released after the run.
-  analyses.run(_config(ckpt), str(wd))
+  jobs.run(_config(ckpt), str(wd))
   assert (wd / "attention_distance.npz").exists() and not (wd / workdir.LOCK).exists()
 
 
@@ -83,7 +83,7 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path, ckpt):
 
 def _stopped(config, wd):
   config.stop_after = 1
-  analyses.run(config, str(wd))
+  jobs.run(config, str(wd))
   assert (wd / "attention_distance_state.npz").exists()
   assert not (wd / "attention_distance.npz").exists()
   config.stop_after = 0
@@ -95,7 +95,7 @@ def test_a_checkpoint_replaced_at_the_same_path_is_not_resumed(tmp_path, ckpt):
   _stopped(config, wd)
   uf.save(ckpt, uf.vt_vit(1, **VIT))  # other weights, same path and shapes
   with pytest.raises(ValueError, match="its checkpoints differ from this run's"):
-    analyses.run(config, str(wd))
+    jobs.run(config, str(wd))
 
 
 def test_data_changed_in_place_is_not_resumed(tmp_path, ckpt):
@@ -106,7 +106,7 @@ def test_data_changed_in_place_is_not_resumed(tmp_path, ckpt):
   _stopped(config, wd)
   write_idx(tmp_path / "idx", "t10k", 255 - images, labels)
   with pytest.raises(ValueError, match="its data differ from this run's"):
-    analyses.run(config, str(wd))
+    jobs.run(config, str(wd))
 
 
 def test_a_corrupt_state_file_names_itself_and_the_way_out(tmp_path, ckpt):
@@ -115,13 +115,13 @@ def test_a_corrupt_state_file_names_itself_and_the_way_out(tmp_path, ckpt):
   (wd / "attention_distance_state.npz").write_bytes(b"PK\x03\x04 truncated")
   with pytest.raises(ValueError, match=r"attention_distance_state.npz: not a readable state "
                                        r"file.*delete it to start over"):
-    analyses.run(_config(ckpt), str(wd))
+    jobs.run(_config(ckpt), str(wd))
 
 
 def test_results_respect_the_umask(tmp_path, ckpt):
   old = os.umask(0o022)
   try:
-    analyses.run(_config(ckpt), str(tmp_path / "wd"))
+    jobs.run(_config(ckpt), str(tmp_path / "wd"))
   finally:
     os.umask(old)
   mode = os.stat(tmp_path / "wd" / "attention_distance.npz").st_mode & 0o777

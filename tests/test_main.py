@@ -52,20 +52,23 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   """Before any checkpoint is read: old fields, missing and unread names."""
   import ml_collections
   import pytest
-  from configs import common, skip_ratio
-  from vitcnn_jax import analyses, zoo
-  config = skip_ratio.get_config("b16_r50,examples=16,batch=8")
+  from configs import common, head_subsets, localization
+  from vitcnn_jax import jobs, zoo
+  config = head_subsets.get_config("l16_r50,examples=16,batch=8")
   config.data = zoo.data_spec("synthetic", num_examples=16)
   config.models.extra = common.model("/x.npz", ["**"], "extra")
   with pytest.raises(ValueError, match=r"\['extra'\] would be ignored"):
-    analyses.run(config, str(tmp_path))
+    jobs.run(config, str(tmp_path))
   del config.models["extra"], config.models["vit"]
-  with pytest.raises(ValueError, match=r"reads vit \(optional\), mixer \(optional\), resnet "
-                                       r"\(optional\), and at least one of \['vit', 'mixer'\]"):
-    analyses.run(config, str(tmp_path))
+  with pytest.raises(ValueError, match=r"reads vit, resnet, so \['vit'\] is missing"):
+    jobs.run(config, str(tmp_path))
+  one = localization.get_config("l16,examples=16,batch=8")
+  one.models.extra = common.model("/x.npz", ["**"], "extra")
+  with pytest.raises(ValueError, match=r"has \['extra', 'vit'\]; this analysis reads 1 model under"):
+    jobs.run(one, str(tmp_path))
   config.model_x = ml_collections.ConfigDict(dict(checkpoint="/x.npz"))
   with pytest.raises(ValueError, match="move this spec to config.models.vit"):
-    analyses.run(config, str(tmp_path))
+    jobs.run(config, str(tmp_path))
 
 
 def _one_message(r, *expected: str) -> None:

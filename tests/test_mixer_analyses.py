@@ -74,7 +74,8 @@ def test_mixer_skip_ratios_are_its_residual_norms(tmp_path):
       ref = (np.linalg.norm(zz, axis=-1) / np.linalg.norm(ff, axis=-1)).mean(0)
       assert_close(z["mixer_ratio"][b, s], ref, bound * float(np.abs(ref).max()), f"ratio {b} {s}")
   summary = json.loads((wd / "skip_ratio.json").read_text())
-  assert summary["mixer"]["sublayers"] == ["token", "channel"] and summary["mixer"]["cls_ratio"] is None
+  mixer = summary["models"]["mixer"]
+  assert mixer["sublayers"] == ["token", "channel"] and mixer["cls_ratio"] is None
 
 
 def test_mixer_receptive_field_matches_direct_gradient(tmp_path):

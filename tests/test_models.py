@@ -9,7 +9,8 @@ import pytest
 
 from conftest import forward
 from numerics import assert_close, likely, worst
-from vitcnn_jax.models import BiT, Capture, Mixer, ViT, bit, get_model, vit
+from vitcnn_jax.models import BiT, Mixer, ViT, bit, get_model, vit
+from vitcnn_jax.models.common import Capture
 
 TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
 

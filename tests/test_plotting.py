@@ -92,9 +92,12 @@ def test_attention_distance_legend_and_integer_ticks(tmp_path):
 def test_skip_ratio_panels_titled_and_labelled(tmp_path):
   rng = np.random.default_rng(0)
   fig = _draw(plotting.skip_ratio, rng.uniform(0.5, 5, (3, 2, 17)), rng.uniform(-1, 1, (3, 2, 17)),
-              1, 9, "ViT", (rng.uniform(1, 2, 4), "R50"), ["attn", "mlp"], tmp_path=tmp_path)
+              1, 9, "ViT", [(rng.uniform(1, 2, 4), "R50"), (rng.uniform(1, 2, 5), "R101")],
+              ["attn", "mlp"], tmp_path=tmp_path)
   panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
   assert len(panels) == 3 and all(ax.get_title() and ax.get_ylabel() for ax in panels)
+  legend = [t.get_text() for t in panels[1].get_legend().get_texts()]
+  assert legend == ["ViT CLS token", "ViT spatial tokens", "R50", "R101"]
   _check_readable(fig)
 
 
@@ -119,9 +122,10 @@ def test_probe_and_reference_figures_readable(tmp_path):
   fig = _draw(plotting.probe_depth, {"vit": {"cls": entry}}, {"vit": "ViT"}, "probes",
               tmp_path=tmp_path)
   _check_readable(fig)
-  fig = _draw(plotting.reference_lines, {"3%": (VIT, np.linspace(1, 0.4, len(VIT)))}, "100%",
-              "t", tmp_path=tmp_path)
+  fig = _draw(plotting.layer_lines, {"3%": (VIT, np.linspace(1, 0.4, len(VIT)))}, "CKA with 100%",
+              "t", spread={"3%": np.full(len(VIT), 0.05)}, tmp_path=tmp_path)
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2", "3"]
+  assert fig.axes[0].get_ylabel() == "CKA with 100%" and len(fig.axes[0].collections) == 1  # the band
   _check_readable(fig)
   fig = _draw(plotting.localization, np.random.default_rng(0).uniform(0, 1, (16, 16)), (4, 4),
               [5, 10], "loc", tmp_path=tmp_path)

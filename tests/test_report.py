@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from vitcnn_jax import analyses
+from vitcnn_jax import jobs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -41,7 +41,7 @@ def report(tmp_path_factory, tiny_vit_bit):
         spec.checkpoint = str(vit if name.startswith("vit") else bit)
     config.runs.cka.repeats = 1
   wd = d / "wd"
-  analyses.run(config, str(wd))
+  jobs.run(config, str(wd))
   return wd
 
 

@@ -47,8 +47,8 @@ def test_identity_blocks_give_infinite_ratios_without_nan(tmp_path):
   assert np.isinf(z["vit_ratio"]).all()
   assert not np.isnan(z["vit_cosine"]).any() and (z["vit_cosine"] == 0).all()
   summary = json.loads((wd / "skip_ratio.json").read_text())
-  assert summary["vit"]["cls_ratio"][0] == [float("inf")] * 2
-  assert (wd / "skip_ratio.png").read_bytes()[:4] == b"\x89PNG"
+  assert summary["models"]["vit"]["cls_ratio"][0] == [float("inf")] * 2
+  assert (wd / "skip_ratio_vit.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_matches_direct_computation(tmp_path):
@@ -74,9 +74,9 @@ def test_matches_direct_computation(tmp_path):
       assert_close(z["vit_cosine"][b, s], cos.mean(0), vit_bound, f"cosine {b} {s}")
   model, params = checkpoints.load_model(bit, resolution=32)
   out = forward(model, params, imgs)
-  assert list(z["bit_units"]) == [f"block{i}/unit01" for i in range(1, 5)]
-  for i, u in enumerate(z["bit_units"]):
+  assert list(z["resnet_units"]) == [f"block{i}/unit01" for i in range(1, 5)]
+  for i, u in enumerate(z["resnet_units"]):
     s, c = np.asarray(out[f"{u}/shortcut"], np.float64), np.asarray(out[f"{u}/conv3"], np.float64)
     ref = (np.linalg.norm(s, axis=-1) / np.linalg.norm(c, axis=-1)).mean(axis=(1, 2)).mean(0)
     bound = 2 * (network(BIT_ROUNDINGS) + likely(s.shape[-1])) * float(np.abs(ref).max())
-    assert_close(z["bit_ratio"][i], ref, bound, f"{u} ratio")
+    assert_close(z["resnet_ratio"][i], ref, bound, f"{u} ratio")

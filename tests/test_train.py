@@ -58,7 +58,7 @@ def test_export_reloads_with_identical_logits(vit_run, idx_dir):
   trained = train.build_model(_config(idx_dir), 10)
   assert model == trained
   from vitcnn_jax import pipeline, parallel
-  acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"), 16,
+  acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"),
                        "resize", parallel.mesh())
   assert acc == out["test_accuracy"]
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import forward
 from test_data import striped, write_idx
-from vitcnn_jax import analyses, checkpoints, data, loading, parallel, pipeline, train, zoo
+from vitcnn_jax import checkpoints, data, demos, jobs, loading, parallel, pipeline, train, zoo
 from vitcnn_jax.models import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,9 +107,11 @@ def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp
   assert not np.array_equal(forward(plain, params, x, ["block01/out"])["block01/out"],
                             got["block01/out"])
   # A config that trained it loads it with the ablation, without being told.
-  spec = config_common.trained(c, zoo.VIT_LAYERS, "x")
+  spec = config_common.trained(c, "paper", "x")
   cfg = ml_collections.ConfigDict(dict(models=dict(m=spec), cache_dir=str(tmp_path)))
-  assert loading.load_model(cfg, "m").model.no_skip == (1,)
+  with pytest.raises(ValueError, match="config.models.m.checkpoint is empty"):
+    loading.load_model(cfg, "m")  # loading only loads: the training is resolved first
+  assert loading.load_model(demos.resolve(cfg), "m").model.no_skip == (1,)
 
 
 def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_path):
@@ -156,16 +158,16 @@ def _tiny_job(config, idx_dir: str, cache: str):
 def test_skip_ablation_demo_at_tiny_size(idx_dir, cache, tmp_path):
   cfg = _tiny_job(skip_ablation.get_config("demo,examples=48,batch=8,repeats=1"), idx_dir, cache)
   wd = tmp_path / "wd"
-  analyses.run(cfg, str(wd))
+  jobs.run(cfg, str(wd))
   summary = json.loads((wd / "reference_cka.json").read_text())
   z = np.load(wd / "reference_cka.npz")
   names = ["full", "no_skip0", "no_skip1", "no_skip2", "no_skip3"]
   assert list(summary["models"]) == names and summary["accuracy_examples"] == 60
   mesh, test = parallel.mesh(), pipeline.make_source(cfg.data)
   for name in names:
-    m = loading.load_model(cfg, name)
+    m = loading.load_model(demos.resolve(cfg), name)
     assert m.model.no_skip == (() if name == "full" else (int(name[-1]),))
-    acc = train.evaluate(m.model, m.params, test, 16, m.policy, mesh)
+    acc = train.evaluate(m.model, m.params, test, m.policy, mesh)
     assert summary["accuracy"][name] == pytest.approx(acc, abs=1e-12)  # hit counts agree exactly
     assert summary["accuracy_drop_points"][name] == pytest.approx(
         100 * (summary["accuracy"]["full"] - acc))
@@ -180,18 +182,18 @@ def test_skip_ablation_demo_at_tiny_size(idx_dir, cache, tmp_path):
 
 def test_data_scale_demos_at_tiny_size(idx_dir, cache, tmp_path):
   cfg = _tiny_job(data_scale.get_config("demo,examples=48,batch=8,repeats=1"), idx_dir, cache)
-  analyses.run(cfg, str(tmp_path / "a"))
+  jobs.run(cfg, str(tmp_path / "a"))
   summary = json.loads((tmp_path / "a" / "reference_cka.json").read_text())
   assert list(summary["same_layer_cka"]) == ["fraction003", "fraction010", "fraction030", "fraction100"]
   for name, n in (("fraction003", 12), ("fraction010", 40), ("fraction030", 120), ("fraction100", 400)):
-    trained = json.loads(open(loading.load_model(cfg, name).path[:-4] + ".json").read())
+    trained = json.loads(open(loading.load_model(demos.resolve(cfg), name).path[:-4] + ".json").read())
     assert trained["train_examples"] == n, name
   cfg = _tiny_job(data_scale.get_config("demo_finetune,examples=16,batch=8,repeats=1"), idx_dir,
                   cache)
-  analyses.run(cfg, str(tmp_path / "b"))
+  jobs.run(cfg, str(tmp_path / "b"))
   summary = json.loads((tmp_path / "b" / "reference_cka.json").read_text())
   assert summary["reference"] == "pretrained" and "accuracy" not in summary
-  tuned = loading.load_model(cfg, "finetuned")
+  tuned = loading.load_model(demos.resolve(cfg), "finetuned")
   assert tuned.model.num_classes == 5
   assert json.loads(open(tuned.path[:-4] + ".json").read())["data"].endswith("classes [5, 6, 7, 8, 9]")
 
@@ -200,8 +202,8 @@ def test_reference_must_be_a_model_and_accuracy_needs_matching_classes(idx_dir, 
   cfg = _tiny_job(skip_ablation.get_config("demo,examples=8,batch=8,repeats=1"), idx_dir, cache)
   cfg.reference = "fulll"
   with pytest.raises(ValueError, match=r"config.reference='fulll' is not one of the models"):
-    analyses.run(cfg, str(tmp_path / "a"))
+    jobs.run(cfg, str(tmp_path / "a"))
   cfg.reference = "full"
   cfg.data.classes = (0, 1)
   with pytest.raises(ValueError, match=r"models.full .* has 10 output classes but .* has 2"):
-    analyses.run(cfg, str(tmp_path / "b"))
+    jobs.run(cfg, str(tmp_path / "b"))

@@ -176,7 +176,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
   io_.adapt(cfg, r, native, path)
   try:
     model = cls(**cfg)
-    params = uncommon.flatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
+    params = common.unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
     check_params(model, params, path, r)
   except CheckpointError:
     raise

@@ -90,7 +90,7 @@ def _dispatch(name: str, config: ml_collections.ConfigDict, workdir: str, source
   except AttributeError as e:
     if isinstance(e.__context__, KeyError):  # how ConfigDict reports a missing field
       field = str(e.__context__.args[0]).strip("'\"")
-      raise ValueError(f"The config has no field {field!r} that job {name!r} needs; start "
+      raise ValueError(f"The config has no field {field!r} that analysis {name!r} needs; start "
                        f"from configs/{CONFIG_FILES.get(name, name)}.py.") from e
     raise
 

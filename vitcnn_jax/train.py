@@ -74,8 +74,7 @@ def _load_rows(source: data.Source, indices: np.ndarray, size: int, policy: str)
   return images, source.labels(indices).astype(np.int32)
 
 
-def evaluate(model, params, source: data.Source, size: int, policy: str, mesh,
-             batch: int = 512) -> float:
+def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int = 512) -> float:
   """Top-1 accuracy over the whole source: the `accuracy.Accuracy` pass, compiled
   and fed as the driver does (last batch padded and masked)."""
   models = {"model": loading.Loaded("model", "", model.family, model, params, [], policy)}
@@ -237,7 +236,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   bar.close()
   save(state)
   params = jax.device_get(state["params"])
-  acc = evaluate(model, state["params"], test_src, size, policy, mesh)
+  acc = evaluate(model, state["params"], test_src, policy, mesh)
   summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
              "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
              "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes,
