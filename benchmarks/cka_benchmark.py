@@ -43,14 +43,13 @@ def _images(n: int) -> np.ndarray:
 
 def _jax_models():
   import jax
-  from vitcnn_jax import loading, representations, zoo
+  from vitcnn_jax import loading
   from vitcnn_jax.models import BiT, ViT, vit
   out = []
-  for name, model, capture in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16")), zoo.VIT_LAYERS),
-                               ("resnet", BiT(num_classes=1000, width=1, depth=50), zoo.BIT_LAYERS)):
+  for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16"))),
+                      ("resnet", BiT(num_classes=1000, width=1, depth=50))):
     params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
-    names = list(representations.point_shapes(model, params, list(capture)))
-    out.append(loading.Loaded(name, "<random init>", name, model, params, names, "resize"))
+    out.append(loading.loaded(name, "<random init>", name, model, params, "paper"))
   return out
 
 

@@ -43,16 +43,15 @@ def _models(pair: str) -> dict:
   """Loaded models of a pair with abstract parameters (shapes only)."""
   import jax
   import numpy as np
-  from vitcnn_jax import loading, representations, zoo
+  from vitcnn_jax import loading
   from vitcnn_jax.models import BiT, ViT, vit
   variant, width, depth = PAIRS[pair]
   out = {}
-  for name, model, capture in (("vit", ViT(num_classes=1000, **vit.decode_variant(variant)), zoo.VIT_LAYERS),
-                               ("resnet", BiT(num_classes=1000, width=width, depth=depth), zoo.BIT_LAYERS)):
+  for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant(variant))),
+                      ("resnet", BiT(num_classes=1000, width=width, depth=depth))):
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                             np.zeros((1, 224, 224, 3), np.float32))["params"]
-    names = list(representations.point_shapes(model, params, list(capture)))
-    out[name] = loading.Loaded(name, "<random init>", name, model, params, names, "resize")
+    out[name] = loading.loaded(name, "<random init>", name, model, params, "paper")
   return out
 
 

@@ -106,12 +106,14 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tm
   """A fake device memory (config.device_memory_gib) between the step's compiled
   peak on one device and on 8 makes the planner spread each minibatch; one too
   small for any group names the largest minibatch that fits."""
-  from conftest import _config_from_flags  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
+  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import driver, loading, memory  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
-  config, _ = _config_from_flags(_flags(tiny_vit_bit, tmp_path))
-  models = driver.load_models(config, None)
-  job = cka_job.build(config, models)
+  config = cka_vit_resnet.get_config(f"examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
+  config.models.vit.checkpoint, config.models.resnet.checkpoint = tiny_vit_bit
+  config.models.resnet.overrides.resolution = 32
+  models = loading.load_models(config)
+  job = cka_job.CKA(config, models)
   peaks = {}
   for g in (1, 8):
     with config.unlocked():
@@ -199,9 +201,9 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models = ml_collections.ConfigDict({
-      "a_vit": common.model(vit, zoo.VIT_LAYERS, "ViT"),
-      "b_bit": common.model(bit, zoo.BIT_LAYERS, "BiT", resolution=32),
-      "c_gap": common.model(third, zoo.VIT_LAYERS, "ViT GAP")})
+      "a_vit": common.model(vit, "paper", "ViT"),
+      "b_bit": common.model(bit, "paper", "BiT", resolution=32),
+      "c_gap": common.model(third, "paper", "ViT GAP")})
   config.data = zoo.data_spec("synthetic", num_examples=64)
   jobs.run(config, str(tmp_path / "wd"))
   z = np.load(tmp_path / "wd" / "cka.npz")

@@ -57,6 +57,11 @@ def test_report_page_has_every_section_and_number(report, tiny_vit_bit):
   assert page.count("<svg class=hover") == 3  # a hover map per CKA matrix
   assert "<title>root/conv / root/conv: 1.000</title>" in page
   assert "<title>block00/ln1 / block00/ln1: 1.000</title>" in page
+  # Each of the paper's findings (cka 2, attention distance 1) with this run's verdict and numbers.
+  verdicts = re.findall(r"<span class=(yes|no|na)>(shown|not shown|does not apply)</span>", page)
+  assert len(verdicts) == 3 and all(v[0] != "na" for v in verdicts), verdicts
+  assert re.search(r"ViT \(demo\) \d\.\d{3}, BiT \(demo\) \d\.\d{3}", page)  # within-model CKA
+  assert re.search(r"uniform \d+\.\d px; block 0: ", page)  # the heads' range
 
 
 def test_report_in_a_headless_browser(report, tmp_path):

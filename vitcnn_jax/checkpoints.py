@@ -56,11 +56,11 @@ def _select(flat: dict[str, np.ndarray], path: str, tower: str | None) -> dict[s
   return inner
 
 
-def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, Any]:
-  """(format, family io module) of a flat tree."""
+def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, models_lib.Family]:
+  """(format, family) of a flat tree."""
   for family in models_lib.FAMILIES.values():
     if fmt := family.io.detect(flat):
-      return fmt, family.io
+      return fmt, family
   raise CheckpointError(f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. "
                         "Expected an official ViT, BiT or Mixer npz (see README, formats).")
 
@@ -106,15 +106,15 @@ def _read_as(r: io.Reading) -> str:
       f"{f}={r.config[f]!r} (from {e})" for f, e in r.evidence.items()) + "."
 
 
-def load_params(path: str) -> tuple[str, io.Reading]:
+def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = io.split_tower(path)
   flat = _select(io.read_npz(file), path, tower)
   io.check_values(flat, path)
-  fmt, io_ = detect(flat, path)
+  fmt, family = detect(flat, path)
   keys = io.Keys(flat, path, fmt)
   try:
-    reading = io_.read(keys)
+    reading = family.io.read(keys)
   except CheckpointError:
     raise
   except (ValueError, IndexError, KeyError) as e:  # e.g. a reshape of a malformed tensor
@@ -127,7 +127,7 @@ def load_params(path: str) -> tuple[str, io.Reading]:
            "Compare its tensors with configs/inspect.py on an official file of the same model.")
     ) from e
   keys.finish()
-  return io_.FAMILY, reading
+  return family, reading
 
 
 def load_model(path: str, **overrides) -> tuple[Any, Params]:
@@ -146,7 +146,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
                        f"({sorted(overrides)}); build it with them instead.")
     return io.recall(path)
   family, r = load_params(path)
-  io_, cls = models_lib.FAMILIES[family].io, models_lib.FAMILIES[family].module
+  io_, cls = family.io, family.module
   fields = {f for f in cls.__dataclass_fields__ if f not in ("parent", "name")}
   if "resolution" in overrides:
     if "image_size" in overrides:
@@ -160,7 +160,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
   for k, v in overrides.items():
     if k not in fields:
       raise ValueError(f"load_model({path!r}): unknown override {k}={v!r}; "
-                       f"{family} models take {sorted(fields | {'resolution'})}.")
+                       f"{family.name} models take {sorted(fields | {'resolution'})}.")
     if k in ("image_size", *io_.OVERRIDABLE, *r.assumed) or k not in r.config:
       continue
     if not (v == r.config[k] or (isinstance(v, (tuple, list))
@@ -182,7 +182,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
     raise
   except (ValueError, TypeError) as e:  # the model refuses the architecture read
     raise CheckpointError(f"{path}: the architecture read from the file is not a valid "
-                          f"{family} model ({e}). {_read_as(r)}") from e
+                          f"{family.name} model ({e}). {_read_as(r)}") from e
   return model, jax.tree_util.tree_map(jax.numpy.asarray, params)
 
 

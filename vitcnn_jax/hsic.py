@@ -63,17 +63,6 @@ def _gram_and_mean(x: jax.Array, mask: jax.Array | None, precision: Precision = 
   return jnp.matmul(c, c.T, precision=precision), mean[0]
 
 
-def gram_linear(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-  """K = X X^T over examples, any trailing shape flattened (tokens x channels).
-
-  Features are centred over the (valid) examples first. Both the biased and
-  the unbiased centring of K are exactly invariant to that shift, and without
-  it float32 Grams of features with a large common offset lose most of their
-  digits to cancellation.
-  """
-  return _gram_and_mean(x, mask)[0]
-
-
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """U-centred Gram; `mask` marks valid rows (padding rows come out zero)."""
   n_all = gram.shape[0]
@@ -95,12 +84,6 @@ def center_biased(gram: jax.Array) -> jax.Array:
 
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.vdot(a.ravel(), b.ravel(), precision=HIGHEST)
-
-
-def hsic1(k: jax.Array, l: jax.Array) -> jax.Array:
-  """Song et al.'s unbiased HSIC of two (uncentred) Gram matrices."""
-  n = k.shape[0]
-  return _dot(center_unbiased(k), center_unbiased(l)) / (n * (n - 3))
 
 
 def linear_cka(x, y, *, debiased: bool = False) -> float:
@@ -321,16 +304,6 @@ def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   out["hsic"] = np.ldexp(np.asarray(got["hsic"], np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
   out["moments"] = np.ldexp(np.asarray(got["moments"], np.float64), (4 * e).astype(int))
   return out
-
-
-def hsic_matrix(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:
-  """(L, L) matrix of HSIC1 between all layers for one minibatch.
-
-  Padding rows (mask 0) are ignored; a minibatch with fewer than MIN_BATCH
-  valid rows contributes zero (the host refuses such batches beforehand).
-  """
-  g = jnp.stack([center_unbiased(gram_linear(a, mask), mask).ravel() for a in acts])
-  return _hsic_of_grams(g, acts[0].shape[0], mask)
 
 
 def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,

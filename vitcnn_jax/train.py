@@ -172,13 +172,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if b % jax.device_count():
     raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
   local = b // jax.process_count()
-
-  if not 0 <= config.warmup_steps < config.steps:
-    raise ValueError(f"config.warmup_steps={config.warmup_steps} must be in [0, "
-                     f"config.steps={config.steps}).")
-  sched = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.steps,
-                                             config.lr * 0.01)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
+  tx = _optimizer(config)
   params = jax.jit(model.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
   params = _initial_params(config, model, params, workdir)
   examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
@@ -188,17 +182,6 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if fileio.exists(ckpt_path):
     state = flax.serialization.from_bytes(state, fileio.read_bytes(ckpt_path))
   state = parallel.replicate(mesh, state)
-
-  def loss_fn(params, images, labels):
-    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=(), train=True)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-  @jax.jit
-  def train_step(state, images, labels):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, labels)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-            "step": state["step"] + 1}, loss
 
   def save(state) -> None:
     if jax.process_index() == 0:
@@ -211,9 +194,30 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     idx = examples[_batch_indices(step, b, len(examples), config.seed, perms)]
     return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
 
+  state, losses, stopped = _steps(config, model.family, state, _step_function(model, tx), rows,
+                                  mesh, save)
+  if stopped:
+    return {"stopped_at": stopped, "losses": losses}
+  acc = evaluate(model, state["params"], test_src, policy, mesh)
+  summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
+             "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
+             "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes,
+             "train_examples": len(examples), "no_skip": list(config.model.get("no_skip", [])),
+             "examples_digest": results.fingerprint(examples.tolist())}
+  if jax.process_index() == 0:
+    checkpoints.save(export_path, model, jax.device_get(state["params"]))
+    results.write_json(export_path[:-len(".npz")] + ".json", summary)
+  print(f"{model.family}: test accuracy {acc:.4f} on {test_src.name}; exported {export_path}")
+  return {**summary, "losses": losses}
+
+
+def _steps(config: ml_collections.ConfigDict, label: str, state, train_step, rows, mesh, save
+           ) -> tuple[Any, list[float], int]:
+  """Steps from `state`'s step to `config.steps`, the next batch loading while one
+  runs, saved every `save_every_seconds`: (state, losses, step stopped at by
+  `config.stop_after`, or 0)."""
   start = int(jax.device_get(state["step"]))
-  bar = progress.Bar(config.steps, f"train {model.family}", enabled=jax.process_index() == 0,
-                     initial=start)
+  bar = progress.Bar(config.steps, f"train {label}", enabled=jax.process_index() == 0, initial=start)
   losses, last_save = [], time.time()
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     pending = pool.submit(rows, start) if start < config.steps else None
@@ -224,26 +228,40 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
       state, loss = train_step(state, parallel.global_batch(mesh, images),
                                parallel.global_batch(mesh, labels))
       losses.append(float(loss))
-      bar.update(1, b)
-      bar.bar.set_description(f"train {model.family} loss {np.mean(losses[-20:]):.3f}")
+      bar.update(1, config.batch_size)
+      bar.bar.set_description(f"train {label} loss {np.mean(losses[-20:]):.3f}")
       if time.time() - last_save > config.get("save_every_seconds", 60):
         save(state)
         last_save = time.time()
       if config.get("stop_after") and step + 1 - start >= config.stop_after:
         save(state)
         bar.close()
-        return {"stopped_at": step + 1, "losses": losses}
+        return state, losses, step + 1
   bar.close()
   save(state)
-  params = jax.device_get(state["params"])
-  acc = evaluate(model, state["params"], test_src, policy, mesh)
-  summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
-             "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
-             "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes,
-             "train_examples": len(examples), "no_skip": list(config.model.get("no_skip", [])),
-             "examples_digest": results.fingerprint(examples.tolist())}
-  if jax.process_index() == 0:
-    checkpoints.save(export_path, model, params)
-    results.write_json(export_path[:-len(".npz")] + ".json", summary)
-  print(f"{model.family}: test accuracy {acc:.4f} on {test_src.name}; exported {export_path}")
-  return {**summary, "losses": losses}
+  return state, losses, 0
+
+
+def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW, gradients clipped to norm 1, linear warmup then cosine decay to 1% of lr."""
+  if not 0 <= config.warmup_steps < config.steps:
+    raise ValueError(f"config.warmup_steps={config.warmup_steps} must be in [0, "
+                     f"config.steps={config.steps}).")
+  sched = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.steps,
+                                             config.lr * 0.01)
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
+
+
+def _step_function(model, tx: optax.GradientTransformation):
+  """(state, images, labels) -> (state, loss): one jit-compiled step of cross-entropy."""
+  def loss_fn(params, images, labels):
+    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=(), train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+  @jax.jit
+  def train_step(state, images, labels):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, labels)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+            "step": state["step"] + 1}, loss
+  return train_step

@@ -18,7 +18,6 @@ import scipy.ndimage
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
-FAMILY = "vit"
 OVERRIDABLE = ("gelu", "no_skip")  # tanh GELU like every upstream; `no_skip` for ablation models
 FORMATS = {
     "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
@@ -99,6 +98,42 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
     p[f"Transformer/encoder_norm/{leaf}"] = keys.take(f"Transformer/encoder_norm/{leaf}")
 
 
+def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
+          pe: np.ndarray | None, pe_key: str | None) -> np.ndarray | None:
+  """The pooling (class token, MAP head, or neither), its tensors, and the position
+  embedding without a vision_transformer file's class-token row (folded into cls)."""
+  if keys.has("cls"):
+    cls = keys.take("cls")
+    if pe is not None and (pe_key.startswith("Transformer/") or (
+        math.isqrt(pe.shape[1] - 1) ** 2 == pe.shape[1] - 1 and math.isqrt(pe.shape[1]) ** 2 != pe.shape[1])):
+      # vision_transformer adds the position embedding after prepending cls;
+      # folding its first row into cls gives big_vision's equivalent form.
+      rows = pe.shape[1]
+      if math.isqrt(rows) ** 2 == rows and math.isqrt(rows - 1) ** 2 != rows - 1:
+        raise io.CheckpointError(
+            f"{keys.path}: {pe_key} {pe.shape} has {rows} rows, a whole "
+            f"{math.isqrt(rows)}x{math.isqrt(rows)} grid, but with a class token ('cls') "
+            "a vision_transformer file has one more row, for the class token, first. The "
+            "file is malformed (its class-token row is missing).")
+      cls, pe = cls + pe[:, :1], pe[:, 1:]
+    p["cls"], cfg["pool"], ev["pool"] = cls, "token", keys.shape("cls")
+  elif keys.has("MAPHead_0/probe"):
+    cfg["pool"], ev["pool"] = "map", "MAPHead_0/probe"
+    p["MAPHead_0/probe"] = keys.take("MAPHead_0/probe")
+    for sub, leaves in (("MultiHeadDotProductAttention_0", ATTN), ("LayerNorm_0", LN),
+                        ("MlpBlock_0", MLP)):
+      for leaf in leaves:
+        p[f"MAPHead_0/{sub}/{leaf}"] = keys.take(f"MAPHead_0/{sub}/{leaf}")
+  elif keys.fmt == "vit":
+    cfg["pool"], ev["pool"] = "gap", "no cls in a vision_transformer file: classifier 'gap'"
+  else:
+    cfg["pool"] = "gap"
+    ev["pool"] = ("no cls and no MAPHead_0: big_vision's pool_type 'gap' and '0' leave the "
+                  "same tensors; 'gap' is its default")
+    assumed.append("pool")
+  return pe
+
+
 def read(keys: io.Keys) -> io.Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
@@ -132,35 +167,7 @@ def read(keys: io.Keys) -> io.Reading:
   else:
     pe = keys.take(pe_key or "pos_embedding")
     cfg["posemb"], ev["posemb"] = "learn", keys.shape(pe_key)
-  if keys.has("cls"):
-    cls = keys.take("cls")
-    if pe is not None and (pe_key.startswith("Transformer/") or (
-        math.isqrt(pe.shape[1] - 1) ** 2 == pe.shape[1] - 1 and math.isqrt(pe.shape[1]) ** 2 != pe.shape[1])):
-      # vision_transformer adds the position embedding after prepending cls;
-      # folding its first row into cls gives big_vision's equivalent form.
-      rows = pe.shape[1]
-      if math.isqrt(rows) ** 2 == rows and math.isqrt(rows - 1) ** 2 != rows - 1:
-        raise io.CheckpointError(
-            f"{keys.path}: {pe_key} {pe.shape} has {rows} rows, a whole "
-            f"{math.isqrt(rows)}x{math.isqrt(rows)} grid, but with a class token ('cls') "
-            "a vision_transformer file has one more row, for the class token, first. The "
-            "file is malformed (its class-token row is missing).")
-      cls, pe = cls + pe[:, :1], pe[:, 1:]
-    p["cls"], cfg["pool"], ev["pool"] = cls, "token", keys.shape("cls")
-  elif keys.has("MAPHead_0/probe"):
-    cfg["pool"], ev["pool"] = "map", "MAPHead_0/probe"
-    p["MAPHead_0/probe"] = keys.take("MAPHead_0/probe")
-    for sub, leaves in (("MultiHeadDotProductAttention_0", ATTN), ("LayerNorm_0", LN),
-                        ("MlpBlock_0", MLP)):
-      for leaf in leaves:
-        p[f"MAPHead_0/{sub}/{leaf}"] = keys.take(f"MAPHead_0/{sub}/{leaf}")
-  elif keys.fmt == "vit":
-    cfg["pool"], ev["pool"] = "gap", "no cls in a vision_transformer file: classifier 'gap'"
-  else:
-    cfg["pool"] = "gap"
-    ev["pool"] = ("no cls and no MAPHead_0: big_vision's pool_type 'gap' and '0' leave the "
-                  "same tensors; 'gap' is its default")
-    assumed.append("pool")
+  pe = _pool(keys, p, cfg, ev, assumed, pe, pe_key)
   if pe is not None:
     p["pos_embedding"] = pe
     g = math.isqrt(pe.shape[1])

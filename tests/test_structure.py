@@ -1,0 +1,155 @@
+"""The package's shape, read from its source: no import cycle, no use of another
+module's private names, configs without jax, a short driver, short functions,
+analyses asking models for capabilities rather than their family."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "vitcnn_jax")
+
+
+def _modules() -> dict[str, str]:
+  """{dotted module name: path} of the package, the configs and main.py."""
+  out = {"main": os.path.join(ROOT, "main.py")}
+  for top in ("vitcnn_jax", "configs"):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      for f in files:
+        if f.endswith(".py"):
+          rel = os.path.relpath(os.path.join(d, f), ROOT)[:-3].replace(os.sep, ".")
+          out[rel.removesuffix(".__init__")] = os.path.join(d, f)
+  return out
+
+
+MODULES = _modules()
+
+
+def _tree(name: str) -> ast.Module:
+  with open(MODULES[name]) as f:
+    return ast.parse(f.read())
+
+
+def _imports(name: str) -> dict[str, str]:
+  """{local alias: module} of every import of our modules in `name`, at any depth
+  (an import inside a function hides a cycle, it does not remove it), including
+  importlib.import_module of a literal name. `from pkg import mod` is `pkg.mod`."""
+  out = {}
+  for node in ast.walk(_tree(name)):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name in MODULES:
+          out[a.asname or a.name] = a.name
+    elif isinstance(node, ast.ImportFrom) and node.module in MODULES:
+      for a in node.names:
+        sub = f"{node.module}.{a.name}"
+        out[a.asname or a.name] = sub if sub in MODULES else node.module
+    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+          and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in MODULES):
+      out[f"<importlib {node.args[0].value}>"] = node.args[0].value
+  return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan), or a self-import."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in graph.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1 or v in graph.get(v, ()):
+        out.append(sorted(comp))
+
+  for v in graph:
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_no_import_cycle():
+  graph = {m: set(_imports(m).values()) for m in MODULES}
+  assert graph["vitcnn_jax.checkpoints"] >= {"vitcnn_jax.models.io", "vitcnn_jax.models"}  # sanity
+  assert not _cycles(graph)
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_calls_another_modules_private_names():
+  found = []
+  for m in MODULES:
+    aliases = _imports(m)
+    for node in ast.walk(_tree(m)):
+      if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+          and isinstance(node.value, ast.Name) and node.value.id in aliases):
+        found.append(f"{m}: {node.value.id}.{node.attr}")
+      if isinstance(node, ast.ImportFrom) and node.module in MODULES:
+        found += [f"{m}: from {node.module} import {a.name}" for a in node.names
+                  if a.name.startswith("_") and not a.name.startswith("__")]
+  assert not found
+
+
+def test_configs_import_no_jax():
+  """Every config, each of its report variants too, in a fresh interpreter."""
+  code = ("import sys; from configs import report; report.get_config('demo'); "
+          "report.get_config('paper'); import configs.train, configs.inspect; "
+          "configs.train.get_config(); configs.inspect.get_config(); "
+          "print(sorted({m.split('.')[0] for m in sys.modules} & "
+          "{'jax', 'jaxlib', 'flax', 'optax', 'matplotlib', 'tensorflow'}))")
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_the_driver_is_short_and_no_function_is_long():
+  with open(MODULES["vitcnn_jax.driver"]) as f:
+    assert len(f.read().splitlines()) < 250
+  long = [f"{m}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for m in MODULES
+          if m.startswith("vitcnn_jax") for n in ast.walk(_tree(m))
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+  assert not long
+
+
+FAMILY_TEST = re.compile(r"family\s*(==|!=)|(==|!=)\s*\S*family\b|\.family\s+(not\s+)?in\b|\[[^\]\n]*\.family\]"
+                         r"|\.get\([^)\n]*\.family")
+
+
+def test_no_family_test_outside_the_models():
+  """Analyses, loading, the driver and the rest ask a model what it has (its
+  anatomy), never which family it is."""
+  found = [f"{m}:{i}: {line.strip()}" for m, path in MODULES.items()
+           if not m.startswith("vitcnn_jax.models")
+           for i, line in enumerate(open(path).read().splitlines(), 1) if FAMILY_TEST.search(line)]
+  assert not found
+  assert FAMILY_TEST.search('if m.model.family == "vit":') and FAMILY_TEST.search("X[model.family]")
+
+
+@pytest.mark.parametrize("name", sorted(n.split(".")[-1] for n in MODULES
+                                        if n.startswith("vitcnn_jax.analyses.")))
+def test_every_analysis_declares_itself(name):
+  from vitcnn_jax import analyses, declaration  # pylint: disable=g-import-not-at-top
+  declared = analyses.get(name)
+  assert declared.name == name and name in declaration.names()
+  assert declaration.defaults(name) == declared.defaults  # what configs read is what it uses
+  assert declared.findings and declared.figures and callable(declared.key_numbers)
