@@ -331,23 +331,35 @@ def layer_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], ylabel: str,
                 path: str, spread: dict[str, np.ndarray] | None = None,
                 ylim: tuple[float, float] | None = (0, 1.02)) -> None:
   """A per-layer quantity, a line per model over its layers (by block), with an
-  optional band of +-`spread` (Fig 12: CKA with the reference, a line per data
-  fraction; Fig G.1: before vs after fine-tuning)."""
-  fig, ax = plt.subplots(figsize=(7.5, 4.4), layout="constrained")
-  names: Sequence[str] = []
-  for i, (label, (names_, values)) in enumerate(lines.items()):
-    x = np.arange(len(values))
-    ax.plot(x, values, "os^vDP*X"[i % 8] + "-", ms=4, label=label)
-    if spread is not None and label in spread:
-      ax.fill_between(x, values - spread[label], values + spread[label], alpha=0.2, lw=0)
-    names = names_ if len(names_) > len(names) else names
-  unit = _block_axis(ax, names, "x", edges="0.8")
-  ax.set_xlabel(f"layer, by {unit} ({len(names)} layers)")
-  ax.set_ylabel(ylabel)
-  if ylim is not None:
-    ax.set_ylim(*ylim)
-  ax.set_title(title)
-  ax.legend()
+  optional band of +-`spread`; models with other layers get a panel of their own
+  (Fig 12: CKA with the reference, a line per data fraction; Fig G.1: before vs
+  after fine-tuning; the first principal component's share per model)."""
+  panels: dict[tuple[str, ...], list[str]] = {}
+  for label, (names, _) in lines.items():  # models whose layers are a prefix of another's share it
+    key = next((k for k in panels if tuple(names) == k[:len(names)] or k == tuple(names)[:len(k)]),
+               tuple(names))
+    panels.setdefault(key, []).append(label)
+  fig, axes = plt.subplots(1, len(panels), figsize=(7.5 if len(panels) == 1 else 5.2 * len(panels), 4.4),
+                           squeeze=False, sharey=True, layout="constrained")
+  marker = iter("os^vDP*X" * len(lines))
+  for ax, labels in zip(axes[0], panels.values()):
+    names: Sequence[str] = []
+    for label in labels:
+      names_, values = lines[label]
+      x = np.arange(len(values))
+      ax.plot(x, values, next(marker) + "-", ms=4, label=label)
+      if spread is not None and label in spread:
+        ax.fill_between(x, values - spread[label], values + spread[label], alpha=0.2, lw=0)
+      names = names_ if len(names_) > len(names) else names
+    unit = _block_axis(ax, names, "x", edges="0.8")
+    ax.set_xlabel(f"layer, by {unit} ({len(names)} layers)")
+    if ylim is not None:
+      ax.set_ylim(*ylim)
+    ax.legend()
+    if len(panels) > 1:
+      ax.set_title(", ".join(labels))
+  axes[0][0].set_ylabel(ylabel)
+  (fig.suptitle if len(panels) > 1 else axes[0][0].set_title)(title)
   save_figure(fig, path)
 
 

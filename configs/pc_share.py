@@ -1,0 +1,34 @@
+r"""Each layer's share of variance in its first principal component, beside the CKA maps.
+
+  python main.py --config=configs/pc_share.py:demo --workdir=/tmp/pc_share
+
+Variants (`:arg`, then `examples=`, `batch=`): `b16_r50` (default; ViT-B/16 and
+BiT-R50x1 with the paper's layers, ImageNet validation, minibatches of 1,024 as
+the CKA protocol), `demo` (the demo ViT and ResNet on Fashion-MNIST, minibatches
+of 256). The share depends on the minibatch size: compare at one `batch`.
+"""
+
+import ml_collections
+
+from configs import common
+from vitcnn_jax import zoo
+
+REPORT = {"pc_share": ("demo", "b16_r50", 2)}  # report section: demo and paper variants, order
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  demo = common.is_demo(arg)
+  config = common.analysis("pc_share")
+  arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else config.num_examples,
+                         batch=256 if demo else config.batch_size)
+  if arg.variant == "demo":
+    common.demo_models(config)
+  elif arg.variant == "b16_r50":
+    config.models = dict(
+        vit=common.model(zoo.CHECKPOINTS["ViT-B/16"], "paper", "ViT-B/16"),
+        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], "paper", "BiT-R50x1", resolution=224))
+    config.data = common.imagenet_validation()
+  else:
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected b16_r50 or demo.")
+  common.protocol(config, arg)
+  return config
