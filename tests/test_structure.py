@@ -153,3 +153,37 @@ def test_every_analysis_declares_itself(name):
   assert declared.name == name and name in declaration.names()
   assert declaration.defaults(name) == declared.defaults  # what configs read is what it uses
   assert declared.findings and declared.figures and callable(declared.key_numbers)
+
+
+# Imports the README's architecture table forbids: a module (or package) -> the modules
+# (or packages, with all below them) it may not import. `vitcnn_jax.models` alone is
+# the family registry; its anatomy and common pieces are open to all.
+RUNNING = ("vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.jobs", "vitcnn_jax.analyses")
+FAMILIES = tuple(f"vitcnn_jax.models.{f}{io}" for f in ("vit", "bit", "mixer") for io in ("", "_io"))
+FORBIDDEN = {
+    "vitcnn_jax.analyses": ("vitcnn_jax.driver", "vitcnn_jax.loading", "vitcnn_jax.jobs",
+                            "vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.checkpoints",
+                            "vitcnn_jax.models", "vitcnn_jax.models.io", *FAMILIES),
+    "vitcnn_jax.models": ("vitcnn_jax.checkpoints", "vitcnn_jax.loading", "vitcnn_jax.driver",
+                          "vitcnn_jax.protocol", *RUNNING),
+    "vitcnn_jax.loading": RUNNING,
+    "vitcnn_jax.pipeline": RUNNING,
+    "vitcnn_jax.runstate": RUNNING,
+    "vitcnn_jax.driver": (*RUNNING, "vitcnn_jax.checkpoints"),
+}
+
+
+def _forbidden(module: str, dep: str) -> bool:
+  within = lambda name, scope: name == scope or name.startswith(scope + ".")
+  return any(within(module, scope) and any(dep == b or (within(dep, b) and b != "vitcnn_jax.models")
+                                           for b in banned)
+             for scope, banned in FORBIDDEN.items())
+
+
+def test_imports_follow_the_layers():
+  bad = [f"{m} -> {d}" for m in MODULES for d in set(_imports(m).values()) if _forbidden(m, d)]
+  assert not bad
+  assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.vit_io")
+  assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models")
+  assert not _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.anatomy")
+  assert _forbidden("vitcnn_jax.driver", "vitcnn_jax.analyses.cka")

@@ -12,7 +12,7 @@ from vitcnn_jax import protocol
 
 class Accuracy(protocol.Pass):
   """Top-1 hits of every model on every example of the source "data", in one pass."""
-  title, labels = "accuracy", True
+  labels = True
 
   def __init__(self, models: dict):
     self.models = models

@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax.control import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
+
 HIGHEST = jax.lax.Precision.HIGHEST
-MIN_BATCH = 4  # n (n - 3) and (n - 1)(n - 2) must be positive
 Precision = jax.lax.Precision | jax.lax.DotAlgorithmPreset
 
 # Gram and HSIC products (`config.gram_precision`): float32-accurate choices only.

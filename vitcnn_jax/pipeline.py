@@ -53,16 +53,6 @@ def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> dat
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 
-def check_batching(num_examples: int, batch_size: int) -> None:
-  if batch_size < 4:
-    raise ValueError(f"config.batch_size={batch_size}: the unbiased HSIC needs minibatches of at least 4.")
-  rest = num_examples % batch_size
-  if 0 < rest < 4:
-    raise ValueError(
-        f"config.num_examples={num_examples} leaves a last minibatch of {rest} (< 4) with "
-        f"batch_size={batch_size}; choose num_examples so that the remainder is 0 or >= 4.")
-
-
 def num_steps(num_examples: int, rows: int) -> int:
   return -(-num_examples // (rows * jax.device_count()))
 

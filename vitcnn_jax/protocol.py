@@ -58,7 +58,6 @@ class Forward:
 
 class Pass:
   """One sweep over the data, `repeats` times (each on a new sample)."""
-  title = ""  # the progress bar's (default: the analysis's name)
   points: dict[str, Sequence[str]]  # model name -> representation points it needs
   repeats = 1
   labels = False  # whether steps need class labels

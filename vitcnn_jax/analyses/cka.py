@@ -31,7 +31,6 @@ DEMO_HINT = (", or run the offline demo: python main.py "
 
 class CKA(protocol.HsicPass, protocol.Analysis):
   """One pass per repeat: the HSIC of every pair of layers of every model."""
-  title = "CKA"
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     if config.repeats < 1:
