@@ -1,5 +1,5 @@
 # `make demo`: set up .venv (runtime deps) and the offline dataset, then run the main job.
-# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then run the tests.
+# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then ruff and the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -40,4 +40,5 @@ demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
 test: install-test dataset browser
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

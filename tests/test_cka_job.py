@@ -150,7 +150,8 @@ def test_two_processes_equal_one_process(one_device, tiny_vit_bit, tmp_path, gro
   env = device_env(4)
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(ROOT, "main.py"), *_flags(tiny_vit_bit, tmp_path),
-       f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+       f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}",
+       "--num_processes=2",
        f"--process_id={i}", "--cpu_collectives=gloo"],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   outs = [p.communicate(timeout=300) for p in procs]

@@ -10,7 +10,6 @@ the result against the model it describes.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import jax

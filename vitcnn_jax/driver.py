@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

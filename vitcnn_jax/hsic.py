@@ -365,7 +365,7 @@ def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
     if v <= floor:
       raise FloatingPointError(
           f"CKA: layer {name!r} is constant over the examples (self-HSIC {v:.3g}"
-          f"{f', at float32 rounding level for its feature scale' if v > 0 else ''}), so "
+          f"{', at float32 rounding level for its feature scale' if v > 0 else ''}), so "
           "its CKA with anything is meaningless. Check the inputs: are the images "
           "identical or blank? (A layer that is constant by design cannot be compared.)")
   return hsic / np.sqrt(np.outer(diag, diag))

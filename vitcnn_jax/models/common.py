@@ -63,8 +63,9 @@ class Capture:
   Names read like paths (`block03/attn/out`); `patterns` are globs matched
   against the full name, where `*` stays within one path segment and `**`
   crosses segments: `block*/out` is every block output, `block03/**` all of
-  block 3, `**/attn/weights` every attention map. `None` keeps every point. Filtering where each tensor is made (not at the end) keeps eager
-  callers from holding every activation of the network at once.
+  block 3, `**/attn/weights` every attention map. `None` keeps every point.
+  Filtering where each tensor is made (not at the end) keeps eager callers from
+  holding every activation of the network at once.
   """
   patterns: tuple[str, ...] | None = None
   prefix: str = ""

@@ -236,7 +236,7 @@ class ViT(nn.Module):
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
     capture = common.Capture.of(capture)
-    self.grid  # pylint: disable=pointless-statement  (validates the sizes)
+    common.patch_grid(self.patch_size, self.image_size)  # validates the sizes
     common.check_image(images, common.to_pair(self.image_size), "ViT")
     out: dict = {}
     p = common.to_pair(self.patch_size)
