@@ -21,6 +21,7 @@ from packaging.requirements import Requirement
 
 import upstream_files as uf
 from conftest import ROOT
+from vitcnn_jax import control
 
 CHECK = textwrap.dedent("""
     import sys
@@ -52,7 +53,7 @@ CHECK = textwrap.dedent("""
 def runtime_venv():
   with open(os.path.join(ROOT, "requirements.txt"), "rb") as f:
     key = hashlib.sha256(f.read() + sys.version.encode()).hexdigest()[:16]
-  venv = os.path.join(os.path.expanduser("~/.cache/vitcnn_jax"), f"runtime-venv-{key}")
+  venv = os.path.join(os.path.expanduser(control.CACHE_DIR), f"runtime-venv-{key}")
   if not os.path.exists(os.path.join(venv, ".runtime")):  # make's stamp: a complete install
     shutil.rmtree(venv, ignore_errors=True)
     r = subprocess.run(["make", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True,
