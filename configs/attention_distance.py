@@ -17,12 +17,10 @@ REPORT = {"attention_distance": ("demo", "l16", 3)}  # report section: demo and 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   config = common.analysis("attention_distance")
-  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else config.num_examples,
-                         batch=256 if demo else config.batch_size)
+  arg = common.protocol_arg(arg, config, "l16")
   capture = "block*/attn/weights"
-  if demo:
+  if arg.variant == "demo":
     common.demo_models(config, ("vit",), capture)
   elif arg.variant in VIT:
     name = VIT[arg.variant]

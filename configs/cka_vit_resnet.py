@@ -40,8 +40,8 @@ REPORT = {"cka": ("demo", "b16_r50", 1)}  # report section: demo and paper varia
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = common.cka_arg(arg, "b16_r50")
   config = common.analysis("cka")
+  arg = common.protocol_arg(arg, config, "b16_r50")
   if arg.variant in DEMOS:
     common.demo_models(config, DEMOS[arg.variant])
   elif arg.variant in PAIRS:

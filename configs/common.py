@@ -43,14 +43,18 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
-def cka_arg(arg: str | None, variant: str, demo_examples: int = 2560,
-            demo_repeats: int = 3) -> ml_collections.ConfigDict:
-  """`:arg` of a minibatch-CKA config: the paper's protocol (the analysis's
-  defaults) unless given, smaller for demos."""
-  demo, paper = is_demo(arg), declaration.defaults("cka")
-  return parse_arg(arg, variant=variant, examples=demo_examples if demo else paper["num_examples"],
-                   batch=256 if demo else paper["batch_size"],
-                   repeats=demo_repeats if demo else paper["repeats"], seed=0)
+def protocol_arg(arg: str | None, config: ml_collections.ConfigDict, variant: str,
+                 demo_examples: int = 2560, demo_batch: int = 256,
+                 demo_repeats: int = 3) -> ml_collections.ConfigDict:
+  """`:arg` of an analysis's config: `variant`, then `examples=`, `batch=` (and
+  `repeats=`, `seed=` where the analysis has them), by default the analysis's own
+  (the paper's protocol), smaller for the offline demos."""
+  demo = is_demo(arg)
+  fields = dict(examples=demo_examples if demo else config.num_examples,
+                batch=demo_batch if demo else config.batch_size)
+  if "repeats" in config:
+    fields.update(repeats=demo_repeats if demo else config.repeats, seed=config.seed)
+  return parse_arg(arg, variant=variant, **fields)
 
 
 def protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) -> None:

@@ -58,8 +58,8 @@ def _finetune_demo(config: ml_collections.ConfigDict) -> None:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Demo: one repeat of 2,048 (the spread over 3 repeats of 2,560 was below 0.01 CKA),
   # so that a re-run with the models cached takes about a minute.
-  arg = common.cka_arg(arg, "b32", demo_examples=2048, demo_repeats=1)
   config = common.analysis("reference_cka")
+  arg = common.protocol_arg(arg, config, "b32", demo_examples=2048, demo_repeats=1)
   if arg.variant == "demo":
     _fractions_demo(config)
   elif arg.variant == "demo_finetune":

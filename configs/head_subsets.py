@@ -21,11 +21,9 @@ REPORT = {"head_subsets": ("demo", "l16_r50", 5)}  # report section: demo and pa
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   config = common.analysis("head_subsets")  # subsets of a quarter of the heads, stride 1
-  arg = common.parse_arg(arg, variant="l16_r50", examples=2560 if demo else config.num_examples,
-                         batch=256 if demo else config.batch_size)
-  if demo:
+  arg = common.protocol_arg(arg, config, "l16_r50")
+  if arg.variant == "demo":
     common.demo_models(config)
     config.models.vit.capture = ("all",)
     config.models.resnet.capture = ("block1/unit01/out", "block2/unit01/out")

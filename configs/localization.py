@@ -28,10 +28,8 @@ REPORT = {"localization": ("demo", "l16", 9)}  # report section: demo and paper 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   config = common.analysis("localization")
-  arg = common.parse_arg(arg, variant="l16", examples=2560 if demo else config.num_examples,
-                         batch=256 if demo else config.batch_size)
+  arg = common.protocol_arg(arg, config, "l16")
   if arg.variant in DEMOS:
     common.demo_models(config, (DEMOS[arg.variant],), "all")
   elif arg.variant in MODELS:

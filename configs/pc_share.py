@@ -17,10 +17,8 @@ REPORT = {"pc_share": ("demo", "b16_r50", 2)}  # report section: demo and paper 
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   config = common.analysis("pc_share")
-  arg = common.parse_arg(arg, variant="b16_r50", examples=2560 if demo else config.num_examples,
-                         batch=256 if demo else config.batch_size)
+  arg = common.protocol_arg(arg, config, "b16_r50")
   if arg.variant == "demo":
     common.demo_models(config)
   elif arg.variant == "b16_r50":

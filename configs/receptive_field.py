@@ -19,8 +19,8 @@ REPORT = {"receptive_field": ("demo", "b32_r50", 6)}  # report section: demo and
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.analysis("receptive_field")  # 32 images, as the paper
-  arg = common.parse_arg(arg, variant="b32_r50", examples=config.num_examples,
-                         batch=config.batch_size)
+  arg = common.protocol_arg(arg, config, "b32_r50", demo_examples=config.num_examples,
+                            demo_batch=config.batch_size)
   if arg.variant == "demo_mixer":
     common.demo_models(config, ("vit", "resnet", "mixer"), "all")
   elif arg.variant == "demo":

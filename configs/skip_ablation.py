@@ -28,8 +28,8 @@ REPORT = {"skip_ablation": ("demo", "b32", 8)}  # report section: demo and paper
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Demo: one repeat of 2,048 (the spread over 3 repeats of 2,560 was below 0.01 CKA),
   # so that a re-run with the models cached takes about a minute.
-  arg = common.cka_arg(arg, "b32", demo_examples=2048, demo_repeats=1)
   config = common.analysis("reference_cka")
+  arg = common.protocol_arg(arg, config, "b32", demo_examples=2048, demo_repeats=1)
   config.reference = "full"
   config.accuracy = True  # top-1 of every model on every example of config.data
   if arg.variant == "demo":

@@ -22,13 +22,11 @@ REPORT = {"skip_ratio": ("demo", "b16_r50", 7)}  # report section: demo and pape
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  demo = common.is_demo(arg)
   config = common.analysis("skip_ratio")
-  arg = common.parse_arg(arg, variant="b16_r50", examples=512 if demo else config.num_examples,
-                         batch=config.batch_size)
+  arg = common.protocol_arg(arg, config, "b16_r50", demo_examples=512, demo_batch=config.batch_size)
   if arg.variant == "demo_mixer":
     common.demo_models(config, ("vit", "resnet", "mixer"), "all")
-  elif demo:
+  elif arg.variant == "demo":
     common.demo_models(config, capture="all")
   elif arg.variant in ("mixer_b16", *PAIRS):
     path, label = PAIRS["b16_r50" if arg.variant == "mixer_b16" else arg.variant]

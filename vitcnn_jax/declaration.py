@@ -55,6 +55,15 @@ class Models:
                        f"least one of {list(self.one_of)}.")
 
 
+def above(high: dict[str, float], low: dict[str, float], unit: str = "") -> Verdict:
+  """Whether every value of `high` is above every value of `low`, with the numbers
+  (None where either is empty: nothing to compare)."""
+  if not high or not low:
+    return None
+  return (min(high.values()) > max(low.values()),
+          ", ".join(f"{k} {v:.{1 if unit else 3}f}{unit}" for k, v in {**high, **low}.items()))
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
   """A finding of the paper (our words) and its check on a run's summary."""

@@ -120,13 +120,9 @@ def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None =
 
 
 def _uniformity(s: dict) -> declaration.Verdict:
-  within = s["mean_off_diagonal_cka"]
-  vits = [k for k, m in s["models"].items() if m["attention"] and k in within]
-  cnns = [k for k, m in s["models"].items() if not m["tokens"] and k in within]
-  if not vits or not cnns:
-    return None
-  shown = min(within[k] for k in vits) > max(within[k] for k in cnns)
-  return shown, ", ".join(f"{s['models'][k]['label']} {within[k]:.3f}" for k in vits + cnns)
+  within = {k: (m, s["mean_off_diagonal_cka"][k]) for k, m in s["models"].items()}
+  return declaration.above({m["label"]: v for m, v in within.values() if m["attention"]},
+                           {m["label"]: v for m, v in within.values() if not m["tokens"]})
 
 
 def _lower_half(s: dict) -> declaration.Verdict:

@@ -139,12 +139,9 @@ def _blocks_only(e: dict, key: str) -> list[float]:
 
 
 def _global_early(s: dict) -> declaration.Verdict:
-  tokens = {e["label"]: _blocks_only(e, "half_mass_radius_px")[0] for e in s["models"].values() if e["tokens"]}
-  maps = {e["label"]: _blocks_only(e, "half_mass_radius_px")[0] for e in s["models"].values() if not e["tokens"]}
-  if not tokens or not maps:
-    return None
-  return (min(tokens.values()) > max(maps.values()),
-          ", ".join(f"{k} {v:.1f} px" for k, v in {**tokens, **maps}.items()))
+  first = {e["label"]: (e["tokens"], _blocks_only(e, "half_mass_radius_px")[0]) for e in s["models"].values()}
+  return declaration.above({k: r for k, (t, r) in first.items() if t},
+                           {k: r for k, (t, r) in first.items() if not t}, " px")
 
 
 def _centred(s: dict) -> declaration.Verdict:

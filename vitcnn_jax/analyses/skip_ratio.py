@@ -127,12 +127,9 @@ def _cls_then_spatial(s: dict) -> declaration.Verdict:
 
 
 def _above_cnn(s: dict) -> declaration.Verdict:
-  tokens = {e["label"]: np.mean(e["spatial_ratio"]) for e in s["models"].values() if e["tokens"]}
-  maps = {e["label"]: np.mean(e["ratio"]) for e in s["models"].values() if not e["tokens"]}
-  if not tokens or not maps:
-    return None
-  return (min(tokens.values()) > max(maps.values()),
-          ", ".join(f"{k} {v:.2f}" for k, v in {**tokens, **maps}.items()))
+  return declaration.above(
+      {e["label"]: float(np.mean(e["spatial_ratio"])) for e in s["models"].values() if e["tokens"]},
+      {e["label"]: float(np.mean(e["ratio"])) for e in s["models"].values() if not e["tokens"]})
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol, Sequence
 
+from vitcnn_jax.models import common
+
 
 @dataclasses.dataclass(frozen=True)
 class Residual:
@@ -68,3 +70,37 @@ def capture_patterns(model: Any, capture: str | Sequence[str]) -> list[str]:
   for p in given:
     out += list(model.layer_presets.get(p, (p,)))
   return out
+
+
+class PatchTokens:
+  """The anatomy of a model of patch tokens in residual blocks (ViT, Mixer): each
+  block `blockNN` has the residual connections `RESIDUALS` names, as (sublayer,
+  skip, branch, out) relative to the block."""
+  RESIDUALS = ()
+
+  @property
+  def sublayers(self) -> tuple[str, ...]:
+    return tuple(r[0] for r in self.RESIDUALS)
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    return common.patch_grid(self.patch_size, self.image_size)
+
+  @property
+  def token_pixels(self) -> tuple[int, int]:
+    return common.to_pair(self.patch_size)
+
+  def residuals(self) -> list[Residual]:
+    return [Residual(f"block{b:02d}", s, f"block{b:02d}/{z}", f"block{b:02d}/{f}", f"block{b:02d}/{o}")
+            for b in range(self.num_blocks) for s, z, f, o in self.RESIDUALS]
+
+
+class NoAttention:
+  """The anatomy of a model without attention (Mixer, ResNet)."""
+  num_heads = 0
+
+  def attention(self) -> list[AttentionLayer]:
+    return []
+
+  def head_projection(self, params: Any, block: int) -> Any:
+    raise ValueError(f"A {type(self).__name__} has no attention heads.")

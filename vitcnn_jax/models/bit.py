@@ -153,7 +153,7 @@ class Stage(nn.Module):
     return x
 
 
-class BiT(nn.Module):
+class BiT(anatomy.NoAttention, nn.Module):
   """ResNet-v2 R{50,101,152}x{width}; any units per block via `depth`."""
   num_classes: int | None = 1000
   width: float = 1  # R50x1 -> 1; fractions (0.5) make tiny test models
@@ -169,7 +169,6 @@ class BiT(nn.Module):
   token_pixels = None
   prefix_tokens = ()
   num_prefix_tokens = 0
-  num_heads = 0
   default_policy = "resize"
   layer_presets = LAYER_PRESETS
 
@@ -181,12 +180,6 @@ class BiT(nn.Module):
     units = [f"block{b}/unit{u:02d}" for b, n in enumerate(block_sizes(self.depth), 1)
              for u in range(1, n + 1)]
     return [anatomy.Residual(k, "unit", f"{k}/shortcut", f"{k}/conv3", f"{k}/out") for k in units]
-
-  def attention(self) -> list[anatomy.AttentionLayer]:
-    return []
-
-  def head_projection(self, params, block: int):
-    raise ValueError("A ResNet has no attention heads.")
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -69,7 +69,7 @@ class MixerBlock(nn.Module):
     return capture.put(out, "out", x + y)
 
 
-class Mixer(nn.Module):
+class Mixer(anatomy.PatchTokens, anatomy.NoAttention, nn.Module):
   num_classes: int | None = 1000
   patch_size: int | Sequence[int] = 16
   image_size: int | Sequence[int] = 224
@@ -81,36 +81,13 @@ class Mixer(nn.Module):
 
   family = "mixer"
   # Anatomy (models/anatomy.py).
-  sublayers = ("token", "channel")
+  RESIDUALS = (("token", "in", "token_mlp/out", "token_mlp/residual"),
+               ("channel", "token_mlp/residual", "channel_mlp/out", "out"))
   stem = None
   prefix_tokens = ()
   num_prefix_tokens = 0
-  num_heads = 0
   default_policy = "resize"
   layer_presets = LAYER_PRESETS
-
-  @property
-  def grid(self) -> tuple[int, int]:
-    return common.patch_grid(self.patch_size, self.image_size)
-
-  @property
-  def token_pixels(self) -> tuple[int, int]:
-    return common.to_pair(self.patch_size)
-
-  def residuals(self) -> list[anatomy.Residual]:
-    out = []
-    for b in range(self.num_blocks):
-      k = f"block{b:02d}"
-      out += [anatomy.Residual(k, "token", f"{k}/in", f"{k}/token_mlp/out", f"{k}/token_mlp/residual"),
-              anatomy.Residual(k, "channel", f"{k}/token_mlp/residual", f"{k}/channel_mlp/out",
-                               f"{k}/out")]
-    return out
-
-  def attention(self) -> list[anatomy.AttentionLayer]:
-    return []
-
-  def head_projection(self, params, block: int):
-    raise ValueError("An MLP-Mixer has no attention heads.")
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -167,7 +167,7 @@ class MAPHead(nn.Module):
     return x[:, 0]
 
 
-class ViT(nn.Module):
+class ViT(anatomy.PatchTokens, nn.Module):
   """ViT-{Ti,S,B,L,H}/p at any resolution; see the module docstring for names."""
   num_classes: int | None = 1000
   patch_size: int | Sequence[int] = 16
@@ -184,7 +184,7 @@ class ViT(nn.Module):
 
   family = "vit"
   # Anatomy (models/anatomy.py).
-  sublayers = ("attn", "mlp")
+  RESIDUALS = (("attn", "in", "attn/out", "attn/residual"), ("mlp", "attn/residual", "mlp/out", "out"))
   stem = None
   default_policy = "resize"
   layer_presets = LAYER_PRESETS
@@ -201,22 +201,6 @@ class ViT(nn.Module):
   @property
   def num_prefix_tokens(self) -> int:
     return len(self.prefix_tokens)
-
-  @property
-  def grid(self) -> tuple[int, int]:
-    return common.patch_grid(self.patch_size, self.image_size)
-
-  @property
-  def token_pixels(self) -> tuple[int, int]:
-    return common.to_pair(self.patch_size)
-
-  def residuals(self) -> list[anatomy.Residual]:
-    out = []
-    for b in range(self.depth):
-      k = f"block{b:02d}"
-      out += [anatomy.Residual(k, "attn", f"{k}/in", f"{k}/attn/out", f"{k}/attn/residual"),
-              anatomy.Residual(k, "mlp", f"{k}/attn/residual", f"{k}/mlp/out", f"{k}/out")]
-    return out
 
   def attention(self) -> list[anatomy.AttentionLayer]:
     return [anatomy.AttentionLayer(b, f"block{b:02d}/attn/weights", f"block{b:02d}/attn/heads")
