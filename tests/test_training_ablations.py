@@ -15,6 +15,7 @@ import pytest
 from conftest import forward
 from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, data, demos, jobs, loading, parallel, pipeline, train, zoo
+from vitcnn_jax.analyses import reference_cka
 from vitcnn_jax.models import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,6 +180,11 @@ def test_skip_ablation_demo_at_tiny_size(idx_dir, cache, tmp_path):
   for f in ("reference_cka.png", "accuracy.png", "cka_full_no_skip2.png", "cka_no_skip2_no_skip2.png"):
     assert (wd / f).exists(), f
   assert not (wd / "cka_no_skip1_no_skip2.png").exists()  # only within and against the reference
+  assert summary["models"]["no_skip2"]["without_skip"] == ["block02"]  # from the model's anatomy
+  assert summary["models"]["full"]["without_skip"] == []
+  _, middle = reference_cka.DECLARATION.verdicts(summary)[1]  # Fig 8's finding applies here
+  worst = max(names[1:], key=summary["accuracy_drop_points"].get)
+  assert middle is not None and middle[0] == (worst in ("no_skip1", "no_skip2"))
 
 
 def test_data_scale_demos_at_tiny_size(idx_dir, cache, tmp_path):
@@ -194,6 +200,7 @@ def test_data_scale_demos_at_tiny_size(idx_dir, cache, tmp_path):
   jobs.run(cfg, str(tmp_path / "b"))
   summary = json.loads((tmp_path / "b" / "reference_cka.json").read_text())
   assert summary["reference"] == "pretrained" and "accuracy" not in summary
+  assert [v for _, v in reference_cka.DECLARATION.verdicts(summary)][1] is None  # no skip ablation here
   tuned = loading.load_model(demos.resolve(cfg), "finetuned")
   assert tuned.model.num_classes == 5
   assert json.loads(open(tuned.path[:-4] + ".json").read())["data"].endswith("classes [5, 6, 7, 8, 9]")

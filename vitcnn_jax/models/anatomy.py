@@ -20,7 +20,8 @@ class Residual:
   sublayer: str  # e.g. "attn", "mlp", "token", "channel", "unit"
   skip: str  # the input carried by the skip connection (z)
   branch: str  # the long branch's output (f(z))
-  out: str  # after the add
+  out: str  # after the add (the branch alone where the block was built without its skip)
+  has_skip: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Anatomy(Protocol):
     """(H, hd, D): the output projection of block `block`'s attention heads."""
 
 
-def require(model: Any, what: str, where: str) -> None:
+def require(model: Anatomy, what: str, where: str) -> None:
   """Raises, naming the model and what it lacks, unless it has `what`: "attention",
   "tokens" (a token grid) or "residuals"."""
   has = {"attention": lambda: bool(model.attention()), "tokens": lambda: model.grid is not None,
@@ -63,7 +64,7 @@ def require(model: Any, what: str, where: str) -> None:
     raise ValueError(f"{where}: this analysis needs a model with {what}, and a {kind} has none.")
 
 
-def capture_patterns(model: Any, capture: str | Sequence[str]) -> list[str]:
+def capture_patterns(model: Anatomy, capture: str | Sequence[str]) -> list[str]:
   """Capture globs with preset names ("paper", "blocks", "all") expanded for `model`."""
   given = [capture] if isinstance(capture, str) else list(capture)
   out = []
@@ -91,7 +92,9 @@ class PatchTokens:
     return common.to_pair(self.patch_size)
 
   def residuals(self) -> list[Residual]:
-    return [Residual(f"block{b:02d}", s, f"block{b:02d}/{z}", f"block{b:02d}/{f}", f"block{b:02d}/{o}")
+    skipless = tuple(getattr(self, "no_skip", ()))  # ablation models (Fig 8)
+    return [Residual(f"block{b:02d}", s, f"block{b:02d}/{z}", f"block{b:02d}/{f}", f"block{b:02d}/{o}",
+                     b not in skipless)
             for b in range(self.num_blocks) for s, z, f, o in self.RESIDUALS]
 
 

@@ -20,26 +20,6 @@ import jax.numpy as jnp
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
-# (hidden_dim, num_blocks, tokens_mlp_dim, channels_mlp_dim)
-VARIANTS: dict[str, tuple[int, int, int, int]] = {
-    "S": (512, 8, 256, 2048),
-    "B": (768, 12, 384, 3072),
-    "L": (1024, 24, 512, 4096),
-}
-
-
-def decode_variant(variant: str) -> dict:
-  name, _, patch = variant.partition("/")
-  if name not in VARIANTS or (patch and not patch.isdigit()):
-    raise ValueError(f"Unknown Mixer variant {variant!r}; expected one of "
-                     f"{sorted(VARIANTS)} with an optional '/<patch>'.")
-  d, n, t, c = VARIANTS[name]
-  cfg = dict(hidden_dim=d, num_blocks=n, tokens_mlp_dim=t, channels_mlp_dim=c)
-  if patch:
-    cfg["patch_size"] = int(patch)
-  return cfg
-
-
 # Capture presets (as ViT's): about six points per block; block outputs; every point.
 LAYER_PRESETS = {
     "paper": ("block*/ln1", "block*/token_mlp/out", "block*/ln2", "block*/channel_mlp/hidden",

@@ -1,0 +1,109 @@
+"""Each analysis's checks of the paper's findings, on summaries made to show the
+finding, to contradict it, and to leave it nothing to judge; and the report's
+verdicts beside the paper's words."""
+
+from __future__ import annotations
+
+import json
+
+
+from vitcnn_jax import analyses, declaration, report
+
+
+def _verdicts(name: str, summary: dict) -> list:
+  return [v if v is None else v[0] for _, v in analyses.get(name).verdicts(summary)]
+
+
+def _models(**kinds) -> dict:
+  return {k: {"label": k.upper(), "attention": a, "tokens": t} for k, (a, t) in kinds.items()}
+
+
+def test_cka_uniformity_and_lower_half():
+  kinds = _models(vit=(True, True), resnet=(False, False))
+  s = {"models": kinds, "mean_off_diagonal_cka": {"vit": 0.8, "resnet": 0.6},
+       "lower_half_best_match": {"resnet_in_vit": 0.2}}
+  assert _verdicts("cka", s) == [True, True]
+  s.update(mean_off_diagonal_cka={"vit": 0.5, "resnet": 0.6}, lower_half_best_match={"resnet_in_vit": 0.6})
+  assert _verdicts("cka", s) == [False, False]
+  alone = {"models": _models(vit=(True, True)), "mean_off_diagonal_cka": {"vit": 0.8},
+           "lower_half_best_match": {}}
+  assert _verdicts("cka", alone) == [None, None]  # no ResNet to compare with
+
+
+def test_attention_local_and_global_heads():
+  s = {"mean_distance_px": [[10.0, 70.0], [70.0, 75.0]], "uniform_ceiling_px": 80.0, "blocks": [0, 11]}
+  assert _verdicts("attention_distance", s) == [True]
+  s["mean_distance_px"] = [[70.0, 75.0], [70.0, 75.0]]  # no local head
+  assert _verdicts("attention_distance", s) == [False]
+
+
+def test_head_subsets_correlation():
+  s = {"subset_distance_px": [10.0, 20.0, 30.0], "cka": [[0.9, 0.8], [0.6, 0.5], [0.3, 0.2]]}
+  assert _verdicts("head_subsets", s) == [True]
+  s["cka"] = s["cka"][::-1]
+  assert _verdicts("head_subsets", s) == [False]
+  assert _verdicts("head_subsets", {"subset_distance_px": [5.0, 5.0], "cka": [[1.0], [1.0]]}) == [None]
+
+
+def test_receptive_fields():
+  vit = {"label": "ViT", "tokens": True, "stem": None, "token_pixels": 16,
+         "half_mass_radius_px": [60.0, 70.0], "peak_offset_px": [3.0, 8.0]}
+  res = {"label": "R50", "tokens": False, "stem": "root/conv", "token_pixels": None,
+         "half_mass_radius_px": [2.0, 10.0, 40.0], "peak_offset_px": [0.0, 0.0, 0.0]}
+  assert _verdicts("receptive_field", {"models": {"vit": vit, "resnet": res}}) == [True, True, True]
+  res = {**res, "half_mass_radius_px": [2.0, 90.0, 1.0]}  # the stem is left out: first unit 90 px
+  vit = {**vit, "peak_offset_px": [3.0, 50.0]}
+  assert _verdicts("receptive_field", {"models": {"vit": vit, "resnet": res}}) == [False, False, False]
+
+
+def test_skip_ratios():
+  vit = {"label": "ViT", "tokens": True, "cls_ratio": [[9.0, 8.0], [1.0, 1.0]],
+         "spatial_ratio": [[1.0, 1.0], [6.0, 7.0]]}
+  res = {"label": "R50", "tokens": False, "ratio": [1.0, 1.2]}
+  assert _verdicts("skip_ratio", {"models": {"vit": vit, "resnet": res}}) == [True, True]
+  mixer = {"label": "Mixer", "tokens": True, "cls_ratio": None, "spatial_ratio": [[0.5, 0.5], [0.5, 0.5]]}
+  assert _verdicts("skip_ratio", {"models": {"mixer": mixer, "resnet": res}}) == [None, False]
+
+
+def test_reference_cka():
+  blocks = ["block00", "block01", "block02", "block03"]
+  models = {"full": {"label": "full", "blocks": blocks, "without_skip": []},
+            **{f"ns{b}": {"label": f"no skip {b}", "blocks": blocks, "without_skip": [blocks[b]]}
+               for b in range(4)}}
+  lines = {k: {"block00/out": 1.0, "block03/out": 0.9 if k == "full" else 0.7} for k in models}
+  s = {"models": models, "reference": "full", "same_layer_cka": lines,
+       "accuracy_drop_points": {"full": 0.0, "ns0": 1.0, "ns1": 4.0, "ns2": 2.0, "ns3": 0.5}}
+  assert _verdicts("reference_cka", s) == [True, True]
+  s["accuracy_drop_points"]["ns3"] = 9.0
+  assert _verdicts("reference_cka", s) == [True, False]
+  del s["accuracy_drop_points"]  # data scale, fine-tuning: no skip ablation
+  assert _verdicts("reference_cka", s) == [True, None]
+
+
+def test_localization_and_probes_and_pc_share():
+  s = {"class_token": True, "own_patch_best_fraction": 0.9, "own_patch_cka_mean": 0.5, "layer": "b"}
+  assert _verdicts("localization", s) == [True]
+  assert _verdicts("localization", {**s, "class_token": False}) == [None]  # GAP: a cross-run finding
+  probes = {"models": {"vit": {"cls": {"accuracy": [0.3, 0.8]}, "each": {"accuracy": [0.2, 0.1]}}}}
+  assert _verdicts("linear_probe", probes) == [True, True]
+  probes["models"]["vit"]["each"]["accuracy"] = [0.2, 0.9]
+  assert _verdicts("linear_probe", probes) == [False, True]
+  assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True]
+  assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.3]}}}) == [False]
+
+
+def test_a_summary_lacking_what_a_check_reads_is_not_judged():
+  assert _verdicts("cka", {}) == [None, None]
+  assert declaration.above({}, {"a": 1.0}) is None
+
+
+def test_the_report_shows_each_verdict_beside_the_paper(tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  (tmp_path / "att").mkdir()
+  summary = {"mean_distance_px": [[10.0, 70.0], [70.0, 75.0]], "uniform_ceiling_px": 80.0,
+             "blocks": [0, 11], "checkpoint": "x.npz"}
+  (tmp_path / "att" / "attention_distance.json").write_text(json.dumps(summary))
+  page = open(report.write(str(tmp_path), {"att": ml_collections.ConfigDict(
+      {"analysis": "attention_distance"})}, "t")).read()
+  assert "lower ViT blocks have both local and global heads" in page
+  assert "<span class=yes>shown</span>" in page and "block 0: 10.0-70.0 px" in page
