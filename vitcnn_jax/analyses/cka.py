@@ -130,7 +130,8 @@ def _lower_half(s: dict) -> declaration.Verdict:
   if not match:
     return None
   return (all(v <= 1 / 3 for v in match.values()),
-          ", ".join(f"{k}: {v:.2f}" for k, v in match.items()))
+          ", ".join(f"{k.replace('_in_', ' in ')}: best matches at relative depth {v:.2f}"
+                    for k, v in match.items()))
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:
