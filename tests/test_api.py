@@ -72,6 +72,8 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
   assert in_memory.names["vit_b_8"] == ["block00/out", "block01/out"]
   assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(io.IN_MEMORY)
   assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
+  with pytest.raises(io.CheckpointError, match="no model was handed over in memory"):  # not kept after the call
+    checkpoints.load_model(in_memory.summary["models"]["vit_b_8"]["checkpoint"])
 
 
 def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):

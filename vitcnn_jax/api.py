@@ -130,7 +130,12 @@ def function(name: str) -> Callable[..., jobs.Result]:
       sources["test"] = source(*test) if isinstance(test, tuple) else source(test)
     config = config_of(declared, models, len(sources["data"]), layers, **fields)
     workdir = workdir or tempfile.mkdtemp(prefix=f"vitcnn_jax-{name}-")
-    return jobs.run(config, workdir, sources)
+    try:
+      return jobs.run(config, workdir, sources)
+    finally:  # models handed over in memory are the caller's again
+      for spec_ in config.models.values():
+        if spec_.checkpoint.startswith(io.IN_MEMORY):
+          io.forget(spec_.checkpoint)
 
   run.__name__ = run.__qualname__ = name
   run.__doc__ = (f"{declared.figures} of the paper: {declared.findings[0].text if declared.findings else ''}"

@@ -176,6 +176,11 @@ def remember(model, params: Params) -> str:
   return path
 
 
+def forget(path: str) -> None:
+  """Drops what `remember` kept under `path` (the caller's params may then be freed)."""
+  _REMEMBERED.pop(path, None)
+
+
 def recall(path: str) -> tuple[Any, Params]:
   """The model and params `remember` gave `path`."""
   if path not in _REMEMBERED:
