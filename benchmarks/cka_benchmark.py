@@ -73,10 +73,10 @@ def part_ours(n_images: int, batch: int) -> dict:
              for i in range(0, n_images, batch)]
 
   t = time.perf_counter()
-  jax.block_until_ready(step(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1]))
+  jax.block_until_ready(step(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()
-  sums = sum(hsic.unscale(jax.device_get(step(params, None, [x, x], m, m)))["hsic"] for x, m in batches)
+  sums = sum(hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"] for x, m in batches)
   ours_s = time.perf_counter() - t
 
   def forward(ps, x):

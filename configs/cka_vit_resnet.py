@@ -4,14 +4,18 @@ r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1)
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
-`l16_r152`, `h14_r152`, `demo`, `demo3` or `demo_mixer`; then `examples=`, `batch=`,
+`l16_r152`, `h14_r152` (each also as `PAIR_measures`), `demo`, `demo3`, `demo_mixer` or
+`demo_measures`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
 Fashion-MNIST (once; cached in `config.cache_dir`), reloads them through load_model
 and runs the same CKA job on the held-out test images. `demo3` adds a third
 model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
-(App. H: CKA within the Mixer and against the ViT and the ResNet).
+(App. H: CKA within the Mixer and against the ViT and the ResNet);
+`demo_measures` every similarity measure (`config.measures`: linear and RBF CKA,
+mutual k-NN, CKNNA, RSA) side by side, each against its null
+(`config.null`: the second layer's examples permuted), in `measures_A_B.png`.
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
 `resnet`; it takes any number of checkpoints under any names (add one with
@@ -35,22 +39,28 @@ PAIRS = {  # names in zoo.CHECKPOINTS, also the labels
     "h14_r152": ("ViT-H/14", "BiT-R152x2"),
 }
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
-         "demo_mixer": ("vit", "resnet", "mixer")}
-REPORT = {"cka": ("demo", "b16_r50", 1)}  # report section: demo and paper variants, order
+         "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
+MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"]  # vitcnn_jax/measures.py
+# Report sections: demo and paper variants, order.
+REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.analysis("cka")
   arg = common.protocol_arg(arg, config, "b16_r50")
+  pair = arg.variant.removesuffix("_measures")
   if arg.variant in DEMOS:
     common.demo_models(config, DEMOS[arg.variant])
-  elif arg.variant in PAIRS:
-    vit, bit = PAIRS[arg.variant]
+  elif pair in PAIRS:
+    vit, bit = PAIRS[pair]
     config.models = dict(
         vit=common.model(zoo.CHECKPOINTS[vit], "paper", vit),
         resnet=common.model(zoo.CHECKPOINTS[bit], "paper", bit, resolution=224))
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)} "
+                     "(a pair with `_measures`: every measure).")
+  if arg.variant.endswith("_measures"):  # every measure side by side, each against its null
+    config.measures, config.null = MEASURES, True
   common.protocol(config, arg)
   return config

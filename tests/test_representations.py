@@ -37,7 +37,7 @@ def test_forward_wrapper_on_eight_devices():
   p = _SumsOfPoints()
   step = driver.compile_pass(p, {"m": m}, mesh)
   got = step([parallel.replicate(mesh, params)], None, [parallel.global_batch(mesh, x)],
-             parallel.global_batch(mesh, mask.astype(np.int32)), parallel.global_batch(mesh, mask))
+             parallel.global_batch(mesh, mask.astype(np.int32)), parallel.global_batch(mesh, mask), None)
   assert p.seen == ["block00/attn/weights", "block00/out", "block01/attn/weights", "block01/out"]
   _, ref = model.apply({"params": params}, (x.astype(np.float32) - 127.5) / 127.5)
   for k, v in got.items():

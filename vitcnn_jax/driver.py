@@ -37,6 +37,17 @@ from vitcnn_jax import runstate
 FETCH_EVERY = 32  # steps whose device results are fetched to the host together
 
 
+def random_of(seed: int, pass_: int, repeat: int, first: int, abstract=None) -> tuple:
+  """The step's randomness: the key of (seed, pass, repeat) and the index of its first
+  minibatch, which each device adds its own to (`Forward.key`). With `abstract` (a
+  sharding), their shapes only."""
+  if abstract is not None:
+    return (jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=abstract),
+            jax.ShapeDtypeStruct((), jnp.int32, sharding=abstract))
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), pass_), repeat)
+  return key, jnp.asarray(first, jnp.int32)
+
+
 def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
                  precision: hsic.Precision = hsic.HIGHEST) -> Callable:
   names = list(p.points)
@@ -50,16 +61,19 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
       return jax.lax.pmax(s, parallel.AXES)
     return jax.lax.psum(s, parallel.AXES)
 
-  def local(params, constants, images, labels, mask):
-    fwd = protocol.Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points, constants,
-                  grouped, precision)
+  def local(params, constants, images, labels, mask, random):
+    key = None
+    if random is not None:  # this device's minibatch's own key (the same on any device count)
+      key = jax.random.fold_in(random[0], random[1] + jax.lax.axis_index(parallel.AXIS))
+    fwd = protocol.Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points,
+                           constants, grouped, precision, key)
     out = p.step(fwd, labels, mask)
     if any(k.startswith(protocol.ROWS) for k in out):
       out = {**out, protocol.ROWS_MASK: mask}
     return {k: jax.tree.map(lambda s, k=k: reduce(k, s), v) for k, v in out.items()}
 
   axis = P(parallel.AXES)
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis),
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis, P()),
                                out_specs=P()))
 
 
@@ -84,7 +98,8 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
     images = [abstract((rows, models[k].size, models[k].size, 3), jnp.uint8, sharded) for k in p.points]
     step = compile_pass(p, models, mesh, precision)
     compiled[minibatch, group] = step.lower(params, None, images, abstract((rows,), jnp.int32, sharded),
-                                            abstract((rows,), jnp.float32, sharded)).compile()
+                                            abstract((rows,), jnp.float32, sharded),
+                                            random_of(0, 0, 0, 0, abstract=rep)).compile()
     return memory.step_bytes(compiled[minibatch, group])
 
   plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
@@ -150,7 +165,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
                                               [models[k] for k in p.points], layout.rows,
                                               start=start, labels=p.labels), start + 1):
         labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
-        steps.add(step_fn(*args, b.images, labels, b.mask))
+        random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat,
+                                                    (step - 1) * mesh.shape[parallel.AXIS]))
+        steps.add(step_fn(*args, b.images, labels, b.mask, random))
         ran += 1
         bar.update(1, b.examples)
         stop = bool(config.get("stop_after")) and ran >= config.stop_after

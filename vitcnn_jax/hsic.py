@@ -18,7 +18,7 @@ Numerics: float32 with precision=HIGHEST for every Gram and HSIC product
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,12 +56,23 @@ def _gram_and_mean(x: jax.Array, mask: jax.Array | None, precision: Precision = 
                    ) -> tuple[jax.Array, jax.Array]:
   """(Gram of the rows centred on their mean over the valid rows, padding rows
   zeroed; that mean)."""
+  gram, mean, _, _ = _gram_parts(x, mask, precision)
+  return gram, mean
+
+
+def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST
+                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """`_gram_and_mean` and, per row, its centred features' projection on the mean
+  and the mean over its features: with them the uncentred Gram and the Gram of
+  rows centred on their own mean follow from the centred one (`Layer`)."""
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
   mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
   c = (x - mean) * m[:, None] if mask is not None else x - mean
-  return jnp.matmul(c, c.T, precision=precision), mean[0]
+  proj = jnp.matmul(c, mean[0], precision=HIGHEST)
+  rowmean = (c.mean(axis=1) + mean.mean()) * m
+  return jnp.matmul(c, c.T, precision=precision), mean[0], proj, rowmean
 
 
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -148,17 +159,33 @@ def _exponent(v: jax.Array) -> jax.Array:
   return ((jax.lax.bitcast_convert_type(v, jnp.int32) >> 23) & 0xFF) - 126
 
 
-def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(K 2^-2e, mean 2^-e, e) for one layer, e an int32 exponent with the largest
-  diagonal entry of K 2^-2e below 1, so that HSIC products and fourth moments stay
-  in float32's range whatever the features' scale.
+class Layer(NamedTuple):
+  """One layer's minibatch at a power-of-two scale 2^-e (`scaled_layer`): the Gram
+  of its centred rows, the mean, each centred row's projection on the mean, each
+  row's mean over its `features` (padding rows zero)."""
+  gram: jax.Array  # (n, n) K_c 2^-2e
+  mean: jax.Array  # (D,) 2^-e
+  proj: jax.Array  # (n,) 2^-2e
+  rowmean: jax.Array  # (n,) 2^-e
+  e: jax.Array
+  features: int
+
+  def raw_gram(self) -> jax.Array:
+    """The Gram of the rows as they are (uncentred), at the same scale."""
+    return self.gram + self.proj[:, None] + self.proj[None, :] + jnp.sum(jnp.square(self.mean))
+
+
+def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
+                 ) -> Layer:
+  """One layer's `Layer`, e an int32 exponent with the largest diagonal entry of
+  the centred Gram below 1, so that HSIC products and fourth moments stay in
+  float32's range whatever the features' scale.
 
   The Gram is made once from the features as they are; only where it (or the
   mean) is out of range, e.g. features of 1e20, is it made again from a copy
   scaled by the largest |x| (`lax.cond` runs just one branch).
   """
-  gram, mean = _gram_and_mean(a, mask, precision)
+  gram, mean, proj, rowmean = _gram_parts(a, mask, precision)
   top = jnp.max(jnp.diagonal(gram))
   e = (_exponent(top) + 1) // 2
   top_mean = jnp.max(jnp.abs(mean))
@@ -166,13 +193,20 @@ def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precisio
           & (top_mean <= MEAN_RANGE * pow2(e)))
 
   def as_made(_):
-    return gram * pow2(-2 * e), mean * pow2(-e), e
+    return gram * pow2(-2 * e), mean * pow2(-e), proj * pow2(-2 * e), rowmean * pow2(-e), e
 
   def rescaled(_):
     f = log2_scales([a], mask)[0]
-    return (*_gram_and_mean(a.astype(jnp.float32) * pow2(-f), mask, precision), f)
+    return (*_gram_parts(a.astype(jnp.float32) * pow2(-f), mask, precision), f)
 
-  return jax.lax.cond(fits, as_made, rescaled, None)
+  return Layer(*jax.lax.cond(fits, as_made, rescaled, None), features=int(np.prod(a.shape[1:])))
+
+
+def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(K 2^-2e, mean 2^-e, e) of `scaled_layer`."""
+  layer = scaled_layer(a, mask, precision)
+  return layer.gram, layer.mean, layer.e
 
 
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
@@ -193,26 +227,47 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   """
   if group is not None:
     return _group_sums(acts, mask, axis_name, group, precision)
-  n = jnp.asarray(acts[0].shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
-  grams, moments, exps = [], [], []
-  for a in acts:
-    gram, mean, e = scaled_gram(a, mask, precision)
-    grams.append(center_unbiased(gram, mask).ravel())
-    moments.append(n * fourth_moment(mean))
-    exps.append(e)
-  hsic = _hsic_of_grams(jnp.stack(grams), acts[0].shape[0], mask, precision)
-  return _shared_scale(hsic, jnp.stack(moments), jnp.stack(exps), axis_name)
+  return shared_scale(linear_sums([scaled_layer(a, mask, precision) for a in acts], mask, precision),
+                      axis_name)
 
 
-def _shared_scale(hsic: jax.Array, m4: jax.Array, e: jax.Array,
-                  axis_name: str | tuple[str, ...] | None) -> dict[str, jax.Array]:
-  """The sums at the exponents shared along `axis_name`, ready to be summed over it."""
-  if axis_name is not None:
-    shared = jax.lax.pmax(e, axis_name)
-    shift = e - shared  # <= 0; below 2^-126 a device's share is negligible anyway
-    down = lambda k: pow2(jnp.maximum(k * shift, -126))
-    hsic, m4, e = hsic * down(2)[:, None] * down(2)[None, :], m4 * down(4), shared
-  return {"hsic": hsic, "moments": m4, "log2_scale": e}
+def linear_sums(layers: Sequence[Layer], mask: jax.Array | None, precision: Precision = HIGHEST,
+                order: jax.Array | None = None) -> dict[str, jax.Array]:
+  """One minibatch's HSIC_1 matrix of `layers` (each at its own scale), their
+  fourth moments and exponents; with `order`, also `null/hsic`: the second layer's
+  examples re-indexed by `order` (U-centring commutes with the re-index)."""
+  n_all = layers[0].gram.shape[0]
+  n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+  grams = jnp.stack([center_unbiased(lay.gram, mask).ravel() for lay in layers])
+  out = {"hsic": _hsic_of_grams(grams, n_all, mask, precision),
+         "moments": jnp.stack([n * fourth_moment(lay.mean) for lay in layers]),
+         "log2_scale": jnp.stack([lay.e for lay in layers])}
+  if order is not None:
+    moved = grams.reshape(-1, n_all, n_all)[:, order][:, :, order].reshape(grams.shape)
+    out["null/hsic"] = _hsic_of_grams(grams, n_all, mask, precision, moved)
+  return out
+
+
+SCALED = ("hsic", "hsic_biased")  # sums carrying the layers' scales 2^(2 e_a + 2 e_b)
+
+
+def _scaled(key: str) -> bool:
+  return key.rsplit("/", 1)[-1] in SCALED
+
+
+def shared_scale(sums: dict[str, jax.Array], axis_name: str | tuple[str, ...] | None
+                 ) -> dict[str, jax.Array]:
+  """`sums` at the exponents shared along `axis_name` (`log2_scale` there), ready
+  to be summed over it."""
+  if axis_name is None:
+    return sums
+  e = sums["log2_scale"]
+  shared = jax.lax.pmax(e, axis_name)
+  shift = e - shared  # <= 0; below 2^-126 a device's share is negligible anyway
+  down = lambda k: pow2(jnp.maximum(k * shift, -126))
+  out = {k: v * down(2)[:, None] * down(2)[None, :] if _scaled(k) else v for k, v in sums.items()}
+  out.update(moments=sums["moments"] * down(4), log2_scale=shared)
+  return out
 
 
 def _pass_on(x: jax.Array, group: str) -> jax.Array:
@@ -293,7 +348,8 @@ def _group_sums(acts, mask, axis_name, group, precision) -> dict[str, jax.Array]
     exps.append(e)
   hs = jnp.matmul(jnp.stack(grams), jnp.stack(grams).T, precision=precision)
   hsic = jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
-  return _shared_scale(hsic, jnp.stack(moments), jnp.stack(exps), axis_name)
+  return shared_scale({"hsic": hsic, "moments": jnp.stack(moments), "log2_scale": jnp.stack(exps)},
+                      axis_name)
 
 
 def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -302,16 +358,19 @@ def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return got
   out = dict(got)
   e = np.asarray(out.pop("log2_scale"), np.float64)
-  out["hsic"] = np.ldexp(np.asarray(got["hsic"], np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
+  for k, v in got.items():
+    if _scaled(k):
+      out[k] = np.ldexp(np.asarray(v, np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
   out["moments"] = np.ldexp(np.asarray(got["moments"], np.float64), (4 * e).astype(int))
   return out
 
 
 def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
-                   precision: Precision = HIGHEST) -> jax.Array:
-  """All pairs of stacked, flattened U-centred Grams in one matmul, normalised."""
+                   precision: Precision = HIGHEST, g2: jax.Array | None = None) -> jax.Array:
+  """All pairs of stacked, flattened U-centred Grams (`g` with `g2`, default `g`)
+  in one matmul, normalised."""
   n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
-  hs = jnp.matmul(g, g.T, precision=precision)
+  hs = jnp.matmul(g, (g if g2 is None else g2).T, precision=precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 
 

@@ -133,6 +133,40 @@ def cka_heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
 
 
 @styled
+def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], *,
+                 row_label: str, col_label: str, title: str, path: str,
+                 nulls: dict[str, np.ndarray] | None = None,
+                 flat: dict[str, np.ndarray] | None = None) -> None:
+  """Several similarity measures of one pair of models side by side (a panel each;
+  the null's maps in a second row on the same scale), cells that cannot be told
+  from the null (`flat`, boolean) dotted. The scale is the CKA one (`vmin`, `vmax`),
+  from -1 for a measure that goes clearly negative."""
+  names = list(maps)
+  nrows = 2 if nulls else 1
+  fig, axes = plt.subplots(nrows, len(names), figsize=(4.1 * len(names), 3.9 * nrows + 0.6),
+                           squeeze=False, layout="constrained")
+  for j, name in enumerate(names):
+    shown = [maps[name]] + ([nulls[name]] if nulls else [])
+    low = -1.0 if min(float(np.nanmin(m)) for m in shown) < -0.05 else _options["vmin"]
+    high = _options["vmax"]
+    for i, matrix in enumerate(shown):
+      ax = axes[i, j]
+      im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=low, vmax=high, aspect="auto",
+                     interpolation="nearest")
+      if i == 0 and flat is not None and name in flat and flat[name].any():
+        ys, xs = np.nonzero(flat[name])
+        ax.plot(xs, ys, "o", color="#29d3f4", ms=max(2.5, 150 / max(matrix.shape)), mew=0,
+                label="cannot be told from the null")
+        ax.legend(loc="upper left", fontsize=8, markerscale=3, frameon=True)
+      ax.set_xlabel(f"{col_label} ({_block_axis(ax, cols, 'x')})")
+      ax.set_ylabel(f"{row_label} ({_block_axis(ax, rows, 'y')})")
+      ax.set_title(name + (" of the null (permuted)" if i else ""))
+      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+  fig.suptitle(title)
+  save_figure(fig, path)
+
+
+@styled
 def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Sequence[int] | None,
                        label: str, ceiling: float, path: str) -> None:
   """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block."""

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from vitcnn_jax import hsic
+from vitcnn_jax import measures
 from vitcnn_jax import parallel
 from vitcnn_jax import preprocess
 
@@ -24,14 +25,16 @@ ROWS_MASK = "rows/.mask"
 
 class Forward:
   """What a step sees of the models: their captured points on this device's rows,
-  `constants`, the arrays its pass's `setup` made (e.g. fitted probes), and
-  `minibatch_sums`, the HSIC sums of this device's share of its minibatch."""
+  `constants`, the arrays its pass's `setup` made (e.g. fitted probes), `key`, a
+  random key of this device's minibatch, and `minibatch_sums`/`measure_sums`, the
+  sums of this device's share of its minibatch."""
 
   def __init__(self, models: dict, params: dict, images: dict,
                points: dict[str, Sequence[str]], constants: Any = None,
-               grouped: bool = False, precision: hsic.Precision = hsic.HIGHEST):
+               grouped: bool = False, precision: hsic.Precision = hsic.HIGHEST,
+               key: jax.Array | None = None):
     self.models, self._params, self._images, self._points = models, params, images, points
-    self.constants = constants
+    self.constants, self.key = constants, key
     self.grouped, self._precision = grouped, precision
 
   def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
@@ -39,6 +42,11 @@ class Forward:
     minibatch held by this device or spread over its group of devices."""
     return hsic.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
                                self._precision)
+
+  def measure_sums(self, acts: Sequence[jax.Array], mask: jax.Array, spec: measures.Spec) -> Sums:
+    """`minibatch_sums` and the sums of `spec`'s other measures (`measures.minibatch_sums`)."""
+    return measures.minibatch_sums(acts, mask, spec, parallel.AXES,
+                                   parallel.GROUP if self.grouped else None, self.key, self._precision)
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32 in [-1, 1]."""

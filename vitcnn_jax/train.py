@@ -87,7 +87,7 @@ def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int =
   sums: dict = {}
   replicated = [parallel.replicate(mesh, params)]
   for b in pipeline.steps(mesh, source, indices, list(models.values()), rows, labels=True):
-    sums = runstate.add(sums, jax.device_get(step(replicated, None, b.images, b.labels, b.mask)))
+    sums = runstate.add(sums, jax.device_get(step(replicated, None, b.images, b.labels, b.mask, None)))
     bar.update(1, b.examples)
   bar.close()
   return accuracy.Accuracy.of(sums, "model")

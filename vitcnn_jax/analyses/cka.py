@@ -12,9 +12,10 @@ from __future__ import annotations
 import jax
 import ml_collections
 import numpy as np
+import scipy.stats
 
 from vitcnn_jax import declaration
-from vitcnn_jax import hsic
+from vitcnn_jax import measures
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
@@ -24,6 +25,14 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "batch_size": 1024,  # the HSIC minibatch (per device, or per group of devices)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
+    # Measures from the same Grams (vitcnn_jax/measures.py): linear_cka (the paper's),
+    # rbf_cka, mutual_knn, cknna, rsa; each of the arrays named after it.
+    "measures": ["linear_cka"],
+    "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
+    "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
+    "knn_k": 10,  # neighbours of mutual_knn and cknna (Huh et al. 2024 use 10)
+    "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
+    "null": False,  # also each measure with the second layer's examples permuted per minibatch
 }
 DEMO_HINT = (", or run the offline demo: python main.py "
              "--config=configs/cka_vit_resnet.py:demo --workdir=/tmp/cka_demo")
@@ -39,6 +48,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     self.repeats = config.repeats
     self.points = {k: m.names for k, m in models.items()}
     self.names = [n for m in self.models for n in m.names]
+    self.spec = measures.spec_of(config)
 
   def step(self, forward, labels, mask) -> dict:
     del labels
@@ -46,16 +56,20 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     for key, names in self.points.items():
       out = forward(key)
       acts += [out[n] for n in names]
-    return forward.minibatch_sums(acts, mask)
+    return forward.measure_sums(acts, mask, self.spec)
 
   def finalize(self, sums):
-    n = self.config.num_examples
-    per_repeat = np.asarray([hsic.cka_from_hsic(s["hsic"], self.names, s["moments"] / n)
-                             for s in sums[0]])
-    return arrays_and_summary(self.config, self.models, per_repeat)
+    n, spec = self.config.num_examples, self.spec
+    per = [measures.values(s, self.names, spec, n) for s in sums[0]]
+    null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
+    stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names}
+    return arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
 
   def plot(self, arrays, summary, workdir: str) -> None:
-    plot_heatmaps(self.config, self.models, arrays, workdir)
+    if "linear_cka" in self.spec.names:
+      plot_heatmaps(self.config, self.models, arrays, workdir)
+    if not measures.only_linear(self.spec):
+      plot_measures(self.config, self.models, arrays, self.spec, workdir)
 
 
 def blocks(models: list) -> list[tuple[str, object, object, slice, slice]]:
@@ -80,8 +94,11 @@ def _lower_half_match(cross: np.ndarray) -> float:
   return float(np.mean(best / max(1, cross.shape[1] - 1)))
 
 
-def arrays_and_summary(config, models, per_repeat: np.ndarray):
-  mean, std = per_repeat.mean(axis=0), per_repeat.std(axis=0)
+def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: measures.Spec,
+                       null: dict[str, np.ndarray] | None = None):
+  """Arrays and summary of every measure (repeats x layers x layers each): linear
+  CKA as `cka_A_B`, `std_A_B`, `per_repeat`; another measure M as `M_A_B`,
+  `M_std_A_B`, `M_per_repeat`; nulls as `null_P_A_B` (P: `cka` or M)."""
   pairs = blocks(models)
   attention = {m.name: bool(m.model.attention()) for m in models}
   summary = {
@@ -91,22 +108,61 @@ def arrays_and_summary(config, models, per_repeat: np.ndarray):
                  for m in models},
       "num_examples": config.num_examples, "batch_size": config.batch_size,
       "repeats": config.repeats, "devices": jax.device_count(),
-      "files": {"npz": "cka.npz", **{f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs}},
-      "mean_cka": {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs},
-      "mean_off_diagonal_cka": {a.name: _off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
-      # Fig 2: for a model without tokens (a CNN) and one with attention (a ViT).
-      "lower_half_best_match": {
-          f"{cnn.name}_in_{vit.name}": _lower_half_match(mean[rc, rv])
-          for _, a, b, r, c in pairs if a is not b
-          for cnn, vit, rc, rv in ((a, b, r, c), (b, a, c, r))
-          if cnn.model.grid is None and attention[vit.name]},
-      "max_std_over_repeats": float(std.max()),
+      "files": {"npz": "cka.npz"},
+      "measures": {m: {"estimator": measures.describe(m, spec)} for m in spec.names},
   }
-  arrays = {f"cka_{t}": mean[r, c] for t, _, _, r, c in pairs}
-  arrays.update({f"std_{t}": std[r, c] for t, _, _, r, c in pairs})
-  arrays.update({f"names_{m.name}": np.asarray(m.names) for m in models})
-  arrays["per_repeat"] = per_repeat
+  arrays = {f"names_{m.name}": np.asarray(m.names) for m in models}
+  for m, reps in per_repeat.items():
+    p = prefix(m)
+    mean, std = reps.mean(axis=0), reps.std(axis=0)
+    arrays.update({f"{p}_{t}": mean[r, c] for t, _, _, r, c in pairs})
+    arrays.update({(f"std_{t}" if p == "cka" else f"{p}_std_{t}"): std[r, c] for t, _, _, r, c in pairs})
+    arrays["per_repeat" if p == "cka" else f"{p}_per_repeat"] = reps
+    summary["measures"][m]["mean"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
+    if null is not None:
+      summary["measures"][m]["null"] = against_null(arrays, p, reps, null[m], pairs)
+  if "linear_cka" in per_repeat:
+    mean = per_repeat["linear_cka"].mean(axis=0)
+    summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
+    summary.update({
+        "mean_cka": {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs},
+        "mean_off_diagonal_cka": {a.name: _off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
+        # Fig 2: for a model without tokens (a CNN) and one with attention (a ViT).
+        "lower_half_best_match": {
+            f"{cnn.name}_in_{vit.name}": _lower_half_match(mean[rc, rv])
+            for _, a, b, r, c in pairs if a is not b
+            for cnn, vit, rc, rv in ((a, b, r, c), (b, a, c, r))
+            if cnn.model.grid is None and attention[vit.name]},
+        "max_std_over_repeats": float(per_repeat["linear_cka"].std(axis=0).max())})
+  if not measures.only_linear(spec):
+    summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
   return arrays, summary
+
+
+def prefix(measure: str) -> str:
+  """The name a measure's arrays start with: `cka` for linear CKA (as before any other)."""
+  return "cka" if measure == "linear_cka" else measure
+
+
+def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs) -> dict:
+  """The null's mean and spread per cell (arrays), and the cells whose difference
+  from it over repeats is within a 95% t interval of zero (`P_like_null_A_B`)."""
+  diff = reps - null
+  r = len(reps)
+  out = {"mean": {}, "like_null": {}, "cells": {}}
+  for t, _, _, rows, cols in pairs:
+    arrays[f"null_{p}_{t}"] = null.mean(axis=0)[rows, cols]
+    arrays[f"null_{p}_std_{t}"] = null.std(axis=0)[rows, cols]
+    out["mean"][t] = float(arrays[f"null_{p}_{t}"].mean())
+    out["cells"][t] = int(arrays[f"null_{p}_{t}"].size)
+    if r > 1:
+      d = diff[:, rows, cols]
+      half = scipy.stats.t.ppf(0.975, r - 1) * d.std(axis=0, ddof=1) / np.sqrt(r)
+      arrays[f"{p}_like_null_{t}"] = np.abs(d.mean(axis=0)) <= half
+      out["like_null"][t] = int(arrays[f"{p}_like_null_{t}"].sum())
+  if r == 1:
+    out["like_null"] = None  # one repeat: no spread to judge the difference by
+  return out
 
 
 def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None = None) -> None:
@@ -117,6 +173,21 @@ def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None =
     plotting.cka_heatmap(arrays[f"cka_{t}"], a.names, b.names, row_label=a.label, col_label=b.label,
                          title=f"{title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                          path=results.workdir_path(workdir, f"cka_{t}.png"))
+
+
+def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> None:
+  """Every measure of each pair of models side by side (the nulls below them)."""
+  for t, a, b, _, _ in blocks(models):
+    label = measures.LABELS
+    maps = {label[m]: arrays[f"{prefix(m)}_{t}"] for m in spec.names}
+    nulls = {label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names} if spec.null else None
+    flat = {label[m]: arrays[f"{prefix(m)}_like_null_{t}"] for m in spec.names
+            if f"{prefix(m)}_like_null_{t}" in arrays}
+    title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
+    plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
+                          title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
+                          path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
+                          flat=flat or None)
 
 
 def _uniformity(s: dict) -> declaration.Verdict:

@@ -1,0 +1,328 @@
+"""Similarity measures beyond linear CKA, from the Grams minibatch CKA forms.
+
+Every measure is computed within each minibatch from the layers' Grams
+(`hsic.Layer`), for every pair of layers at once, and summed over minibatches
+(each device holds whole minibatches). How minibatches combine (`ESTIMATORS`):
+
+- `linear_cka` with `estimator="biased"`: HSIC_0(K, L) = tr(K H L H) / (n-1)^2
+  per minibatch, summed, then CKA = sum HSIC_0(K, L) / sqrt(sum HSIC_0(K, K)
+  sum HSIC_0(L, L)). (`"unbiased"`, the paper's HSIC_1, is `hsic.minibatch_sums`.)
+- `rbf_cka`: the same sums (HSIC_1, or HSIC_0 if biased) of Gaussian kernels
+  exp(-d^2 / (2 sigma^2 median(d^2))) with d^2 the squared distances within the
+  minibatch and sigma `rbf_sigma` (Kornblith et al. 2019: the median over all
+  pairs, the zero diagonal included).
+- `mutual_knn` (Huh et al. 2024): for each example, the share of its k nearest
+  neighbours (cosine of l2-normalised features, itself excluded, within its
+  minibatch) that are nearest neighbours in both layers; the mean over examples.
+- `cknna` (Huh et al. 2024): CKA of the cosine kernels restricted to pairs that
+  are mutual k-nearest neighbours in both layers: sum HSIC_1(M K, M L) /
+  sqrt(sum HSIC_1(M_K K, M_K K) sum HSIC_1(M_L L, M_L L)), M = M_K * M_L.
+- `rsa`: the Pearson (or, `rsa_method="spearman"`, Spearman) correlation of the
+  two representational dissimilarity matrices (1 - the correlation between
+  examples) over the minibatch's pairs of examples; the mean over minibatches.
+
+`null=True` adds each measure with the second layer's examples permuted within
+the minibatch (a re-index of its matrices, no forward): what the measure gives
+for unrelated representations of the same statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitcnn_jax import hsic
+
+NAMES = ("linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa")
+ESTIMATORS = {
+    "linear_cka": "sum over minibatches of HSIC(K, L), normalised by the sums of HSIC(K, K) and "
+                  "HSIC(L, L) (HSIC_1 of Song et al. unbiased, or HSIC_0 biased)",
+    "rbf_cka": "as linear_cka, on Gaussian kernels whose bandwidth is rbf_sigma times the root of "
+               "the median squared distance within each minibatch",
+    "mutual_knn": "mean over every example of the share of its k nearest neighbours (within its "
+                  "minibatch, cosine, itself excluded) that are neighbours in both layers",
+    "cknna": "sum over minibatches of HSIC_1 of the cosine kernels masked to mutual k nearest "
+             "neighbours, normalised as CKA",
+    "rsa": "mean over minibatches of the correlation (Pearson or Spearman) of the two layers' "
+           "dissimilarities (1 - correlation of examples) over the minibatch's pairs of examples",
+}
+RSA_METHODS = ("pearson", "spearman")
+LABELS = {"linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "mutual_knn": "mutual k-NN",
+          "cknna": "CKNNA", "rsa": "RSA"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """Which measures, and their parameters (`config` fields of the same names)."""
+  names: tuple[str, ...] = ("linear_cka",)
+  estimator: str = "unbiased"  # of linear_cka and rbf_cka
+  rbf_sigma: float = 1.0
+  knn_k: int = 10
+  rsa_method: str = "pearson"
+  null: bool = False
+
+
+def valid_count(mask: jax.Array) -> jax.Array:
+  return mask.astype(jnp.float32).sum()
+
+
+def _pair_mask(mask: jax.Array) -> jax.Array:
+  """(n, n): both rows valid and not the same row."""
+  m = mask.astype(jnp.float32)
+  return m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
+
+
+def _normalise_rows(k: jax.Array, mask: jax.Array) -> jax.Array:
+  """K_ij / sqrt(K_ii K_jj): a Gram of rows to that of the l2-normalised rows
+  (a zero row stays zero), padding zero."""
+  d = jnp.diagonal(k)
+  inv = jnp.where(d > 0, jax.lax.rsqrt(jnp.where(d > 0, d, 1.0)), 0.0) * mask
+  return k * inv[:, None] * inv[None, :]
+
+
+def cosine(layer: hsic.Layer, mask: jax.Array) -> jax.Array:
+  """Cosine similarities of the examples' features (their l2-normalised Gram)."""
+  return _normalise_rows(layer.raw_gram(), mask)
+
+
+def correlation(layer: hsic.Layer, mask: jax.Array) -> jax.Array:
+  """Pearson correlations between examples (each row centred on its own mean)."""
+  rowcentred = layer.raw_gram() - layer.features * layer.rowmean[:, None] * layer.rowmean[None, :]
+  return _normalise_rows(rowcentred, mask)
+
+
+def center_biased(k: jax.Array, mask: jax.Array) -> jax.Array:
+  """H K H over the valid rows (padding rows and columns zero)."""
+  m = mask.astype(k.dtype)
+  n = jnp.maximum(m.sum(), 1.0)
+  k = k * m[:, None] * m[None, :]
+  means = k.sum(axis=0) / n
+  return (k - means[:, None] - means[None, :] + means.sum() / n) * m[:, None] * m[None, :]
+
+
+def rbf_kernel(layer: hsic.Layer, mask: jax.Array, sigma: float) -> jax.Array:
+  """exp(-d^2 / (2 sigma^2 median d^2)) over the valid rows (padding zero); a
+  layer with every distance zero gives ones (it is constant: its centred kernel is zero)."""
+  g = layer.gram
+  d = jnp.diagonal(g)
+  sq = jnp.maximum(d[:, None] + d[None, :] - 2 * g, 0.0)
+  m = mask.astype(jnp.float32)
+  valid = m[:, None] * m[None, :]
+  count = valid.sum().astype(jnp.int32)
+  ordered = jnp.sort(jnp.where(valid > 0, sq, jnp.inf).ravel())
+  median = 0.5 * (ordered[jnp.maximum(count - 1, 0) // 2] + ordered[count // 2])
+  scale = 2 * sigma ** 2 * median
+  kernel = jnp.exp(-sq / jnp.where(scale > 0, scale, 1.0))
+  return jnp.where(scale > 0, kernel, 1.0) * valid
+
+
+def knn_mask(similarity: jax.Array, mask: jax.Array, k: int) -> jax.Array:
+  """(n, n) 1 where column j is among row i's k most similar examples (itself and
+  padding excluded; fewer where fewer are valid), padding rows zero."""
+  pairs = _pair_mask(mask)
+  s = jnp.where(pairs > 0, similarity, -jnp.inf)
+  top, idx = jax.lax.top_k(s, k)
+  hits = jax.nn.one_hot(idx, s.shape[0], dtype=jnp.float32) * (top > -jnp.inf)[..., None]
+  return hits.sum(axis=1) * mask.astype(jnp.float32)[:, None]
+
+
+def _hsic_terms(flat: jax.Array, flat_b: jax.Array, n: jax.Array,
+                precision: hsic.Precision) -> jax.Array:
+  """All pairs of flattened kernels (already centred), normalised by n (n - 3)."""
+  hs = jnp.matmul(flat, flat_b.T, precision=precision)
+  return jnp.where(n >= hsic.MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
+
+
+def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Array, n: jax.Array,
+               precision: hsic.Precision) -> jax.Array:
+  """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b, for stacked (L, n, n)
+  cosine kernels and k-NN masks, as sums over flattened matrices: with P = M K,
+  tr(A B^T) = <M M^T K, M M^T K'>, 1^T A 1 = <P_a, M_b>, 1^T A B 1 = sum_k
+  (P_a[:, k] . M_b[:, k]) (M_a[k] . P_b[k])."""
+  num = cos.shape[0]
+  p, p_b = knn * cos, knn_b * cos_b
+  s = (knn * jnp.swapaxes(knn, 1, 2) * cos).reshape(num, -1)
+  s_b = (knn_b * jnp.swapaxes(knn_b, 1, 2) * cos_b).reshape(cos_b.shape[0], -1)
+  trace = jnp.matmul(s, s_b.T, precision=precision)
+  a_b = jnp.matmul(p.reshape(num, -1), knn_b.reshape(knn_b.shape[0], -1).T, precision=precision)
+  b_a = jnp.matmul(knn.reshape(num, -1), p_b.reshape(p_b.shape[0], -1).T, precision=precision)
+  cols = jnp.einsum("aik,bik->kab", p, knn_b, precision=precision)
+  rows = jnp.einsum("aki,bki->kab", knn, p_b, precision=precision)
+  hs = trace + a_b * b_a / jnp.maximum((n - 1) * (n - 2), 1.0) - 2 * (cols * rows).sum(0) / jnp.maximum(n - 2, 1.0)
+  return jnp.where(n >= hsic.MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
+
+
+def _ranks(u: jax.Array, valid: jax.Array) -> jax.Array:
+  """Ordinal ranks of the valid entries (invalid ones ranked last)."""
+  order = jnp.argsort(jnp.where(valid > 0, u, jnp.inf))
+  return jnp.zeros_like(u).at[order].set(jnp.arange(u.shape[0], dtype=u.dtype))
+
+
+def rsa_vectors(corr: jax.Array, mask: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
+  """(L, pairs) dissimilarities 1 - corr over the pairs i < j (ranked for Spearman),
+  centred over the valid pairs and scaled to unit norm (zero where constant);
+  (pairs,) validity."""
+  i, j = jnp.triu_indices(corr.shape[1], 1)
+  valid = (mask[i] * mask[j]).astype(jnp.float32)
+  u = 1.0 - corr[:, i, j]
+  if method == "spearman":
+    u = jax.vmap(lambda v: _ranks(v, valid))(u)
+  count = jnp.maximum(valid.sum(), 1.0)
+  z = (u - (u * valid).sum(axis=1, keepdims=True) / count) * valid
+  norm = jnp.sqrt((z * z).sum(axis=1, keepdims=True))
+  return jnp.where(norm > 0, z / jnp.where(norm > 0, norm, 1.0), 0.0), valid
+
+
+def permutation(key: jax.Array, mask: jax.Array) -> jax.Array:
+  """A random order of the valid rows (which come first), padding left in place."""
+  u = jax.random.uniform(key, mask.shape)
+  return jnp.argsort(jnp.where(mask > 0, u, 2.0 + jnp.arange(mask.shape[0])))
+
+
+def _permute(stack: jax.Array, order: jax.Array) -> jax.Array:
+  """(L, n, n) matrices with rows and columns re-indexed by `order`."""
+  return stack[:, order][:, :, order]
+
+
+def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
+                 order: jax.Array | None = None,
+                 precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+  """One minibatch's sums of every measure of `spec` but unbiased linear CKA
+  (`hsic.linear_sums`), for every pair of `layers`; with `order`, each again
+  with the second layer's examples re-indexed (prefix "null/"). Keys:
+  `hsic_biased` (carrying the layers' scales, see `hsic.unscale`), `rbf_hsic`,
+  `knn` and `knn_count` (examples), `cknna_hsic`, `rsa` and `rsa_count` (1 per
+  minibatch with pairs); the others are scale-free."""
+  n = valid_count(mask)
+  out: dict[str, jax.Array] = {}
+
+  def pairs(name: str, stack: jax.Array, scale: jax.Array | float = 1.0) -> None:
+    """Every pair of layers' flattened matrices, and the null (second permuted)."""
+    flat = stack.reshape(stack.shape[0], -1)
+    out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
+    if order is not None:
+      moved = _permute(stack, order).reshape(flat.shape)
+      out[f"null/{name}"] = scale * jnp.matmul(flat, moved.T, precision=precision)
+
+  unbiased = spec.estimator == "unbiased"
+  if "linear_cka" in spec.names and not unbiased:  # centred features: K is H K H already
+    pairs("hsic_biased", jnp.stack([lay.gram for lay in layers]), 1 / jnp.maximum(n - 1, 1.0) ** 2)
+  if "rbf_cka" in spec.names:
+    kernels = [rbf_kernel(lay, mask, spec.rbf_sigma) for lay in layers]
+    norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
+            else 1 / jnp.maximum(n - 1, 1.0) ** 2)
+    pairs("rbf_hsic", jnp.stack([hsic.center_unbiased(k, mask) if unbiased else center_biased(k, mask)
+                                 for k in kernels]), norm)
+  if {"mutual_knn", "cknna"} & set(spec.names):
+    cos = jnp.stack([cosine(lay, mask) for lay in layers])
+    knn = jax.vmap(lambda c: knn_mask(c, mask, spec.knn_k))(cos)
+    if "mutual_knn" in spec.names:
+      pairs("knn", knn, 1 / spec.knn_k)
+      out["knn_count"] = n
+    if "cknna" in spec.names:
+      out["cknna_hsic"] = cknna_hsic(cos, knn, cos, knn, n, precision)
+      if order is not None:
+        out["null/cknna_hsic"] = cknna_hsic(cos, knn, _permute(cos, order), _permute(knn, order), n,
+                                            precision)
+  if "rsa" in spec.names:
+    corr = jnp.stack([correlation(lay, mask) for lay in layers])
+    z, valid = rsa_vectors(corr, mask, spec.rsa_method)
+    out["rsa"] = jnp.matmul(z, z.T, precision=precision)
+    out["rsa_count"] = (valid.sum() > 1).astype(jnp.float32)
+    if order is not None:
+      z_null, _ = rsa_vectors(_permute(corr, order), mask, spec.rsa_method)
+      out["null/rsa"] = jnp.matmul(z, z_null.T, precision=precision)
+  return out
+
+
+def only_linear(spec: Spec) -> bool:
+  """Whether `spec` asks for nothing but the paper's (unbiased linear) CKA."""
+  return set(spec.names) <= {"linear_cka"} and spec.estimator == "unbiased" and not spec.null
+
+
+def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
+                   axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
+                   key: jax.Array | None = None,
+                   precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+  """`hsic.minibatch_sums` and, from the same Grams, the sums of `spec`'s other
+  measures (and nulls, permuted by `key`), at the exponents shared along `axis_name`."""
+  if group is not None or only_linear(spec):
+    if not only_linear(spec):
+      raise ValueError(f"config.measures={spec.names} (estimator {spec.estimator!r}, null "
+                       f"{spec.null}) need each minibatch on one device: set "
+                       "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
+                       "spread over devices has unbiased linear CKA only.")
+    return hsic.minibatch_sums(acts, mask, axis_name, group, precision)
+  layers = [hsic.scaled_layer(a, mask, precision) for a in acts]
+  order = permutation(key, mask) if spec.null else None
+  out = hsic.linear_sums(layers, mask, precision, order)
+  out.update(measure_sums(layers, mask, spec, order, precision))
+  return hsic.shared_scale(out, axis_name)
+
+
+def spec_of(config) -> Spec:
+  """The measures a config asks for (`measures`, `estimator`, `rbf_sigma`, `knn_k`,
+  `rsa_method`, `null`), checked against its minibatches."""
+  names = tuple(config.get("measures") or ("linear_cka",))
+  spec = Spec(names, config.get("estimator", "unbiased"), float(config.get("rbf_sigma", 1.0)),
+              int(config.get("knn_k", 10)), config.get("rsa_method", "pearson"),
+              bool(config.get("null", False)))
+  unknown = [m for m in names if m not in NAMES]
+  if unknown or len(set(names)) != len(names):
+    raise ValueError(f"config.measures={list(names)}: each at most once, of {list(NAMES)}.")
+  if spec.estimator not in ("unbiased", "biased"):
+    raise ValueError(f"config.estimator={spec.estimator!r} is not 'unbiased' or 'biased'.")
+  if spec.rsa_method not in RSA_METHODS:
+    raise ValueError(f"config.rsa_method={spec.rsa_method!r} is not one of {RSA_METHODS}.")
+  if not spec.rbf_sigma > 0:
+    raise ValueError(f"config.rbf_sigma={spec.rbf_sigma} must be > 0.")
+  if {"mutual_knn", "cknna"} & set(names):
+    smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
+    if not 1 <= spec.knn_k < smallest:
+      raise ValueError(f"config.knn_k={spec.knn_k}: neighbours are found within a minibatch, whose "
+                       f"smallest here has {smallest} examples; knn_k must be 1..{smallest - 1}.")
+  return spec
+
+
+def _normalise(hs: np.ndarray, own: np.ndarray, names: Sequence[str], measure: str) -> np.ndarray:
+  """hs / sqrt(own_aa own_bb), naming a layer whose own term is not positive."""
+  diag = np.diag(own)
+  bad = [n for n, v in zip(names, diag) if not v > 0]
+  if bad:
+    raise FloatingPointError(f"{measure}: the self-similarity of layers {bad[:5]} is not positive: "
+                             "constant over the examples, or (cknna) without mutual neighbours.")
+  return hs / np.sqrt(np.outer(diag, diag))
+
+
+def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
+           null: bool = False) -> dict[str, np.ndarray]:
+  """Each measure's (L, L) matrix from one repeat's float64 sums (`null`: its
+  null's, normalised by the measure's own self-terms)."""
+  pre = "null/" if null else ""
+  out = {}
+  for m in spec.names:
+    if m == "linear_cka":
+      key = "hsic" if spec.estimator == "unbiased" else "hsic_biased"
+      own = hsic.cka_from_hsic(sums[key], names, sums["moments"] / num_examples)  # checks the layers
+      out[m] = own if not null else _normalise(sums[pre + key], sums[key], names, m)
+    elif m in ("rbf_cka", "cknna"):
+      key = {"rbf_cka": "rbf_hsic", "cknna": "cknna_hsic"}[m]
+      out[m] = _normalise(sums[pre + key], sums[key], names, m)
+    elif m == "mutual_knn":
+      out[m] = sums[pre + "knn"] / sums["knn_count"]
+    else:
+      out[m] = sums[pre + "rsa"] / np.maximum(sums["rsa_count"], 1.0)
+  return out
+
+
+def describe(measure: str, spec: Spec) -> str:
+  """How a measure's minibatches combine, with its parameters (for the json)."""
+  params = {"linear_cka": f"estimator {spec.estimator}",
+            "rbf_cka": f"estimator {spec.estimator}, rbf_sigma {spec.rbf_sigma}",
+            "mutual_knn": f"k {spec.knn_k}", "cknna": f"k {spec.knn_k}",
+            "rsa": f"{spec.rsa_method} correlation"}[measure]
+  return f"{ESTIMATORS[measure]} ({params})"
