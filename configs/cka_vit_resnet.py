@@ -61,6 +61,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)} "
                      "(a pair with `_measures`: every measure).")
   if arg.variant.endswith("_measures"):  # every measure side by side, each against its null
-    config.measures, config.null = MEASURES, True
+    config.measures, config.null = tuple(MEASURES), True
   common.protocol(config, arg)
   return config

@@ -217,3 +217,32 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
   for three_tag, two_tag in (("a_vit_a_vit", "vit_vit"), ("b_bit_b_bit", "resnet_resnet")):
     assert_close(z[f"cka_{three_tag}"], two[f"cka_{two_tag}"], RUNS_BOUND, three_tag)
   assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")
+
+
+MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa')",
+            "--config.null=True", "--config.knn_k=3")
+
+
+def test_every_measure_and_its_null_on_eight_devices_equal_one_device(tiny_vit_bit, tmp_path):
+  """Each measure and its null from the one sharded pass: 8 devices as 1 (the same
+  minibatches, the same permutations: a minibatch's key does not depend on the
+  device count), every array of every measure and the side-by-side figures."""
+  one, eight = tmp_path / "one", tmp_path / "eight"
+  _run(_flags(tiny_vit_bit, one, *MEASURES), devices=1)
+  _run(_flags(tiny_vit_bit, eight, *MEASURES))
+  a, b = np.load(one / "cka.npz"), np.load(eight / "cka.npz")
+  for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa"):
+    per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
+    # Two compiles of the models: CKA-type measures move within the job's bound; a
+    # neighbour set changes only at a near-tie, each moving mutual k-NN by 1/(k N)
+    # (and CKNNA by its share of one neighbour): one per cell is allowed.
+    slack = 1 / (3 * EXAMPLES) if m in ("mutual_knn", "cknna") else 0.0
+    assert_close(b[per], a[per], RUNS_BOUND + slack, f"{m}: 8 devices vs 1")
+    assert_close(b[f"null_{m}_resnet_vit"], a[f"null_{m}_resnet_vit"], RUNS_BOUND + slack, f"null {m}")
+    assert np.abs(a[f"{m}_resnet_vit"] - a[f"null_{m}_resnet_vit"]).max() > 0.05  # the null differs
+  summary = json.loads((eight / "cka.json").read_text())
+  assert set(summary["measures"]) == {"linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"}
+  assert "unbiased" in summary["measures"]["linear_cka"]["estimator"]
+  assert summary["measures"]["rsa"]["null"]["cells"]["resnet_vit"] == 31 * 12
+  for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
+    assert (eight / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"

@@ -251,3 +251,31 @@ def test_murphy_independent_features_unbiased_near_zero_biased_not():
     # for isotropic features; the biased one: about sqrt(d / (n + d)) ... well above.
     assert abs(unbiased) < 6 * np.sqrt(2) / n, (n, unbiased)
     assert biased > 0.5 * np.sqrt(n / (n + d)) + 6 * np.sqrt(2) / n, (n, biased)
+
+
+@pytest.mark.parametrize("estimator", ["unbiased", "biased"])
+def test_the_null_flags_every_cell_of_independent_features(estimator):
+  """Murphy et al.'s case through the analysis's comparison with the null: over
+  repeats, independent features cannot be told from their permuted selves, for
+  either estimator (biased CKA is high here, but so is its null)."""
+  from vitcnn_jax.analyses import cka  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  spec = measures.Spec(("linear_cka",), estimator=estimator, null=True)
+  fn = jax.jit(functools.partial(measures.minibatch_sums, spec=spec))
+  for n in (32, 64, 128, 256):
+    reps, nulls = [], []
+    for r in range(5):
+      total = {}
+      for b in range(2):
+        x, y = (rng.standard_normal((n, 4 * n)).astype(np.float32) for _ in range(2))
+        got = hsic.unscale(jax.device_get(fn([x, y], np.ones(n, np.float32),
+                                             key=jax.random.PRNGKey(10 * r + b))))
+        total = {k: total.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
+      reps.append(measures.values(total, ["x", "y"], spec, 2 * n)["linear_cka"])
+      nulls.append(measures.values(total, ["x", "y"], spec, 2 * n, null=True)["linear_cka"])
+    arrays = {}
+    out = cka.against_null(arrays, "cka", np.asarray(reps), np.asarray(nulls),
+                           [("x_y", None, None, slice(0, 1), slice(1, 2))])
+    assert out["like_null"]["x_y"] == 1, (n, estimator, np.asarray(reps)[:, 0, 1], np.asarray(nulls)[:, 0, 1])
+    if estimator == "biased":
+      assert np.asarray(reps)[:, 0, 1].mean() > 0.3  # high, yet no more than the null

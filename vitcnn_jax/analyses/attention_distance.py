@@ -26,7 +26,7 @@ DEFAULTS = {
     "batch_size": 100,  # per device (any size gives the same result)
     "seed": 0,
     "cls": "drop",  # "drop" (authors' gist: no renormalisation) or "renormalize"
-    "plot_blocks": [],  # blocks of the sorted-heads panel; []: first two and last two
+    "plot_blocks": (),  # blocks of the sorted-heads panel; (): first two and last two
 }
 CLS_CONVENTIONS = ("drop", "renormalize")
 

@@ -27,7 +27,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "seed": 0,
     # Measures from the same Grams (vitcnn_jax/measures.py): linear_cka (the paper's),
     # rbf_cka, mutual_knn, cknna, rsa; each of the arrays named after it.
-    "measures": ["linear_cka"],
+    "measures": ("linear_cka",),
     "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
     "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
     "knn_k": 10,  # neighbours of mutual_knn and cknna (Huh et al. 2024 use 10)

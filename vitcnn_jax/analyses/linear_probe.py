@@ -34,7 +34,7 @@ DEFAULTS = {
     "shots": 10,  # per class; 0: every training example (then seeds=1)
     "seeds": 3,  # draws of the shots; mean and spread over them
     "l2": 1024.0,  # ridge strength (big_vision: 2**10); 0: chosen per probe on held-out examples
-    "l2_sweep": [],  # the l2 values tried when l2=0; []: 2**-10 .. 2**19, Google's usual list
+    "l2_sweep": (),  # the l2 values tried when l2=0; (): 2**-10 .. 2**19, Google's usual list
     "holdout": 0,  # the last N training examples, which choose l2 (the paper: part of train)
     "test_examples": 0,  # the first N of the test split; 0: all
 }

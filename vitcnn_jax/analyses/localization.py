@@ -25,7 +25,7 @@ DEFAULTS = {
     "batch_size": 1024,
     "seed": 0,
     "layer": "",  # the point read; "": the output of the model's last block
-    "tokens": [],  # tokens plotted (row-major, CLS excluded); []: one off-centre, the centre
+    "tokens": (),  # tokens plotted (row-major, CLS excluded); (): one off-centre, the centre
 }
 
 
