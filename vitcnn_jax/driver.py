@@ -54,6 +54,10 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
   grouped = mesh.shape[parallel.GROUP] > 1
 
   def reduce(key: str, s: jax.Array) -> jax.Array:
+    if key.startswith(protocol.BOOT):  # one per minibatch, in minibatch order
+      s = jax.lax.psum(s, parallel.GROUP)
+      blocks = jnp.zeros((mesh.shape[parallel.AXIS], *s.shape), s.dtype)
+      return jax.lax.psum(blocks.at[jax.lax.axis_index(parallel.AXIS)].set(s), parallel.AXIS)
     if key.startswith(protocol.ROWS):  # every device's rows in device order: a psum of placed blocks
       blocks = jnp.zeros((mesh.size, *s.shape), s.dtype).at[jax.lax.axis_index(parallel.AXES)].set(s)
       return jax.lax.psum(blocks, parallel.AXES).reshape(-1, *s.shape[1:])
@@ -109,19 +113,22 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
 
 
 class _Steps:
-  """One repeat's step results, fetched to the host in groups and added in step order."""
+  """One repeat's step results, fetched to the host in groups and added in step
+  order (`boot/` sums also into the pass's bootstrap replicates)."""
 
-  def __init__(self, p: protocol.Pass, sums: protocol.Sums):
-    self.p, self.sums, self.pending = p, sums, []
+  def __init__(self, p: protocol.Pass, sums: protocol.Sums, boot: runstate.Bootstrap, where: tuple):
+    self.p, self.sums, self.pending, self.boot, self.where = p, sums, [], boot, where
 
-  def add(self, result) -> None:
-    self.pending.append(result)
+  def add(self, result, first: int) -> None:
+    """`result` of the step whose first minibatch is `first`."""
+    self.pending.append((first, result))
     if len(self.pending) >= FETCH_EVERY:
       self.fetch()
 
   def fetch(self) -> protocol.Sums:
-    for got in jax.device_get(self.pending):  # one transfer
-      self.sums = runstate.add(self.sums, self.p.host_sums(got))
+    got = jax.device_get([r for _, r in self.pending])  # one transfer
+    for (first, _), g in zip(self.pending, got):
+      self.sums = self.boot.add(self.sums, self.p.host_sums(g), *self.where, first)
     self.pending.clear()
     return self.sums
 
@@ -152,6 +159,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           f"results again from the saved sums. To recompute, delete "
           f"{os.path.basename(state.path)} or pass another --workdir.")
   ran, last_save = 0, time.time()
+  boot = runstate.Bootstrap(config.get("seed", 0), config.get("bootstrap", 0), state.pooled)
   for pi in range(state.position[0], len(passes)):
     p = passes[pi]
     p.setup(state.done[:pi])
@@ -159,15 +167,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
     args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
     for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
       start, sums = state.start(pi, repeat)
-      steps = _Steps(p, sums)
+      steps = _Steps(p, sums, boot, (pi, repeat))
       source, indices = plan[pi][repeat]
       for step, b in enumerate(pipeline.steps(mesh, sources[source], indices,
                                               [models[k] for k in p.points], layout.rows,
                                               start=start, labels=p.labels), start + 1):
         labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
-        random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat,
-                                                    (step - 1) * mesh.shape[parallel.AXIS]))
-        steps.add(step_fn(*args, b.images, labels, b.mask, random))
+        first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
+        random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
+        steps.add(step_fn(*args, b.images, labels, b.mask, random), first)
         ran += 1
         bar.update(1, b.examples)
         stop = bool(config.get("stop_after")) and ran >= config.stop_after
@@ -180,6 +188,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           return None
       state.finish(pi, repeat, p.repeats, steps.fetch())
   bar.close()
+  analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary

@@ -358,10 +358,11 @@ def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return got
   out = dict(got)
   e = np.asarray(out.pop("log2_scale"), np.float64)
-  for k, v in got.items():
+  for k, v in got.items():  # (a leading axis of minibatches broadcasts)
     if _scaled(k):
       out[k] = np.ldexp(np.asarray(v, np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
-  out["moments"] = np.ldexp(np.asarray(got["moments"], np.float64), (4 * e).astype(int))
+    elif k.rsplit("/", 1)[-1] == "moments":
+      out[k] = np.ldexp(np.asarray(v, np.float64), (4 * e).astype(int))
   return out
 
 

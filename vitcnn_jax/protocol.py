@@ -21,6 +21,7 @@ from vitcnn_jax import preprocess
 Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
 ROWS = "rows/"  # step results that are rows, gathered rather than summed
 ROWS_MASK = "rows/.mask"
+BOOT = "boot/"  # step results per minibatch: summed, and into bootstrap replicates
 
 
 class Forward:
@@ -76,7 +77,10 @@ class Pass:
     leaves are summed over devices; integer leaves (e.g. scale exponents) must be
     equal on all devices and are kept once; leaves named `rows/...` are this
     device's rows themselves, which the host concatenates (valid rows only, in
-    the order of the examples): only for a few rows, e.g. a probe's shots."""
+    the order of the examples): only for a few rows, e.g. a probe's shots;
+    leaves named `boot/X` are this minibatch's own sums, which the host adds to X
+    and, weighted by each minibatch's Poisson(1) draws, to the bootstrap
+    replicates of X (`Analysis.replicates`)."""
     raise NotImplementedError
 
   def host_sums(self, got: Sums) -> Sums:
@@ -101,7 +105,10 @@ class HsicPass(Pass):
 
 
 class Analysis(Pass):
-  """An analysis: its passes (itself, unless it needs more), then its results."""
+  """An analysis: its passes (itself, unless it needs more), then its results.
+  `replicates[pass]` holds, before `finalize`, the bootstrap replicates of each
+  `boot/` sum of that pass, pooled over its repeats: {X: (replicates, ...)}."""
+  replicates: list[Sums] = []
 
   def passes(self) -> Sequence[Pass]:
     return [self]

@@ -56,6 +56,35 @@ def examples(config: ml_collections.ConfigDict, passes: Sequence[protocol.Pass],
   return [[of(p, r) for r in range(p.repeats)] for p in passes]
 
 
+class Bootstrap:
+  """Poisson bootstrap over minibatches, streaming: each minibatch's `boot/X` sums
+  enter `replicates` copies of X, weighted by Poisson(1) draws seeded by (seed,
+  pass, repeat, minibatch), so memory does not grow with the examples and a run
+  on any device count draws the same weights."""
+
+  def __init__(self, seed: int, replicates: int, pooled: dict[int, protocol.Sums]):
+    self.seed, self.replicates, self.pooled = seed, replicates, pooled
+
+  def weights(self, p: int, repeat: int, first: int, count: int) -> np.ndarray:
+    """(replicates, count) draws of minibatches first .. first + count - 1."""
+    return np.stack([np.random.default_rng((self.seed, p, repeat, m)).poisson(1.0, self.replicates)
+                     for m in range(first, first + count)], axis=1).astype(np.float64)
+
+  def add(self, sums: protocol.Sums, got: protocol.Sums, p: int, repeat: int, first: int
+          ) -> protocol.Sums:
+    """`add`, with each `boot/X` (minibatches, ...) summed into X and, weighted, into
+    the replicates of X pooled over the repeats of pass `p`."""
+    boot = {k[len(protocol.BOOT):]: np.asarray(v, np.float64) for k, v in got.items()
+            if k.startswith(protocol.BOOT)}
+    if boot and self.replicates:
+      w = self.weights(p, repeat, first, len(next(iter(boot.values()))))
+      pooled = self.pooled.setdefault(p, {})
+      for k, v in boot.items():
+        pooled[k] = pooled.get(k, 0.0) + np.tensordot(w, v, axes=(1, 0))
+    rest = {k: v for k, v in got.items() if not k.startswith(protocol.BOOT)}
+    return add(sums, {**rest, **{k: v.sum(axis=0) for k, v in boot.items()}})
+
+
 class State:
   """Finished sums per pass and repeat, the open repeat's sums and the position
   (pass, repeat, step) of the next step, read from `path` if a run of the same
@@ -67,9 +96,12 @@ class State:
     self.position = tuple(int(v) for v in saved.get("position", (0, 0, 0)))
     self.done: list[list[protocol.Sums]] = []
     self.open: protocol.Sums = {}
+    self.pooled: dict[int, protocol.Sums] = {}  # pass -> bootstrap replicates (`Bootstrap`)
     for key, value in saved.items():
       kind, *where = key.split("/")
-      if kind == "done":
+      if kind == "pooled":
+        self.pooled.setdefault(int(where[0]), {})["/".join(where[1:])] = value
+      elif kind == "done":
         p, r, name = int(where[0]), int(where[1]), "/".join(where[2:])
         while len(self.done) <= p:
           self.done.append([])
@@ -105,5 +137,6 @@ class State:
     arrays = {f"done/{p}/{r}/{k}": v for p, reps in enumerate(self.done)
               for r, sums in enumerate(reps) for k, v in sums.items()}
     arrays.update({f"open/{k}": v for k, v in self.open.items()})
+    arrays.update({f"pooled/{p}/{k}": v for p, sums in self.pooled.items() for k, v in sums.items()})
     results.write_npz(self.path, identity=json.dumps(self.identity, default=str),
                       position=np.asarray(self.position), **arrays)

@@ -33,6 +33,9 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "knn_k": 10,  # neighbours of mutual_knn and cknna (Huh et al. 2024 use 10)
     "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
     "null": False,  # also each measure with the second layer's examples permuted per minibatch
+    # 95% intervals per cell from this many Poisson-bootstrap replicates over minibatches
+    # (all repeats pooled; 0: none). Host memory and state: replicates x sums x 8 bytes.
+    "bootstrap": 0,
 }
 DEMO_HINT = (", or run the offline demo: python main.py "
              "--config=configs/cka_vit_resnet.py:demo --workdir=/tmp/cka_demo")
@@ -56,14 +59,21 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     for key, names in self.points.items():
       out = forward(key)
       acts += [out[n] for n in names]
-    return forward.measure_sums(acts, mask, self.spec)
+    got = forward.measure_sums(acts, mask, self.spec)
+    if not self.config.get("bootstrap", 0):
+      return got
+    return {k if k == "log2_scale" else protocol.BOOT + k: v for k, v in got.items()}
 
   def finalize(self, sums):
     n, spec = self.config.num_examples, self.spec
     per = [measures.values(s, self.names, spec, n) for s in sums[0]]
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names}
-    return arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
+    arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
+    if self.config.get("bootstrap", 0):
+      bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
+                          blocks(self.models))
+    return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
     if "linear_cka" in self.spec.names:
@@ -162,7 +172,39 @@ def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs
       out["like_null"][t] = int(arrays[f"{p}_like_null_{t}"].sum())
   if r == 1:
     out["like_null"] = None  # one repeat: no spread to judge the difference by
+  else:
+    out["like_null_method"] = "t: 0 within the 95% t interval of the repeats' measure minus null"
   return out
+
+
+def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[str],
+                        spec: measures.Spec, examples: int, pairs) -> None:
+  """95% percentile intervals per cell (`P_ci_low_A_B`, `P_ci_high_A_B`) from the
+  replicates of the sums pooled over repeats, and (with a null) the cells whose
+  replicates of measure minus null keep 0 inside theirs (`P_like_null_A_B`)."""
+  count = len(next(iter(pooled.values())))
+  one = lambda b, null=False: measures.values({k: v[b] for k, v in pooled.items()}, names, spec,
+                                              examples, null)
+  reps = [one(b) for b in range(count)]
+  nulls = [one(b, True) for b in range(count)] if spec.null else None
+  summary["bootstrap"] = {"replicates": count, "level": 0.95, "estimator": (
+      "percentiles of the measure of the sums over every repeat's minibatches, each minibatch "
+      "weighted by Poisson(1) draws (seeded by seed, pass, repeat and minibatch)")}
+  for m in spec.names:
+    p, values = prefix(m), np.asarray([r[m] for r in reps])
+    low, high = np.percentile(values, [2.5, 97.5], axis=0)
+    for t, _, _, rows, cols in pairs:
+      arrays[f"{p}_ci_low_{t}"], arrays[f"{p}_ci_high_{t}"] = low[rows, cols], high[rows, cols]
+    if nulls is not None:
+      diff = values - np.asarray([r[m] for r in nulls])
+      d_low, d_high = np.percentile(diff, [2.5, 97.5], axis=0)
+      like = (d_low <= 0) & (d_high >= 0)
+      null = summary["measures"][m]["null"]
+      null["like_null_method"] = "bootstrap: 0 within the 95% interval of measure minus null"
+      null["like_null"] = {}
+      for t, _, _, rows, cols in pairs:
+        arrays[f"{p}_like_null_{t}"] = like[rows, cols]
+        null["like_null"][t] = int(like[rows, cols].sum())
 
 
 def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None = None) -> None:
