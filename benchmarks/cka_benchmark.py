@@ -15,6 +15,9 @@ memory (ru_maxrss) is its own. Prints, in one run:
 `--compare REV` instead times our part for git revision REV (a temporary
 worktree, running its own copy of this script) and for this checkout,
 alternating `--rounds` times in one run, and prints both and their ratio.
+`--overhead` times the step with linear CKA alone and with linear + RBF CKA +
+mutual k-NN + the null (issue 22's budget: at most 1.15x time, 1.05x peak),
+alternating `--rounds` times in one run.
 """
 
 from __future__ import annotations
@@ -194,6 +197,53 @@ def part_torch_cka(n_images: int, batch: int) -> dict:
               layers_y=len(r50_layers), peak_gib=_peak_gib())
 
 
+MEASURED = ("linear_cka", "rbf_cka", "mutual_knn")  # with the null: the issue-22 budget
+
+
+def part_step(n_images: int, batch: int, measures: tuple[str, ...] = ("linear_cka",),
+              null: bool = False) -> dict:
+  """The time of the sharded CKA step alone over every minibatch, with `measures`."""
+  import jax
+  import ml_collections
+  from vitcnn_jax import driver, parallel
+  from vitcnn_jax.analyses import cka as cka_job
+  models = _jax_models()
+  mesh = parallel.mesh()
+  by_key = {m.name: m for m in models}
+  job = ml_collections.ConfigDict(dict(repeats=1, num_examples=n_images, batch_size=batch,
+                                       measures=measures, null=null))
+  step = driver.compile_pass(cka_job.CKA(job, by_key), by_key, mesh)
+  params = [parallel.replicate(mesh, m.params) for m in models]
+  images, mask = _images(n_images), np.ones((batch,), np.float32)
+  batches = [(parallel.global_batch(mesh, images[i:i + batch]), parallel.global_batch(mesh, mask))
+             for i in range(0, n_images, batch)]
+  random = lambda i: parallel.replicate(mesh, driver.random_of(0, 0, 0, i))
+  t = time.perf_counter()
+  jax.block_until_ready(step(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0)))
+  compile_s = time.perf_counter() - t
+  t = time.perf_counter()
+  for i, (x, m) in enumerate(batches):
+    jax.device_get(step(params, None, [x, x], m, m, random(i)))
+  return dict(step_s=time.perf_counter() - t, compile_s=compile_s, peak_gib=_peak_gib())
+
+
+def overhead(args) -> None:
+  """Linear CKA alone against linear + RBF + mutual k-NN + the null, alternating."""
+  runs = {"linear": [], "measures": []}
+  for r in range(args.rounds):
+    for label in runs:
+      runs[label].append(_run_part(label, args))
+      got = runs[label][-1]
+      print(f"round {r + 1} {label}: step {got['step_s']:.1f} s (compile {got['compile_s']:.1f} s), "
+            f"peak {got['peak_gib']:.2f} GiB", flush=True)
+  med = {k: {f: float(np.median([x[f] for x in v])) for f in ("step_s", "peak_gib")} for k, v in runs.items()}
+  print(f"linear CKA alone: {med['linear']['step_s']:.1f} s, peak {med['linear']['peak_gib']:.2f} GiB; "
+        f"{' + '.join(MEASURED)} + null: {med['measures']['step_s']:.1f} s, "
+        f"peak {med['measures']['peak_gib']:.2f} GiB")
+  print(f"-> {med['measures']['step_s'] / med['linear']['step_s']:.3f}x time (target <= 1.15x), "
+        f"{med['measures']['peak_gib'] / med['linear']['peak_gib']:.3f}x peak (target <= 1.05x)")
+
+
 def _run_part(name: str, args, root: str = ROOT) -> dict:
   r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", os.path.basename(__file__)),
                       "--part", name, "--images", str(args.images), "--batch", str(args.batch)],
@@ -236,11 +286,17 @@ def main():
   ap.add_argument("--skip_torch_cka", action="store_true")
   ap.add_argument("--compare", default="", metavar="REV")
   ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--overhead", action="store_true",
+                  help="time the step with linear CKA alone and with more measures and the null")
   args = ap.parse_args()
   if args.compare:
     compare(args.compare, args)
     return
-  parts = {"ours": part_ours, "reference": part_reference, "torch_cka": part_torch_cka}
+  if args.overhead:
+    overhead(args)
+    return
+  parts = {"ours": part_ours, "reference": part_reference, "torch_cka": part_torch_cka,
+           "linear": part_step, "measures": lambda n, b: part_step(n, b, MEASURED, True)}
   if args.part:
     print(json.dumps(parts[args.part](args.images, args.batch)))
     return

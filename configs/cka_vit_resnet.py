@@ -60,7 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)} "
                      "(a pair with `_measures`: every measure).")
-  if arg.variant.endswith("_measures"):  # every measure side by side, each against its null
-    config.measures, config.null = tuple(MEASURES), True
+  if arg.variant.endswith("_measures"):  # every measure side by side, against its null, intervals
+    config.measures, config.null, config.bootstrap = tuple(MEASURES), True, 50
   common.protocol(config, arg)
   return config

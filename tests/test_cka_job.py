@@ -246,3 +246,28 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(tiny_vit_b
   assert summary["measures"]["rsa"]["null"]["cells"]["resnet_vit"] == 31 * 12
   for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
     assert (eight / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(tiny_vit_bit, tmp_path):
+  """The Poisson weights belong to minibatches, not devices: 1 device, 8 devices
+  and a run stopped and resumed give the same intervals; each holds its estimate."""
+  flags = ("--config.measures=('linear_cka','rbf_cka','rsa')", "--config.null=True",
+           "--config.bootstrap=16")
+  one, eight, resumed = tmp_path / "one", tmp_path / "eight", tmp_path / "resumed"
+  _run(_flags(tiny_vit_bit, one, *flags), devices=1)
+  _run(_flags(tiny_vit_bit, eight, *flags))
+  assert "Stopped after 3 steps" in _run(_flags(tiny_vit_bit, resumed, *flags, "--config.stop_after=3"),
+                                          devices=1).stdout
+  _run(_flags(tiny_vit_bit, resumed, *flags), devices=1)
+  a = np.load(one / "cka.npz")
+  for other in (eight, resumed):
+    b = np.load(other / "cka.npz")
+    for key in ("rbf_cka_ci_low_resnet_vit", "cka_ci_high_vit_vit", "rsa_ci_low_resnet_resnet"):
+      assert_close(b[key], a[key], RUNS_BOUND, f"{key}: {other.name}")
+  for p in ("cka", "rbf_cka", "rsa"):
+    for t in ("resnet_vit", "vit_vit"):
+      low, high = a[f"{p}_ci_low_{t}"], a[f"{p}_ci_high_{t}"]
+      assert np.all(low <= high) and np.mean((low <= a[f"{p}_{t}"] + 1e-9) & (a[f"{p}_{t}"] <= high + 1e-9)) > 0.9
+  summary = json.loads((one / "cka.json").read_text())
+  assert summary["bootstrap"]["replicates"] == 16
+  assert summary["measures"]["rsa"]["null"]["like_null_method"].startswith("bootstrap")

@@ -279,3 +279,18 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
     assert out["like_null"]["x_y"] == 1, (n, estimator, np.asarray(reps)[:, 0, 1], np.asarray(nulls)[:, 0, 1])
     if estimator == "biased":
       assert np.asarray(reps)[:, 0, 1].mean() > 0.3  # high, yet no more than the null
+
+
+def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
+  from vitcnn_jax import runstate  # pylint: disable=g-import-not-at-top
+  boot = runstate.Bootstrap(seed=3, replicates=5, pooled={})
+  w = boot.weights(0, 1, 4, 3)
+  assert w.shape == (5, 3) and np.array_equal(w, boot.weights(0, 1, 4, 3))  # seeded per minibatch
+  assert np.array_equal(w[:, 1:], boot.weights(0, 1, 5, 2))  # the same minibatch, the same draws
+  v = np.arange(6.0).reshape(3, 2)  # three minibatches' sums of a 2-vector
+  sums = boot.add({}, {"boot/x": v, "y": np.ones(1)}, 0, 1, 4)
+  np.testing.assert_array_equal(sums["x"], v.sum(0))
+  np.testing.assert_array_equal(sums["y"], np.ones(1))
+  np.testing.assert_allclose(boot.pooled[0]["x"], w @ v)
+  boot.add(sums, {"boot/x": v[:1]}, 0, 2, 0)  # a second repeat adds to the same replicates
+  np.testing.assert_allclose(boot.pooled[0]["x"], w @ v + boot.weights(0, 2, 0, 1) @ v[:1])

@@ -170,10 +170,6 @@ class Layer(NamedTuple):
   e: jax.Array
   features: int
 
-  def raw_gram(self) -> jax.Array:
-    """The Gram of the rows as they are (uncentred), at the same scale."""
-    return self.gram + self.proj[:, None] + self.proj[None, :] + jnp.sum(jnp.square(self.mean))
-
 
 def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
                  ) -> Layer:

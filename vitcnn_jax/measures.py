@@ -29,7 +29,7 @@ for unrelated representations of the same statistics.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +76,27 @@ def _pair_mask(mask: jax.Array) -> jax.Array:
   return m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
 
 
+class Stack(NamedTuple):
+  """The layers of one minibatch (`hsic.Layer`s, each at its own scale) stacked:
+  what every measure here reads, as (L, ...) arrays."""
+  gram: jax.Array  # (L, n, n) Grams of the centred rows
+  proj: jax.Array  # (L, n) each centred row's projection on the mean
+  rowmean: jax.Array  # (L, n) each row's mean over its features
+  mean_sq: jax.Array  # (L,) the squared norm of the mean
+  features: jax.Array  # (L,)
+
+  @classmethod
+  def of(cls, layers: Sequence[hsic.Layer]) -> "Stack":
+    return cls(jnp.stack([lay.gram for lay in layers]), jnp.stack([lay.proj for lay in layers]),
+               jnp.stack([lay.rowmean for lay in layers]),
+               jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
+               jnp.asarray([lay.features for lay in layers], jnp.float32))
+
+  def raw(self) -> jax.Array:
+    """(L, n, n) Grams of the rows as they are (uncentred)."""
+    return self.gram + self.proj[:, :, None] + self.proj[:, None, :] + self.mean_sq[:, None, None]
+
+
 def _normalise_rows(k: jax.Array, mask: jax.Array) -> jax.Array:
   """K_ij / sqrt(K_ii K_jj): a Gram of rows to that of the l2-normalised rows
   (a zero row stays zero), padding zero."""
@@ -84,15 +105,15 @@ def _normalise_rows(k: jax.Array, mask: jax.Array) -> jax.Array:
   return k * inv[:, None] * inv[None, :]
 
 
-def cosine(layer: hsic.Layer, mask: jax.Array) -> jax.Array:
-  """Cosine similarities of the examples' features (their l2-normalised Gram)."""
-  return _normalise_rows(layer.raw_gram(), mask)
+def cosine(stack: Stack, mask: jax.Array) -> jax.Array:
+  """(L, n, n) cosine similarities of the examples' features (l2-normalised Grams)."""
+  return jax.vmap(_normalise_rows, (0, None))(stack.raw(), mask)
 
 
-def correlation(layer: hsic.Layer, mask: jax.Array) -> jax.Array:
-  """Pearson correlations between examples (each row centred on its own mean)."""
-  rowcentred = layer.raw_gram() - layer.features * layer.rowmean[:, None] * layer.rowmean[None, :]
-  return _normalise_rows(rowcentred, mask)
+def correlation(stack: Stack, mask: jax.Array) -> jax.Array:
+  """(L, n, n) Pearson correlations between examples (each row centred on its own mean)."""
+  rowcentred = stack.raw() - stack.features[:, None, None] * stack.rowmean[:, :, None] * stack.rowmean[:, None, :]
+  return jax.vmap(_normalise_rows, (0, None))(rowcentred, mask)
 
 
 def center_biased(k: jax.Array, mask: jax.Array) -> jax.Array:
@@ -104,12 +125,12 @@ def center_biased(k: jax.Array, mask: jax.Array) -> jax.Array:
   return (k - means[:, None] - means[None, :] + means.sum() / n) * m[:, None] * m[None, :]
 
 
-def rbf_kernel(layer: hsic.Layer, mask: jax.Array, sigma: float) -> jax.Array:
-  """exp(-d^2 / (2 sigma^2 median d^2)) over the valid rows (padding zero); a
-  layer with every distance zero gives ones (it is constant: its centred kernel is zero)."""
-  g = layer.gram
-  d = jnp.diagonal(g)
-  sq = jnp.maximum(d[:, None] + d[None, :] - 2 * g, 0.0)
+def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
+  """exp(-d^2 / (2 sigma^2 median d^2)) from a Gram of centred rows, over the
+  valid rows (padding zero); a layer with every distance zero gives ones (it is
+  constant: its centred kernel is zero)."""
+  d = jnp.diagonal(gram)
+  sq = jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)
   m = mask.astype(jnp.float32)
   valid = m[:, None] * m[None, :]
   count = valid.sum().astype(jnp.int32)
@@ -200,26 +221,27 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
   n = valid_count(mask)
   out: dict[str, jax.Array] = {}
 
-  def pairs(name: str, stack: jax.Array, scale: jax.Array | float = 1.0) -> None:
-    """Every pair of layers' flattened matrices, and the null (second permuted)."""
-    flat = stack.reshape(stack.shape[0], -1)
+  def pairs(name: str, mats: jax.Array, scale: jax.Array | float = 1.0) -> None:
+    """Every pair of layers' flattened (L, n, n) matrices, and the null (second permuted)."""
+    flat = mats.reshape(mats.shape[0], -1)
     out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
     if order is not None:
-      moved = _permute(stack, order).reshape(flat.shape)
+      moved = _permute(mats, order).reshape(flat.shape)
       out[f"null/{name}"] = scale * jnp.matmul(flat, moved.T, precision=precision)
 
   unbiased = spec.estimator == "unbiased"
+  stack = Stack.of(layers)
+  per_layer = lambda f, x: jax.vmap(f, (0, None))(x, mask)
   if "linear_cka" in spec.names and not unbiased:  # centred features: K is H K H already
-    pairs("hsic_biased", jnp.stack([lay.gram for lay in layers]), 1 / jnp.maximum(n - 1, 1.0) ** 2)
+    pairs("hsic_biased", stack.gram, 1 / jnp.maximum(n - 1, 1.0) ** 2)
   if "rbf_cka" in spec.names:
-    kernels = [rbf_kernel(lay, mask, spec.rbf_sigma) for lay in layers]
+    kernels = jax.vmap(rbf_kernel, (0, None, None))(stack.gram, mask, spec.rbf_sigma)
     norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
             else 1 / jnp.maximum(n - 1, 1.0) ** 2)
-    pairs("rbf_hsic", jnp.stack([hsic.center_unbiased(k, mask) if unbiased else center_biased(k, mask)
-                                 for k in kernels]), norm)
+    pairs("rbf_hsic", per_layer(hsic.center_unbiased if unbiased else center_biased, kernels), norm)
   if {"mutual_knn", "cknna"} & set(spec.names):
-    cos = jnp.stack([cosine(lay, mask) for lay in layers])
-    knn = jax.vmap(lambda c: knn_mask(c, mask, spec.knn_k))(cos)
+    cos = cosine(stack, mask)
+    knn = jax.vmap(knn_mask, (0, None, None))(cos, mask, spec.knn_k)
     if "mutual_knn" in spec.names:
       pairs("knn", knn, 1 / spec.knn_k)
       out["knn_count"] = n
@@ -229,7 +251,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
         out["null/cknna_hsic"] = cknna_hsic(cos, knn, _permute(cos, order), _permute(knn, order), n,
                                             precision)
   if "rsa" in spec.names:
-    corr = jnp.stack([correlation(lay, mask) for lay in layers])
+    corr = correlation(stack, mask)
     z, valid = rsa_vectors(corr, mask, spec.rsa_method)
     out["rsa"] = jnp.matmul(z, z.T, precision=precision)
     out["rsa_count"] = (valid.sum() > 1).astype(jnp.float32)

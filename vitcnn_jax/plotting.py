@@ -136,13 +136,15 @@ def cka_heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
 def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], *,
                  row_label: str, col_label: str, title: str, path: str,
                  nulls: dict[str, np.ndarray] | None = None,
-                 flat: dict[str, np.ndarray] | None = None) -> None:
+                 flat: dict[str, np.ndarray] | None = None,
+                 widths: dict[str, np.ndarray] | None = None) -> None:
   """Several similarity measures of one pair of models side by side (a panel each;
-  the null's maps in a second row on the same scale), cells that cannot be told
-  from the null (`flat`, boolean) dotted. The scale is the CKA one (`vmin`, `vmax`),
-  from -1 for a measure that goes clearly negative."""
+  the null's maps in a second row on the same scale; the widths of the 95%
+  intervals in a last row), cells that cannot be told from the null (`flat`,
+  boolean) dotted. The scale is the CKA one (`vmin`, `vmax`), from -1 for a
+  measure that goes clearly negative."""
   names = list(maps)
-  nrows = 2 if nulls else 1
+  nrows = 1 + bool(nulls) + bool(widths)
   fig, axes = plt.subplots(nrows, len(names), figsize=(4.1 * len(names), 3.9 * nrows + 0.6),
                            squeeze=False, layout="constrained")
   for j, name in enumerate(names):
@@ -161,6 +163,14 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax.set_xlabel(f"{col_label} ({_block_axis(ax, cols, 'x')})")
       ax.set_ylabel(f"{row_label} ({_block_axis(ax, rows, 'y')})")
       ax.set_title(name + (" of the null (permuted)" if i else ""))
+      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    if widths:
+      ax = axes[-1, j]
+      im = ax.imshow(widths[name], origin="lower", cmap="viridis", vmin=0, aspect="auto",
+                     interpolation="nearest")
+      ax.set_xlabel(f"{col_label} ({_block_axis(ax, cols, 'x')})")
+      ax.set_ylabel(f"{row_label} ({_block_axis(ax, rows, 'y')})")
+      ax.set_title(f"{name}: 95% interval width")
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
   fig.suptitle(title)
   save_figure(fig, path)

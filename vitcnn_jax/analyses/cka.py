@@ -78,7 +78,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
   def plot(self, arrays, summary, workdir: str) -> None:
     if "linear_cka" in self.spec.names:
       plot_heatmaps(self.config, self.models, arrays, workdir)
-    if not measures.only_linear(self.spec):
+    if not measures.only_linear(self.spec) or self.config.get("bootstrap", 0):
       plot_measures(self.config, self.models, arrays, self.spec, workdir)
 
 
@@ -144,7 +144,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
             for cnn, vit, rc, rv in ((a, b, r, c), (b, a, c, r))
             if cnn.model.grid is None and attention[vit.name]},
         "max_std_over_repeats": float(per_repeat["linear_cka"].std(axis=0).max())})
-  if not measures.only_linear(spec):
+  if not measures.only_linear(spec) or config.get("bootstrap", 0):
     summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
   return arrays, summary
 
@@ -225,11 +225,13 @@ def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> 
     nulls = {label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names} if spec.null else None
     flat = {label[m]: arrays[f"{prefix(m)}_like_null_{t}"] for m in spec.names
             if f"{prefix(m)}_like_null_{t}" in arrays}
+    widths = {label[m]: arrays[f"{prefix(m)}_ci_high_{t}"] - arrays[f"{prefix(m)}_ci_low_{t}"]
+              for m in spec.names if f"{prefix(m)}_ci_high_{t}" in arrays}
     title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
     plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                           path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
-                          flat=flat or None)
+                          flat=flat or None, widths=widths or None)
 
 
 def _uniformity(s: dict) -> declaration.Verdict:
