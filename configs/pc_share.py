@@ -6,6 +6,8 @@ Variants (`:arg`, then `examples=`, `batch=`): `b16_r50` (default; ViT-B/16 and
 BiT-R50x1 with the paper's layers, ImageNet validation, minibatches of 1,024 as
 the CKA protocol), `demo` (the demo ViT and ResNet on Fashion-MNIST, minibatches
 of 256). The share depends on the minibatch size: compare at one `batch`.
+`--config.drop_fraction=0.05` (the demo's) adds the CKA maps with and without
+each minibatch's 5% most dominant examples (`without_dominant_A_B.png`).
 """
 
 import ml_collections
@@ -21,6 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.protocol_arg(arg, config, "b16_r50")
   if arg.variant == "demo":
     common.demo_models(config)
+    config.drop_fraction = 0.05
   elif arg.variant == "b16_r50":
     config.models = dict(
         vit=common.model(zoo.CHECKPOINTS["ViT-B/16"], "paper", "ViT-B/16"),

@@ -88,8 +88,12 @@ def test_localization_and_probes_and_pc_share():
   assert _verdicts("linear_probe", probes) == [True, True]
   probes["models"]["vit"]["each"]["accuracy"] = [0.2, 0.9]
   assert _verdicts("linear_probe", probes) == [False, True]
-  assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True]
-  assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.3]}}}) == [False]
+  assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True, None]
+  dropped = {"models": {"v": {"label": "V", "share": [0.2, 0.3]}}, "mean_off_diagonal_cka": {"v": 0.8},
+             "mean_off_diagonal_cka_without": {"v": 0.6}}
+  assert _verdicts("pc_share", dropped) == [False, True]
+  dropped["mean_off_diagonal_cka_without"]["v"] = 0.85
+  assert _verdicts("pc_share", dropped) == [False, False]
 
 
 def test_a_summary_lacking_what_a_check_reads_is_not_judged():

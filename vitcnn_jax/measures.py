@@ -151,13 +151,6 @@ def knn_mask(similarity: jax.Array, mask: jax.Array, k: int) -> jax.Array:
   return hits.sum(axis=1) * mask.astype(jnp.float32)[:, None]
 
 
-def _hsic_terms(flat: jax.Array, flat_b: jax.Array, n: jax.Array,
-                precision: hsic.Precision) -> jax.Array:
-  """All pairs of flattened kernels (already centred), normalised by n (n - 3)."""
-  hs = jnp.matmul(flat, flat_b.T, precision=precision)
-  return jnp.where(n >= hsic.MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
-
-
 def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Array, n: jax.Array,
                precision: hsic.Precision) -> jax.Array:
   """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b, for stacked (L, n, n)

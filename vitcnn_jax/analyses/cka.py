@@ -93,7 +93,7 @@ def blocks(models: list) -> list[tuple[str, object, object, slice, slice]]:
           for i, a in enumerate(models) for j, b in enumerate(models[i:], i)]
 
 
-def _off_diagonal(m: np.ndarray) -> float:
+def off_diagonal(m: np.ndarray) -> float:
   return float(m[~np.eye(len(m), dtype=bool)].mean()) if len(m) > 1 else float("nan")
 
 
@@ -136,7 +136,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
     summary.update({
         "mean_cka": {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs},
-        "mean_off_diagonal_cka": {a.name: _off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
+        "mean_off_diagonal_cka": {a.name: off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
         # Fig 2: for a model without tokens (a CNN) and one with attention (a ViT).
         "lower_half_best_match": {
             f"{cnn.name}_in_{vit.name}": _lower_half_match(mean[rc, rv])

@@ -1,13 +1,21 @@
-"""Each layer's share of variance in its first principal component.
+"""Each layer's share of variance in its first principal component, the examples
+that dominate it, and CKA without them: a diagnostic of block structure.
 
 Nguyen, Raghu and Kornblith (2022) trace the block structure of CKA maps to a
 few dominant datapoints that also dominate the first principal component of the
-layers inside the block. Within each minibatch, the share is the largest
-eigenvalue of the layer's Gram of centred features (the covariance's, times n)
-over its trace; the estimate is the mean of the minibatches' shares, with their
-spread. The share of n examples in D > n dimensions is biased upward, less so
-for larger minibatches: compare layers and models at one `batch_size`. It uses
-the Grams that minibatch CKA forms, so each minibatch must lie on one device.
+layers inside the block, and show that it fades without them. Within each
+minibatch, a layer's share is the largest eigenvalue of its Gram of centred
+features (the covariance's, times n) over its trace; the estimate is the mean of
+the minibatches' shares, with their spread. An example's dominance is, summed
+over every layer of every model, the layer's share times the example's share of
+the component (its loading squared). With `drop_fraction`, minibatch CKA is
+computed in the same pass twice: with every example, and without each
+minibatch's most dominant `drop_fraction` (the component is found within the
+minibatch, so is dominance). The share of n examples in D > n dimensions is
+biased upward, less so for larger minibatches: compare at one `batch_size`.
+Each minibatch must lie on one device. The json names the most dominant
+examples (their indices in the data); the scores, one float per example of the
+sample, are in the npz.
 """
 
 from __future__ import annotations
@@ -17,49 +25,92 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import data
 from vitcnn_jax import declaration
 from vitcnn_jax import hsic
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
+from vitcnn_jax.analyses import cka
 
 DEFAULTS = {
     "num_examples": 10240,  # as minibatch CKA (Appendix A): 10 minibatches ...
     "batch_size": 1024,  # ... of 1,024, each an estimate of every layer's share
     "seed": 0,
+    "drop_fraction": 0.0,  # > 0: also CKA with and without each minibatch's most dominant examples
 }
+SHOWN = 20  # dominant examples named in the json
 
 
-def share(a: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def share(a: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(top eigenvalue / trace of the centred Gram of one minibatch's valid rows,
-  1 if the layer varies over them beyond float32 rounding else 0)."""
+  1 if the layer varies over them beyond float32 rounding else 0, (n,) each
+  example's share of the layer's variance on that component)."""
   gram, mean, _ = hsic.scaled_gram(a, mask)  # scaled by a power of two: the ratio is exact
   trace = jnp.trace(gram)
   floor = mask.sum() * jnp.sum(jnp.square(mean)) * (hsic.NOISE * hsic.U32) ** 2
   varies = (trace > floor) & (mask.sum() >= 2)
-  top = jnp.linalg.eigvalsh(gram)[-1]
-  return jnp.where(varies, top / jnp.where(varies, trace, 1.0), 0.0), varies.astype(jnp.float32)
+  values, vectors = jnp.linalg.eigh(gram)
+  top = jnp.where(varies, values[-1] / jnp.where(varies, trace, 1.0), 0.0)
+  return top, varies.astype(jnp.float32), top * jnp.square(vectors[:, -1]) * mask
+
+
+def without_dominant(score: jax.Array, mask: jax.Array, fraction: float) -> jax.Array:
+  """`mask` less the ceil(fraction x valid rows) rows of highest `score`."""
+  drop = jnp.ceil(fraction * mask.sum())
+  rank = jnp.argsort(jnp.argsort(jnp.where(mask > 0, -score, jnp.inf)))
+  return mask * (rank >= drop)
 
 
 class PcShare(protocol.Analysis):
-  """One pass: per layer, the sum over minibatches of the share and its square."""
+  """One pass: per layer, the sum over minibatches of the share and its square;
+  each example's dominance; with `drop_fraction`, the HSIC sums with and without
+  each minibatch's dominant examples."""
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
+    if not 0 <= config.get("drop_fraction", 0.0) < 1:
+      raise ValueError(f"config.drop_fraction={config.drop_fraction} must be in [0, 1).")
     self.config, self.models = config, models
     self.points = {k: m.names for k, m in models.items()}
+    self.drop = config.get("drop_fraction", 0.0)
+    self.sample = np.zeros(0, int)
+    smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
+    if self.drop and smallest - np.ceil(self.drop * smallest) < hsic.MIN_BATCH:
+      raise ValueError(f"config.drop_fraction={self.drop} leaves the smallest minibatch ({smallest} "
+                       f"examples) fewer than {hsic.MIN_BATCH}, too few for the unbiased HSIC; lower "
+                       "it or choose num_examples and batch_size with larger minibatches.")
+
+  def examples(self, repeat: int, sources) -> tuple[str, np.ndarray]:
+    """The default sample, kept to name the dominant examples."""
+    self.sample = data.sample(len(sources["data"]), self.config.num_examples, self.config.seed, repeat)
+    return "data", self.sample
 
   def step(self, forward, labels, mask) -> dict:
     del labels
     if forward.grouped:
       raise ValueError("pc_share takes each minibatch's Gram on one device; set "
                        "config.devices_per_minibatch=1 (or a smaller config.batch_size).")
-    sums = {}
+    sums, acts, score = {}, [], 0.0
     for k, names in self.points.items():
       out = forward(k)
+      acts += [out[n] for n in names]
       got = [share(out[n], mask) for n in names]
-      s, counted = (jnp.stack(v) for v in zip(*got))
+      s, counted, weights = (jnp.stack(v) for v in zip(*got))
       sums.update({f"{k}/share": s, f"{k}/share_sq": s * s, f"{k}/minibatches": counted})
+      score = score + weights.sum(axis=0)
+    sums["rows/score"] = score
+    if self.drop:
+      keep = without_dominant(score, mask, self.drop)
+      sums.update(forward.minibatch_sums(acts, mask))
+      sums.update({f"without/{k}": v for k, v in forward.minibatch_sums(acts, keep).items()})
+      sums["without/kept"] = keep.sum()
     return sums
+
+  def host_sums(self, got: protocol.Sums) -> protocol.Sums:
+    """Each set of HSIC sums unscaled by its own exponents."""
+    plain = hsic.unscale({k: v for k, v in got.items() if not k.startswith("without/")})
+    without = hsic.unscale({k[len("without/"):]: v for k, v in got.items() if k.startswith("without/")})
+    return {**plain, **{f"without/{k}": v for k, v in without.items()}}
 
   def finalize(self, sums):
     s = sums[0][0]
@@ -78,7 +129,25 @@ class PcShare(protocol.Analysis):
       summary["models"][k] = {"label": m.label, "checkpoint": m.path, "layers": m.names,
                               "share": mean.tolist(), "std_over_minibatches": std.tolist(),
                               "minibatches": int(count.max())}
+    scores = s["rows/score"]
+    top = np.argsort(-scores, kind="stable")[:SHOWN]
+    arrays.update(scores=scores, sample=self.sample)
+    summary["dominant_examples"] = [{"index": int(self.sample[i]), "score": float(scores[i])} for i in top]
+    if self.drop:
+      self._without(s, arrays, summary)
     return arrays, summary
+
+  def _without(self, s: protocol.Sums, arrays: dict, summary: dict) -> None:
+    """CKA of every pair of layers with and without the dominant examples."""
+    models = list(self.models.values())
+    names = [n for m in models for n in m.names]
+    full = hsic.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
+    kept = hsic.cka_from_hsic(s["without/hsic"], names, s["without/moments"] / s["without/kept"])
+    for t, _, _, r, c in cka.blocks(models):
+      arrays[f"cka_{t}"], arrays[f"without_cka_{t}"] = full[r, c], kept[r, c]
+    within = lambda m: {a.name: cka.off_diagonal(m[r, c]) for _, a, b, r, c in cka.blocks(models) if a is b}
+    summary.update(drop_fraction=self.drop, kept_examples=int(s["without/kept"]),
+                   mean_off_diagonal_cka=within(full), mean_off_diagonal_cka_without=within(kept))
 
   def plot(self, arrays, summary, workdir: str) -> None:
     labels = {k: m.label for k, m in self.models.items()}
@@ -89,6 +158,18 @@ class PcShare(protocol.Analysis):
         f"{self.config.num_examples:,} examples (band: +-1 sd over minibatches)",
         results.workdir_path(workdir, "pc_share.png"),
         spread={labels[k]: arrays[f"std_{k}"] for k in self.models})
+    if not self.drop:
+      return
+    without = f"without each minibatch's {100 * self.drop:g}% most dominant"
+    for t, a, b, _, _ in cka.blocks(list(self.models.values())):
+      pair = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
+      plotting.measure_maps({"CKA, every example": arrays[f"cka_{t}"],
+                             f"CKA, {without}": arrays[f"without_cka_{t}"]},
+                            a.names, b.names, row_label=a.label, col_label=b.label,
+                            title=f"Block structure and dominant examples: {pair}\n"
+                                  f"{self.config.num_examples:,} examples, minibatches of "
+                                  f"{self.config.batch_size:,}",
+                            path=results.workdir_path(workdir, f"without_dominant_{t}.png"))
 
 
 def _dominant(s: dict) -> declaration.Verdict:
@@ -96,16 +177,33 @@ def _dominant(s: dict) -> declaration.Verdict:
   return any(v > 0.5 for v in top.values()), ", ".join(f"{k}: largest {v:.2f}" for k, v in top.items())
 
 
+def _fades(s: dict) -> declaration.Verdict:
+  if "mean_off_diagonal_cka_without" not in s:
+    return None
+  before, after = s["mean_off_diagonal_cka"], s["mean_off_diagonal_cka_without"]
+  return (all(after[k] < before[k] for k in before),
+          ", ".join(f"{s['models'][k]['label']}: {before[k]:.3f} -> {after[k]:.3f}" for k in before))
+
+
 def key_numbers(s: dict) -> list[tuple[str, str]]:
-  return [(f"{e['label']}: share, lowest / highest layer", f"{min(e['share']):.3f} / {max(e['share']):.3f}")
-          for e in s["models"].values()]
+  out = [(f"{e['label']}: share, lowest / highest layer", f"{min(e['share']):.3f} / {max(e['share']):.3f}")
+         for e in s["models"].values()]
+  out += [(f"{s['models'][k]['label']}: mean off-diagonal CKA, all / without the dominant",
+           f"{v:.3f} / {s['mean_off_diagonal_cka_without'][k]:.3f}")
+          for k, v in s.get("mean_off_diagonal_cka", {}).items()]
+  return out
 
 
 DECLARATION = declaration.Declaration(
     name="pc_share", build=PcShare, models=declaration.Models(any_names=True), defaults=DEFAULTS,
     figures="beside Figs 1, 2 (Nguyen, Raghu & Kornblith 2022)", hsic_minibatches=True,
     key_numbers=key_numbers,
-    findings=(declaration.Finding(
-        "Block structure in a CKA map comes with a dominant first principal component: one "
-        "direction carries much of the variance of the layers inside the block (here: some "
-        "layer's first component carries more than half of its variance).", _dominant),))
+    findings=(
+        declaration.Finding(
+            "Block structure in a CKA map comes with a dominant first principal component: one "
+            "direction carries much of the variance of the layers inside the block (here: some "
+            "layer's first component carries more than half of its variance).", _dominant),
+        declaration.Finding(
+            "The block structure fades without the few examples that dominate those components "
+            "(here: with drop_fraction, the mean off-diagonal CKA within every model is lower "
+            "without each minibatch's most dominant examples).", _fades)))
