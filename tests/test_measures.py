@@ -294,3 +294,26 @@ def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
   np.testing.assert_allclose(boot.pooled[0]["x"], w @ v)
   boot.add(sums, {"boot/x": v[:1]}, 0, 2, 0)  # a second repeat adds to the same replicates
   np.testing.assert_allclose(boot.pooled[0]["x"], w @ v + boot.weights(0, 2, 0, 1) @ v[:1])
+
+
+@pytest.mark.parametrize("method", measures.RSA_METHODS)
+def test_rsa_equals_rsatoolbox(method):
+  """The same minibatches through rsatoolbox (correlation-distance RDMs, compared by
+  Pearson or Spearman correlation), the maintained package of RSA."""
+  from conftest import require  # pylint: disable=g-import-not-at-top
+  rsa = require("rsatoolbox")
+  acts = _data(6)
+  got = _sums(acts, SIZES, measures.Spec(("rsa",), rsa_method=method))
+  ref = np.zeros((3, 3))
+  for rows in _batches(44, SIZES):
+    rdms = [rsa.rdm.calc_rdm(rsa.data.Dataset(a[rows]), method="correlation") for a in acts]
+    ref += [[float(rsa.rdm.compare(a, b, method="corr" if method == "pearson" else "spearman")[0, 0])
+             for b in rdms] for a in rdms]
+  pairs = 16 * 15 // 2
+  rounding = 4 * likely(16, 24)
+  bound = rounding + 2 * likely(pairs, pairs)
+  if method == "spearman":  # as test_rsa_equals_the_correlation_of_dissimilarity_matrices
+    swaps = max(int((np.diff(np.sort(1 - np.corrcoef(a[rows])[np.triu_indices(rows.stop - rows.start, 1)]))
+                     < 2 * rounding).sum()) for rows in _batches(44, SIZES) for a in acts)
+    bound += 12 * 2 * swaps / (66 * 67)
+  assert_close(got["rsa"] / got["rsa_count"], ref / 3, bound, f"RSA vs rsatoolbox ({method})")
