@@ -147,3 +147,15 @@ def test_the_other_analyses_run_from_one_line(tiny_vit_bit, images):
   acc = r.summary["models"]["vit"]
   assert set(acc) == {"cls", "mean"} and len(acc["cls"]["accuracy"]) == 2
   assert all(0 <= a <= 1 for a in acc["mean"]["accuracy"])
+
+
+def test_measures_from_one_line(tiny_vit_bit, images):
+  """vj.cka(..., measures=...) returns one array set per measure, nulls and intervals."""
+  vit, _ = tiny_vit_bit
+  r = vj.cka({"ViT": vit}, images[0][:32], layers="blocks", batch_size=16, repeats=1,
+             measures=("linear_cka", "rsa"), null=True, bootstrap=8)
+  for key in ("cka_vit_vit", "rsa_vit_vit", "null_rsa_vit_vit", "rsa_ci_low_vit_vit", "cka_like_null_vit_vit"):
+    assert r[key].shape == (2, 2), key
+  assert r.summary["bootstrap"]["replicates"] == 8 and set(r.summary["measures"]) == {"linear_cka", "rsa"}
+  with pytest.raises(ValueError, match=r"config.measures=\['cka'\]"):
+    vj.cka({"ViT": vit}, images[0][:32], measures=("cka",))
