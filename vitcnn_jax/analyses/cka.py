@@ -185,9 +185,19 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
   count = len(next(iter(pooled.values())))
   one = lambda b, null=False: measures.values({k: v[b] for k, v in pooled.items()}, names, spec,
                                               examples, null)
-  reps = [one(b) for b in range(count)]
-  nulls = [one(b, True) for b in range(count)] if spec.null else None
-  summary["bootstrap"] = {"replicates": count, "level": 0.95, "estimator": (
+  used = []
+  for b in range(count):  # a replicate that drew no minibatch (or none with a layer varying) has no value
+    try:
+      used.append((one(b), one(b, True) if spec.null else None))
+    except FloatingPointError:
+      continue
+  if len(used) < count / 2:
+    raise FloatingPointError(f"config.bootstrap: only {len(used)} of {count} replicates have a value: "
+                             "too few minibatches; use more examples or smaller minibatches.")
+  reps = [r for r, _ in used]
+  nulls = [n for _, n in used] if spec.null else None
+  summary["bootstrap"] = {"replicates": count, "replicates_with_a_value": len(used), "level": 0.95,
+                          "estimator": (
       "percentiles of the measure of the sums over every repeat's minibatches, each minibatch "
       "weighted by Poisson(1) draws (seeded by seed, pass, repeat and minibatch)")}
   for m in spec.names:
