@@ -260,7 +260,10 @@ def _lower_half(s: dict) -> declaration.Verdict:
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:
-  return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()]
+  others = [(f"mean {measures.LABELS[m]} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
+             else f"mean {measures.LABELS[m]} {t}", f"{v:.3f}")
+            for m, e in s.get("measures", {}).items() if m != "linear_cka" for t, v in e["mean"].items()]
+  return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others
           + [(f"mean off-diagonal CKA within {k}", f"{v:.3f}")
              for k, v in s["mean_off_diagonal_cka"].items()]
           + [("largest std over repeats", f"{s['max_std_over_repeats']:.4f}")])
