@@ -220,7 +220,7 @@ def test_unknown_override_and_bad_values(vit_file, tmp_path):
   mixer_path = uf.save(tmp_path / "m.npz", uf.mixer(0))
   with pytest.raises(CheckpointError, match="token-mixing MLP fixes its input to 32x32"):
     checkpoints.load_model(mixer_path, resolution=64)
-  with pytest.raises(ValueError, match=r"gelu='bogus' is not one of \['exact', 'tanh'\]"):
+  with pytest.raises(ValueError, match=r"gelu='bogus' is not one of \['exact', 'quick', 'tanh'\]"):
     checkpoints.load_model(vit_file, gelu="bogus")
 
 

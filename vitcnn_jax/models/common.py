@@ -16,8 +16,10 @@ Array = jax.Array
 GELUS: dict[str, Callable[[Array], Array]] = {
     # The official checkpoints were trained with Flax's default, the tanh form.
     "tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "exact": lambda x: jax.nn.gelu(x, approximate=False),
+    "exact": lambda x: jax.nn.gelu(x, approximate=False),  # PyTorch's default (timm, DINOv2, MAE)
+    "quick": lambda x: x * jax.nn.sigmoid(1.702 * x),  # OpenAI CLIP
 }
+MLPS = ("gelu", "swiglu")
 
 
 def flatten(tree: dict) -> dict[str, Any]:
@@ -97,25 +99,33 @@ class Capture:
 
 
 class MlpBlock(nn.Module):
-  """Dense -> GELU -> Dense, the MLP of every ViT and Mixer block."""
+  """Dense -> GELU -> Dense, the MLP of every ViT and Mixer block; or, `kind`
+  "swiglu", Dense to twice the hidden width -> SiLU(first half) * second half ->
+  Dense (timm's packed SwiGLU, DINOv2-g)."""
   mlp_dim: int
   gelu: str = "tanh"
+  kind: str = "gelu"
 
   @nn.compact
   def __call__(self, x: Array, capture: Capture, out: dict) -> Array:
     d = x.shape[-1]
-    h = nn.Dense(self.mlp_dim, name="Dense_0",
+    if self.kind not in MLPS:
+      raise ValueError(f"mlp={self.kind!r} is not one of {MLPS}.")
+    glu = self.kind == "swiglu"
+    h = nn.Dense(self.mlp_dim * (2 if glu else 1), name="Dense_0",
                  kernel_init=nn.initializers.xavier_uniform(),
                  bias_init=nn.initializers.normal(1e-6))(x)
-    h = capture.put(out, "hidden", get_gelu(self.gelu)(h))
+    if glu:
+      h = jax.nn.silu(h[..., :self.mlp_dim]) * h[..., self.mlp_dim:]
+    h = capture.put(out, "hidden", h if glu else get_gelu(self.gelu)(h))
     return nn.Dense(d, name="Dense_1",
                     kernel_init=nn.initializers.xavier_uniform(),
                     bias_init=nn.initializers.normal(1e-6))(h)
 
 
-def layer_norm(name: str) -> nn.LayerNorm:
-  # Flax's defaults (eps 1e-6) are what every upstream ViT and Mixer used.
-  return nn.LayerNorm(epsilon=1e-6, name=name)
+def layer_norm(name: str, eps: float = 1e-6) -> nn.LayerNorm:
+  # Flax's defaults (eps 1e-6) are what every upstream ViT and Mixer used (CLIP: 1e-5).
+  return nn.LayerNorm(epsilon=eps, name=name)
 
 
 def to_pair(v: int | Sequence[int]) -> tuple[int, int]:
@@ -140,5 +150,5 @@ def check_image(images: Array, image_size: tuple[int, int], model: str) -> None:
         "the position embedding.")
 
 
-def dense_head(num_classes: int, name: str = "head") -> nn.Dense:
-  return nn.Dense(num_classes, name=name, kernel_init=nn.initializers.zeros)
+def dense_head(num_classes: int, name: str = "head", use_bias: bool = True) -> nn.Dense:
+  return nn.Dense(num_classes, name=name, use_bias=use_bias, kernel_init=nn.initializers.zeros)

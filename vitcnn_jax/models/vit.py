@@ -19,6 +19,7 @@ pre_logits, logits. `T` counts the cls token first when pool == "token".
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import flax.linen as nn
@@ -110,24 +111,37 @@ class Attention(nn.Module):
                            kernel_init=nn.initializers.xavier_uniform())(heads)
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+  """What the upstreams' blocks differ in (Google's files: the defaults)."""
+  gelu: str = "tanh"
+  mlp: str = "gelu"  # or "swiglu" (packed, DINOv2-g)
+  ln_eps: float = 1e-6  # CLIP: 1e-5
+  layer_scale: bool = False  # a learned per-channel scale on each branch (DeiT III, DINOv2)
+
+
 class EncoderBlock(nn.Module):
   """Pre-LN transformer block; `skip=False` drops both residual connections."""
   mlp_dim: int
   num_heads: int
-  gelu: str = "tanh"
+  options: BlockOptions = BlockOptions()
   skip: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    o = self.options
     capture.put(out, "in", x)
-    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0")(x))
+    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0", o.ln_eps)(x))
     y = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
         y, y, capture.child("attn"), out)
+    if o.layer_scale:
+      y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
     x = capture.put(out, "attn/residual", x + y if self.skip else y)
-    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1")(x))
-    y = common.MlpBlock(self.mlp_dim, self.gelu, name="MlpBlock_0")(
-        y, capture.child("mlp"), out)
+    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1", o.ln_eps)(x))
+    y = common.MlpBlock(self.mlp_dim, o.gelu, o.mlp, name="MlpBlock_0")(y, capture.child("mlp"), out)
+    if o.layer_scale:
+      y = y * self.param("ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "mlp/out", y)
     return capture.put(out, "out", x + y if self.skip else y)
 
@@ -136,23 +150,25 @@ class Encoder(nn.Module):
   depth: int
   mlp_dim: int
   num_heads: int
-  gelu: str = "tanh"
+  options: BlockOptions = BlockOptions()
   no_skip: tuple[int, ...] = ()
+  final_norm: bool = True  # False: the pooled features are normed instead (`fc_norm`)
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     for i in range(self.depth):
-      x = EncoderBlock(self.mlp_dim, self.num_heads, self.gelu,
+      x = EncoderBlock(self.mlp_dim, self.num_heads, self.options,
                        skip=i not in self.no_skip, name=f"encoderblock_{i}")(
                            x, capture.child(f"block{i:02d}"), out)
-    return common.layer_norm("encoder_norm")(x)
+    return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
 
 class MAPHead(nn.Module):
-  """big_vision's multi-head attention pooling: one learned probe query."""
+  """big_vision's multi-head attention pooling: one learned probe query (timm's
+  AttentionPoolLatent computes the same)."""
   mlp_dim: int
   num_heads: int
-  gelu: str = "tanh"
+  options: BlockOptions = BlockOptions()
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
@@ -161,8 +177,8 @@ class MAPHead(nn.Module):
     probe = jnp.tile(probe, (n, 1, 1))
     x = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
         probe, x, capture.child("attn"), out)
-    y = common.layer_norm("LayerNorm_0")(x)
-    x = x + common.MlpBlock(self.mlp_dim, self.gelu, name="MlpBlock_0")(
+    y = common.layer_norm("LayerNorm_0", self.options.ln_eps)(x)
+    x = x + common.MlpBlock(self.mlp_dim, self.options.gelu, self.options.mlp, name="MlpBlock_0")(
         y, capture.child("mlp"), out)
     return x[:, 0]
 
@@ -179,8 +195,18 @@ class ViT(anatomy.PatchTokens, nn.Module):
   pool: str = "token"
   posemb: str = "learn"
   representation_size: int | None = None
-  gelu: str = "tanh"
+  gelu: str = "tanh"  # "exact": PyTorch's (timm files); "quick": OpenAI CLIP's
   no_skip: tuple[int, ...] = ()  # blocks trained without residual connections
+  # Options of later ViTs (timm-layout files); the defaults are Google's.
+  class_token: bool | None = None  # None: with `token` pooling
+  num_registers: int = 0  # register tokens after the class token (DINOv2 with registers)
+  pre_norm: bool = False  # a LayerNorm before the blocks (CLIP)
+  fc_norm: bool = False  # the pooled features normed, not the tokens (MAE-style heads)
+  mlp: str = "gelu"  # or "swiglu"
+  ln_eps: float = 1e-6
+  layer_scale: bool = False
+  patch_bias: bool = True
+  head_bias: bool = True
 
   family = "vit"
   # Anatomy (models/anatomy.py).
@@ -194,9 +220,17 @@ class ViT(anatomy.PatchTokens, nn.Module):
     return self.depth
 
   @property
+  def has_class_token(self) -> bool:
+    return self.pool == "token" if self.class_token is None else self.class_token
+
+  @property
   def prefix_tokens(self) -> tuple[str, ...]:
-    """Tokens before the spatial ones: the cls token of `token` pooling."""
-    return ("cls",) if self.pool == "token" else ()
+    """Tokens before the spatial ones: the class token, then any registers."""
+    return ("cls",) * self.has_class_token + ("reg",) * self.num_registers
+
+  @property
+  def options(self) -> BlockOptions:
+    return BlockOptions(self.gelu, self.mlp, self.ln_eps, self.layer_scale)
 
   @property
   def num_prefix_tokens(self) -> int:
@@ -219,12 +253,15 @@ class ViT(anatomy.PatchTokens, nn.Module):
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
+    if self.pool == "token" and not self.has_class_token:
+      raise ValueError("pool='token' reads the class token, and class_token=False.")
     capture = common.Capture.of(capture)
     common.patch_grid(self.patch_size, self.image_size)  # validates the sizes
     common.check_image(images, common.to_pair(self.image_size), "ViT")
     out: dict = {}
     p = common.to_pair(self.patch_size)
-    x = nn.Conv(self.width, p, strides=p, padding="VALID", name="embedding")(images)
+    x = nn.Conv(self.width, p, strides=p, padding="VALID", use_bias=self.patch_bias,
+                name="embedding")(images)
     capture.put(out, "stem", x)
     n, h, w, d = x.shape
     x = x.reshape(n, h * w, d)
@@ -233,28 +270,40 @@ class ViT(anatomy.PatchTokens, nn.Module):
                       (1, h * w, d), x.dtype)
     else:
       pe = jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
-    x = x + pe
-    if self.pool == "token":
-      cls = self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype)
-      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
+    x = x + pe  # prefix tokens hold their own position embedding
+    prefix = []
+    if self.has_class_token:
+      prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype))
+    if self.num_registers:
+      prefix.append(self.param("reg", nn.initializers.zeros, (1, self.num_registers, d), x.dtype))
+    if prefix:
+      x = jnp.concatenate([jnp.tile(t, (n, 1, 1)) for t in prefix] + [x], axis=1)
+    if self.pre_norm:
+      x = common.layer_norm("norm_pre", self.ln_eps)(x)
     capture.put(out, "embedded", x)
 
-    x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.gelu,
-                tuple(self.no_skip), name="Transformer")(x, capture, out)
+    x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
+                final_norm=not self.fc_norm, name="Transformer")(x, capture, out)
     capture.put(out, "encoded", x)
-
-    if self.pool in ("token", "0"):
-      x = x[:, 0]
-    elif self.pool == "gap":
-      x = x.mean(axis=1)
-    else:
-      x = MAPHead(self.mlp_dim, self.num_heads, self.gelu, name="MAPHead_0")(
-          x, capture.child("map"), out)
+    x = self._pool(x, capture, out)
+    if self.fc_norm:
+      x = common.layer_norm("fc_norm", self.ln_eps)(x)
     capture.put(out, "head_input", x)
     if self.representation_size:
       x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
     capture.put(out, "pre_logits", x)
     if self.num_classes:
-      x = common.dense_head(self.num_classes)(x)
+      x = common.dense_head(self.num_classes, use_bias=self.head_bias)(x)
       capture.put(out, "logits", x)
     return x, out
+
+  def _pool(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    """The class token (`token`), the first token (`0`), the spatial tokens' mean
+    (`gap`), or attention pooling over them (`map`)."""
+    if self.pool in ("token", "0"):
+      return x[:, 0]
+    spatial = x[:, self.num_prefix_tokens:]
+    if self.pool == "gap":
+      return spatial.mean(axis=1)
+    return MAPHead(self.mlp_dim, self.num_heads, self.options, name="MAPHead_0")(
+        spatial, capture.child("map"), out)
