@@ -84,3 +84,33 @@ def mixer(path: str, images: np.ndarray, *, width: int, blocks: int, tokens_mlp:
       act_layer=functools.partial(torch.nn.GELU, approximate="tanh"))
   model.load_state_dict(_mixer_state_dict(w), strict=True)
   return _run(model, images)
+
+
+def randomize(model, seed: int = 0) -> None:
+  """Every parameter drawn at a scale where each one moves the output: timm's
+  initialisation leaves biases at 0, layer scales at 1e-5 and tokens near 0,
+  which a parity test could not tell from absent."""
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      z = torch.randn(p.shape, generator=g)
+      if p.ndim >= 2 and not name.endswith(("token", "pos_embed", "latent")):
+        p.copy_(z / np.sqrt(p[0].numel()))  # fan-in scaled
+      elif name.endswith(("norm1.weight", "norm2.weight", "norm.weight", "norm_pre.weight",
+                          "fc_norm.weight")):
+        p.copy_(1 + 0.2 * z)
+      else:  # biases, layer scales, tokens, position embeddings
+        p.copy_(0.3 * z)
+
+
+def timm_vit_file(path, images: np.ndarray, *, features: bool = False, seed: int = 0,
+                  **kwargs) -> np.ndarray:
+  """A timm VisionTransformer with random weights, saved as its state dict in
+  safetensors (the format timm publishes); returns its own forward on `images`."""
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+
+  model = timm_vit.VisionTransformer(img_size=images.shape[1], **kwargs)
+  randomize(model, seed)
+  safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                              str(path))
+  return _run(model, images, features)

@@ -58,8 +58,9 @@ def _select(flat: dict[str, np.ndarray], path: str, tower: str | None) -> dict[s
 def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, models_lib.Family]:
   """(format, family) of a flat tree."""
   for family in models_lib.FAMILIES.values():
-    if fmt := family.io.detect(flat):
-      return fmt, family
+    for io_ in family.ios:
+      if fmt := io_.detect(flat):
+        return fmt, family
   raise CheckpointError(f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. "
                         "Expected an official ViT, BiT or Mixer npz (see README, formats).")
 
@@ -69,7 +70,7 @@ def _file_key(model, key: str, value, fmt: str | None) -> str:
   if fmt is None:
     return key
   try:
-    return next(iter(models_lib.family_of(model).io.write(model, {key: np.asarray(value)}, fmt)))
+    return next(iter(models_lib.family_of(model).io_for(fmt).write(model, {key: np.asarray(value)}, fmt)))
   except Exception:  # pylint: disable=broad-except  (a key the writer maps only with others)
     return key
 
@@ -108,12 +109,12 @@ def _read_as(r: io.Reading) -> str:
 def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = io.split_tower(path)
-  flat = _select(io.read_npz(file), path, tower)
+  flat = _select(io.read_arrays(file), path, tower)
   io.check_values(flat, path)
   fmt, family = detect(flat, path)
   keys = io.Keys(flat, path, fmt)
   try:
-    reading = family.io.read(keys)
+    reading = family.io_for(fmt).read(keys)
   except CheckpointError:
     raise
   except (ValueError, IndexError, KeyError) as e:  # e.g. a reshape of a malformed tensor
@@ -145,7 +146,7 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
                        f"({sorted(overrides)}); build it with them instead.")
     return io.recall(path)
   family, r = load_params(path)
-  io_, cls = family.io, family.module
+  io_, cls = family.io_for(r.fmt), family.module
   fields = {f for f in cls.__dataclass_fields__ if f not in ("parent", "name")}
   if "resolution" in overrides:
     if "image_size" in overrides:
@@ -189,16 +190,29 @@ def to_upstream(model, params: Params, format: str | None = None) -> dict[str, n
   """Our params as the flat arrays of an upstream file (the family's FORMATS)."""
   check_params(model, params)
   family = models_lib.family_of(model)
-  io_ = family.io
-  format = format or io_.default_format(model)
-  if format not in io_.FORMATS:
-    raise ValueError(f"A {family.name} model saves as one of {sorted(io_.FORMATS)}, "
-                     f"not {format!r}.")
+  format = format or family.ios[0].default_format(model)
+  io_ = family.io_for(format)
   flat = {k: np.asarray(v, np.float32) for k, v in common.flatten(params).items()}
   return io_.write(model, flat, format)
 
 
 def save(path: str, model, params: Params, format: str | None = None) -> None:  # pylint: disable=redefined-builtin
-  """Writes an npz that `load_model`, upstream code and timm read like an official file."""
+  """Writes a file that `load_model`, upstream code and timm read like a published
+  one: npz in Google's layouts, or (`.safetensors`) a timm state dict."""
+  family = models_lib.family_of(model)
+  suffix = ".safetensors" if str(path).endswith(".safetensors") else ".npz"
+  ios = [m for m in family.ios if m.SUFFIX == suffix]
+  if not ios:
+    raise ValueError(f"{path}: a {family.name} model saves as "
+                     f"{sorted({m.SUFFIX for m in family.ios})}, not {suffix}.")
+  format = format or ios[0].default_format(model)
+  if family.io_for(format).SUFFIX != suffix:
+    raise ValueError(f"{path}: format {format!r} is written as a "
+                     f"{family.io_for(format).SUFFIX} file, not {suffix}.")
   arrays = to_upstream(model, params, format)
-  fileio.atomic_write(path, lambda f: np.savez(f, **arrays))
+  if suffix == ".npz":
+    fileio.atomic_write(path, lambda f: np.savez(f, **arrays))
+  else:
+    import safetensors.numpy  # pylint: disable=g-import-not-at-top
+    data = safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    fileio.atomic_write(path, lambda f: f.write(data))

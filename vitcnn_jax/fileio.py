@@ -11,7 +11,7 @@ from typing import IO, Callable
 from etils import epath
 
 
-def _is_remote(path: str) -> bool:
+def is_remote(path: str) -> bool:
   return "://" in str(path)
 
 
@@ -51,7 +51,7 @@ def _epath(path: str) -> epath.Path:
 def read_bytes(path: str) -> bytes:
   """Whole-file read; npz needs seeks, so remote files are buffered."""
   path = os.fspath(path)
-  if not _is_remote(path):
+  if not is_remote(path):
     if not os.path.exists(path):
       raise FileNotFoundError(f"No such file: {path}")
     with open(path, "rb") as f:
@@ -70,7 +70,7 @@ def read_bytes(path: str) -> bytes:
 
 def exists(path: str) -> bool:
   path = os.fspath(path)
-  if not _is_remote(path):
+  if not is_remote(path):
     return os.path.exists(path)
   _check_network(path)
   try:
@@ -82,7 +82,7 @@ def exists(path: str) -> bool:
 def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
   """Writes through a temporary file so readers never see a partial file."""
   path = os.fspath(path)
-  if _is_remote(path):
+  if is_remote(path):
     p = _epath(path)
     tmp = p.parent / f".{p.name}.tmp"
     with tmp.open("wb") as f:

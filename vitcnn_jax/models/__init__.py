@@ -11,7 +11,7 @@ from types import ModuleType
 
 import flax.linen as nn
 
-from vitcnn_jax.models import bit_io, mixer_io, vit_io
+from vitcnn_jax.models import bit_io, mixer_io, vit_io, vit_timm_io
 from vitcnn_jax.models.bit import BiT
 from vitcnn_jax.models.mixer import Mixer
 from vitcnn_jax.models.vit import ViT
@@ -21,11 +21,20 @@ from vitcnn_jax.models.vit import ViT
 class Family:
   name: str
   module: type[nn.Module]  # the Flax model
-  io: ModuleType  # its formats: detect, read, adapt, write, FORMATS, OVERRIDABLE
+  ios: tuple[ModuleType, ...]  # its formats' modules: detect, read, adapt, write, FORMATS, SUFFIX, OVERRIDABLE
+
+  def io_for(self, fmt: str) -> ModuleType:
+    """The module of format `fmt`."""
+    for io_ in self.ios:
+      if fmt in io_.FORMATS:
+        return io_
+    raise ValueError(f"A {self.name} model has no format {fmt!r}; its formats are "
+                     f"{sorted(f for io_ in self.ios for f in io_.FORMATS)}.")
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vit", ViT, vit_io), Family("bit", BiT, bit_io), Family("mixer", Mixer, mixer_io))}
+    Family("vit", ViT, (vit_io, vit_timm_io)), Family("bit", BiT, (bit_io,)),
+    Family("mixer", Mixer, (mixer_io,)))}
 
 
 def family_of(model: nn.Module) -> Family:

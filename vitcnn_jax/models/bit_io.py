@@ -17,6 +17,7 @@ from vitcnn_jax.models import bit
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
+SUFFIX = ".npz"
 OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
 FORMATS = {
     "bit": "google-research/big_transfer: resnet/..., standardized_conv2d[_N], GroupNorm "

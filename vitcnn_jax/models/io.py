@@ -9,6 +9,7 @@ import hashlib
 import io
 import logging
 import re
+import tempfile
 import zipfile
 import zlib
 from typing import Any
@@ -36,7 +37,7 @@ class Reading:
   assumed: tuple[str, ...] = ()  # fields no tensor decides: defaults, overridable
 
 
-_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_npz last read there
+_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_arrays last read there
 
 
 IN_MEMORY = "memory:"  # the "path" of parameters handed over in memory: memory:DIGEST
@@ -63,10 +64,51 @@ def digest(path: str) -> str:
   return _DIGESTS[file]
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
-  """All arrays of an npz file; bfloat16 (stored as void) becomes float32."""
+_PICKLES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle")
+
+
+def read_arrays(path: str) -> dict[str, np.ndarray]:
+  """All arrays of an npz or safetensors file (told apart by their bytes), as
+  float32 where floating point. Pickles (`.pth`, `.bin`) are refused unread."""
+  if str(path).lower().endswith(_PICKLES):
+    raise CheckpointError(
+        f"{path}: a PyTorch pickle; pickles can run code when loaded, so they are never "
+        "read. Use the model's .safetensors file (timm and Hugging Face publish one for "
+        "each model), or convert it with safetensors.torch.save_file(state_dict, ...).")
   data = fileio.read_bytes(path)
   _DIGESTS[path] = hashlib.sha256(data).hexdigest()[:16]
+  if str(path).lower().endswith(".safetensors") or _is_safetensors(data):
+    return _read_safetensors(path, data)
+  return _read_npz(path, data)
+
+
+def _is_safetensors(data: bytes) -> bool:
+  """An 8-byte little-endian header length, then a JSON object."""
+  n = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+  return 8 < 8 + n <= len(data) and data[8:9] == b"{"
+
+
+def _read_safetensors(path: str, data: bytes) -> dict[str, np.ndarray]:
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  try:
+    if not fileio.is_remote(path):
+      flat = safetensors.numpy.load_file(path)
+    else:  # its NumPy reader takes bfloat16 only from a file
+      with tempfile.NamedTemporaryFile(suffix=".safetensors") as f:
+        f.write(data)
+        f.flush()
+        flat = safetensors.numpy.load_file(f.name)
+  except Exception as e:  # pylint: disable=broad-except  (SafetensorError, or a bad header)
+    raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}). "
+                          "It is truncated or corrupt: download it again.") from e
+  if not flat:
+    raise CheckpointError(f"{path}: the safetensors file holds no tensors.")
+  return {k: np.asarray(v, np.float32) if v.dtype.kind == "f" or v.dtype.name == "bfloat16"
+          else v for k, v in flat.items()}
+
+
+def _read_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
+  """All arrays of an npz file; bfloat16 (stored as void) becomes float32."""
   bad = (zipfile.BadZipFile, EOFError, OSError, ValueError, zlib.error)
   try:
     loaded = np.load(io.BytesIO(data), allow_pickle=False)
@@ -80,6 +122,10 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
   if not isinstance(loaded, np.lib.npyio.NpzFile):
     raise CheckpointError(f"{path}: holds a single array of shape {np.shape(loaded)}, "
                           "not an npz archive of named arrays.")
+  pickled = [k for k in flat if k.endswith(".pkl")]
+  if pickled:  # torch.save writes a zip archive too
+    raise CheckpointError(f"{path}: a PyTorch archive (member {pickled[0]!r}) holding a pickle, "
+                          "which is never read; use the model's .safetensors file instead.")
   for k, v in flat.items():
     if not isinstance(v, np.ndarray):  # np.load hands back other members as bytes
       raise CheckpointError(f"{path}: member {k!r} of the archive is not a .npy array; an "

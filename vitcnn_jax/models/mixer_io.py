@@ -11,6 +11,7 @@ import numpy as np
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
+SUFFIX = ".npz"
 OVERRIDABLE = ("gelu",)  # tanh GELU like every upstream
 FORMATS = {"mixer": "vision_transformer / big_vision MLP-Mixer: stem, MixerBlock_i/"
                     "{token,channel}_mixing, pre_head_layer_norm; the token MLP fixes the size"}

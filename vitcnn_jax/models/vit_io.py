@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import scipy.ndimage
@@ -18,6 +18,7 @@ import scipy.ndimage
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
+SUFFIX = ".npz"
 OVERRIDABLE = ("gelu", "no_skip")  # tanh GELU like every upstream; `no_skip` for ablation models
 FORMATS = {
     "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
@@ -177,8 +178,10 @@ def read(keys: io.Keys) -> io.Reading:
   return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  """Checks the resolution; a learned embedding is resampled to the new grid."""
+def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
+          resample: Callable[..., np.ndarray] = resample_posemb) -> None:
+  """Checks the resolution; a learned embedding is resampled to the new grid
+  (with `resample`, the file's upstream's method)."""
   if cfg.get("image_size") is None:
     raise io.CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
@@ -198,7 +201,7 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
       raise io.CheckpointError(f"{path}: cannot resample a non-square position "
                                         f"embedding ({r.evidence['image_size']}) to {new}.")
     old = native // patch[0]
-    r.params["pos_embedding"] = resample_posemb(r.params["pos_embedding"], (old, old), grid)
+    r.params["pos_embedding"] = resample(r.params["pos_embedding"], (old, old), grid)
 
 
 def default_format(model) -> str:
@@ -206,7 +209,18 @@ def default_format(model) -> str:
   return "vit" if plain else "big_vision"
 
 
+# Options of later ViTs that Google's files cannot hold (their value in Google's ViTs).
+_TIMM_ONLY = dict(num_registers=0, pre_norm=False, fc_norm=False, mlp="gelu", ln_eps=1e-6,
+                  layer_scale=False, patch_bias=True, head_bias=True)
+
+
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
+  other = {k: getattr(model, k) for k, v in _TIMM_ONLY.items() if getattr(model, k) != v}
+  if model.class_token not in (None, model.pool == "token"):
+    other["class_token"] = model.class_token
+  if other:
+    raise ValueError(f"Google's ViT formats have no {other}; save as .safetensors (timm's "
+                     "layout).")
   if fmt == "big_vision":
     return {f"params/{k}": v for k, v in flat.items()}
   if default_format(model) != "vit":
