@@ -159,7 +159,9 @@ def test_every_analysis_declares_itself(name):
 # (or packages, with all below them) it may not import. `vitcnn_jax.models` alone is
 # the family registry; its anatomy and common pieces are open to all.
 RUNNING = ("vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.jobs", "vitcnn_jax.analyses")
-FAMILIES = tuple(f"vitcnn_jax.models.{f}{io}" for f in ("vit", "bit", "mixer") for io in ("", "_io"))
+FAMILIES = tuple(f"vitcnn_jax.models.{f[:-3]}" for f in sorted(os.listdir(
+    os.path.join(ROOT, "vitcnn_jax", "models"))) if f.endswith(".py")
+                 and f not in ("__init__.py", "anatomy.py", "common.py", "io.py"))
 FORBIDDEN = {
     "vitcnn_jax.analyses": ("vitcnn_jax.driver", "vitcnn_jax.loading", "vitcnn_jax.jobs",
                             "vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.checkpoints",

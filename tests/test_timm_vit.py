@@ -20,6 +20,7 @@ LN5 = functools.partial(torch.nn.LayerNorm, eps=1e-5)
 # name -> (timm constructor arguments beyond TINY, our overrides, what the file shows)
 FAMILIES = {
     "deit": (dict(num_classes=7), {}, dict(pool="token", class_token=True)),
+    "deit_distilled": (dict(num_classes=7, distilled=True), {}, dict(distilled=True)),
     "deit3": (dict(num_classes=7, no_embed_class=True, init_values=1e-5), {},
               dict(layer_scale=True, pool="token")),
     "dinov2": (dict(num_classes=0, init_values=1e-5), {}, dict(layer_scale=True, num_classes=None)),

@@ -13,6 +13,7 @@ import torchvision_cpu  # noqa: E402  (needs torch)
 
 torchvision_cpu.declare_detection_ops()
 timm = require("timm")
+from timm.models import convnext as timm_convnext  # noqa: E402
 from timm.models import mlp_mixer as timm_mixer  # noqa: E402
 from timm.models import resnetv2 as timm_resnetv2  # noqa: E402
 from timm.models import vision_transformer as timm_vit  # noqa: E402
@@ -103,14 +104,26 @@ def randomize(model, seed: int = 0) -> None:
         p.copy_(0.3 * z)
 
 
-def timm_vit_file(path, images: np.ndarray, *, features: bool = False, seed: int = 0,
-                  **kwargs) -> np.ndarray:
-  """A timm VisionTransformer with random weights, saved as its state dict in
-  safetensors (the format timm publishes); returns its own forward on `images`."""
+def _published(model, path, images: np.ndarray, features: bool, seed: int) -> np.ndarray:
+  """`model` with random weights saved as its state dict in safetensors (the
+  format timm publishes); returns its own forward on `images`."""
   import safetensors.torch  # pylint: disable=g-import-not-at-top
 
-  model = timm_vit.VisionTransformer(img_size=images.shape[1], **kwargs)
   randomize(model, seed)
   safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
                               str(path))
   return _run(model, images, features)
+
+
+def timm_vit_file(path, images: np.ndarray, *, features: bool = False, seed: int = 0,
+                  **kwargs) -> np.ndarray:
+  """A timm VisionTransformer (or DeiT's distilled one) as timm publishes it."""
+  distilled = kwargs.pop("distilled", False)
+  cls = timm.models.deit.VisionTransformerDistilled if distilled else timm_vit.VisionTransformer
+  return _published(cls(img_size=images.shape[1], **kwargs), path, images, features, seed)
+
+
+def timm_convnext_file(path, images: np.ndarray, *, features: bool = False, seed: int = 0,
+                       **kwargs) -> np.ndarray:
+  """A timm ConvNeXt (v1 or, with use_grn=True, ls_init_value=None, v2) as published."""
+  return _published(timm_convnext.ConvNeXt(**kwargs), path, images, features, seed)

@@ -200,6 +200,7 @@ class ViT(anatomy.PatchTokens, nn.Module):
   # Options of later ViTs (timm-layout files); the defaults are Google's.
   class_token: bool | None = None  # None: with `token` pooling
   num_registers: int = 0  # register tokens after the class token (DINOv2 with registers)
+  distilled: bool = False  # DeiT's distillation token after the class token, its own head
   pre_norm: bool = False  # a LayerNorm before the blocks (CLIP)
   fc_norm: bool = False  # the pooled features normed, not the tokens (MAE-style heads)
   mlp: str = "gelu"  # or "swiglu"
@@ -225,8 +226,9 @@ class ViT(anatomy.PatchTokens, nn.Module):
 
   @property
   def prefix_tokens(self) -> tuple[str, ...]:
-    """Tokens before the spatial ones: the class token, then any registers."""
-    return ("cls",) * self.has_class_token + ("reg",) * self.num_registers
+    """Tokens before the spatial ones: class, distillation, then register tokens."""
+    return (("cls",) * self.has_class_token + ("dist",) * self.distilled
+            + ("reg",) * self.num_registers)
 
   @property
   def options(self) -> BlockOptions:
@@ -255,6 +257,9 @@ class ViT(anatomy.PatchTokens, nn.Module):
       raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
     if self.pool == "token" and not self.has_class_token:
       raise ValueError("pool='token' reads the class token, and class_token=False.")
+    if self.distilled and (self.pool != "token" or self.representation_size or self.fc_norm):
+      raise ValueError("distilled=True (DeiT) reads the class and distillation tokens: "
+                       "pool='token', without pre_logits or fc_norm.")
     capture = common.Capture.of(capture)
     common.patch_grid(self.patch_size, self.image_size)  # validates the sizes
     common.check_image(images, common.to_pair(self.image_size), "ViT")
@@ -274,6 +279,8 @@ class ViT(anatomy.PatchTokens, nn.Module):
     prefix = []
     if self.has_class_token:
       prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype))
+    if self.distilled:
+      prefix.append(self.param("dist", nn.initializers.zeros, (1, 1, d), x.dtype))
     if self.num_registers:
       prefix.append(self.param("reg", nn.initializers.zeros, (1, self.num_registers, d), x.dtype))
     if prefix:
@@ -285,6 +292,19 @@ class ViT(anatomy.PatchTokens, nn.Module):
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
                 final_norm=not self.fc_norm, name="Transformer")(x, capture, out)
     capture.put(out, "encoded", x)
+    return self._head(x, capture, out), out
+
+  def _head(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+    """Pooling, fc_norm, pre_logits and the classifier; DeiT's distilled models
+    average two heads, on the class and the distillation token (as timm)."""
+    if self.distilled:
+      capture.put(out, "head_input", (x[:, 0] + x[:, 1]) / 2)
+      capture.put(out, "pre_logits", (x[:, 0] + x[:, 1]) / 2)
+      if not self.num_classes:
+        return (x[:, 0] + x[:, 1]) / 2
+      x = (common.dense_head(self.num_classes, use_bias=self.head_bias)(x[:, 0]) + common.dense_head(
+          self.num_classes, "head_dist", self.head_bias)(x[:, 1])) / 2
+      return capture.put(out, "logits", x)
     x = self._pool(x, capture, out)
     if self.fc_norm:
       x = common.layer_norm("fc_norm", self.ln_eps)(x)
@@ -295,7 +315,7 @@ class ViT(anatomy.PatchTokens, nn.Module):
     if self.num_classes:
       x = common.dense_head(self.num_classes, use_bias=self.head_bias)(x)
       capture.put(out, "logits", x)
-    return x, out
+    return x
 
   def _pool(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     """The class token (`token`), the first token (`0`), the spatial tokens' mean

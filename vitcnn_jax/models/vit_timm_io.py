@@ -198,6 +198,10 @@ def _tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
   cfg["class_token"], ev["class_token"] = bool(prefix), "cls_token" + ("" if prefix else
                                                                          ": absent")
   cfg["num_registers"], ev["num_registers"] = 0, "reg_token: absent"
+  cfg["distilled"], ev["distilled"] = keys.has("dist_token"), "dist_token" + (
+      "" if keys.has("dist_token") else ": absent")
+  if cfg["distilled"]:
+    prefix.append(("dist", keys.take("dist_token")))
   if keys.has("reg_token"):
     prefix.append(("reg", keys.take("reg_token")))
     cfg["num_registers"], ev["num_registers"] = prefix[-1][1].shape[1], keys.shape("reg_token")
@@ -256,14 +260,18 @@ def read(keys: io.Keys) -> io.Reading:
     _norm(keys, p, "norm_pre", "norm_pre")
   _blocks(keys, p, cfg, ev, assumed)
   _tokens(keys, p, cfg, ev, assumed)
+  if cfg["distilled"] and cfg["pool"] != "token":
+    raise io.CheckpointError(f"{keys.path}: a dist_token needs a cls_token and no fc_norm "
+                             "(DeiT's distilled head reads both tokens).")
   if cfg["pool"] == "map":
     _map_head(keys, p, cfg)
   if keys.has("head.weight"):
-    p["head/kernel"], bias = _linear(keys, "head", bias=False)
+    for head in ("head", "head_dist")[:1 + cfg["distilled"]]:
+      p[f"{head}/kernel"], bias = _linear(keys, head, bias=False)
+      if bias is not None:
+        p[f"{head}/bias"] = bias
     cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("head.weight")
-    cfg["head_bias"] = bias is not None
-    if bias is not None:
-      p["head/bias"] = bias
+    cfg["head_bias"] = "head/bias" in p
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.weight in the file"
   cfg["representation_size"] = None
@@ -285,7 +293,8 @@ def default_format(model) -> str:
 _NAMES = {  # our sub-tree -> timm's module, per scope: top level, block, MAP head
     "": {"embedding": "patch_embed.proj", "cls": "cls_token", "reg": "reg_token",
          "pos_embedding": "pos_embed", "norm_pre": "norm_pre", "fc_norm": "fc_norm",
-         "Transformer/encoder_norm": "norm", "head": "head"},
+         "Transformer/encoder_norm": "norm", "head": "head", "dist": "dist_token",
+         "head_dist": "head_dist"},
     "block": {"LayerNorm_0": "norm1", "LayerNorm_1": "norm2", f"{_ATTN}/query": "attn.qkv",
               f"{_ATTN}/key": "attn.qkv", f"{_ATTN}/value": "attn.qkv",
               f"{_ATTN}/out": "attn.proj", "MlpBlock_0/Dense_0": "mlp.fc1",

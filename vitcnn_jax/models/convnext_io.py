@@ -1,0 +1,142 @@
+"""ConvNeXt state dicts in timm's layout (`.safetensors`), v1 and v2.
+
+The architecture is read from the tensors: widths from each stage's convs,
+depths from the block numbering, v2 from `mlp.grn`, v1's layer scale from
+`gamma`; the stem's patch size and the depthwise kernel from their shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vitcnn_jax.models import io
+
+FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1, "
+                            "stages.S.downsample.0/1, stages.S.blocks.B.{conv_dw, norm, "
+                            "mlp.fc1, mlp.grn (v2), mlp.fc2, gamma (v1)}, head.norm, head.fc"}
+SUFFIX = ".safetensors"
+OVERRIDABLE = ()
+_LN = {"weight": "scale", "bias": "bias"}
+
+
+def detect(flat: dict[str, np.ndarray]) -> str | None:
+  if "stem.0.weight" in flat and any(k.startswith("stages.") for k in flat):
+    return "timm_convnext"
+  return None
+
+
+def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
+  w = keys.take(f"{name}.weight")
+  if w.ndim != 4:
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a conv kernel "
+                             "(out, in, h, w).")
+  p[f"{ours}/kernel"], p[f"{ours}/bias"] = w.transpose(2, 3, 1, 0), keys.take(f"{name}.bias")
+  return w
+
+
+def _dense(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
+  w = keys.take(f"{name}.weight")
+  if w.ndim != 2:
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a matrix.")
+  p[f"{ours}/kernel"], p[f"{ours}/bias"] = w.T, keys.take(f"{name}.bias")
+  return w
+
+
+def _norm(keys: io.Keys, p: dict, name: str, ours: str) -> None:
+  for theirs, leaf in _LN.items():
+    p[f"{ours}/{leaf}"] = keys.take(f"{name}.{theirs}")
+
+
+def read(keys: io.Keys) -> io.Reading:
+  p: dict[str, np.ndarray] = {}
+  cfg: dict[str, Any] = {}
+  ev: dict[str, str] = {}
+  stem = _conv(keys, p, "stem.0", "stem_conv")
+  cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape("stem.0.weight")
+  _norm(keys, p, "stem.1", "stem_norm")
+  stages = keys.indices(r"stages\.(\d+)\.")
+  if not stages or stages[0] != 0:
+    raise io.CheckpointError(f"{keys.path}: no stages.0.* tensors found.")
+  depths, widths = [], []
+  for s in stages:
+    if s:
+      _norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
+      _conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv")
+    blocks = keys.indices(rf"stages\.{s}\.blocks\.(\d+)\.")
+    if not blocks or blocks[0] != 0:
+      raise io.CheckpointError(f"{keys.path}: stage {s} has no stages.{s}.blocks.0.* tensors.")
+    depths.append(len(blocks))
+    for b in blocks:
+      src, ours = f"stages.{s}.blocks.{b}", f"stage{s}_block{b:02d}"
+      dw = _conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw")
+      _norm(keys, p, f"{src}.norm", f"{ours}/norm")
+      _dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
+      _dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
+      if keys.has(f"{src}.mlp.grn.weight"):
+        _norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
+      if keys.has(f"{src}.gamma"):
+        p[f"{ours}/gamma"] = keys.take(f"{src}.gamma")
+    widths.append(dw.shape[0])
+  cfg["depths"], ev["depths"] = tuple(depths), "stages.S.blocks.0..n-1"
+  cfg["widths"] = tuple(widths)
+  ev["widths"] = "stages.S.blocks.0.conv_dw.weight (width, 1, k, k)"
+  cfg["kernel_size"], ev["kernel_size"] = dw.shape[-1], keys.shape(
+      f"stages.{stages[-1]}.blocks.0.conv_dw.weight")
+  cfg["grn"] = keys.has("stages.0.blocks.0.mlp.grn.weight")
+  ev["grn"] = "stages.0.blocks.0.mlp.grn.weight" + ("" if cfg["grn"] else ": absent (v1)")
+  cfg["layer_scale"] = keys.has("stages.0.blocks.0.gamma")
+  ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
+  _norm(keys, p, "head.norm", "head_norm")
+  if keys.has("head.fc.weight"):
+    w = _dense(keys, p, "head.fc", "head")
+    cfg["num_classes"], ev["num_classes"] = w.shape[0], keys.shape("head.fc.weight")
+  else:
+    cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"
+  return io.Reading(keys.fmt, cfg, ev, p)
+
+
+def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+  """Any resolution runs (a conv net); the input must tile into the strides."""
+  del r, native
+  size, stride = cfg.get("image_size") or 224, cfg["patch_size"] * 2 ** (len(cfg["depths"]) - 1)
+  if any(s % stride for s in np.atleast_1d(size)):
+    raise ValueError(f"{path}: resolution {size} is not a multiple of {stride}, the stem's "
+                     "patch times the downsamplings.")
+
+
+def default_format(model) -> str:
+  del model
+  return "timm_convnext"
+
+
+_NAMES = {"stem_conv": "stem.0", "stem_norm": "stem.1", "head_norm": "head.norm",
+          "head": "head.fc"}
+_BLOCK = {"conv_dw": "conv_dw", "norm": "norm", "fc1": "mlp.fc1", "fc2": "mlp.fc2",
+          "grn": "mlp.grn", "gamma": "gamma"}
+_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+
+
+def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
+  """Our params under timm's ConvNeXt names and layouts."""
+  del model, fmt
+  out = {}
+  for k, v in flat.items():
+    module, _, leaf = k.rpartition("/")
+    if module.startswith("stage") and "_block" in module:
+      stage, block = module.split("/")[0].split("_block")
+      sub = module.split("/")[1] if "/" in module else leaf
+      name = f"stages.{stage[5:]}.blocks.{int(block)}.{_BLOCK[sub]}"
+    elif module.startswith("stage"):  # stageS_downsample_{norm,conv}
+      stage, _, part = module.partition("_downsample_")
+      name = f"stages.{stage[5:]}.downsample.{0 if part == 'norm' else 1}"
+    else:
+      name = _NAMES[module]
+    if k.endswith("gamma"):
+      out[name] = v
+      continue
+    if leaf == "kernel":
+      v = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
+    out[f"{name}.{_LEAVES[leaf]}"] = v
+  return out
