@@ -86,6 +86,9 @@ class Declaration:
   test_split: bool = False  # also reads config.data.test_split (as source "test")
   model_fields: tuple[str, ...] = ()  # per-model config fields it reads (config.models.NAME.X)
   hint: str = ""  # appended to messages about missing models
+  # (model name or "*", capability of models/anatomy.require): checked at load, so that a
+  # model without it is refused by name before anything else is asked of it
+  needs: tuple[tuple[str, str], ...] = ()
 
   def verdicts(self, summary: dict) -> list[tuple[Finding, Verdict]]:
     """Each finding with its verdict on `summary` (None where it does not apply

@@ -115,7 +115,7 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
                      f"has {len(sources['data'])} examples, sampled without replacement; lower "
                      "config.num_examples.")
   config = demos.resolve(config)
-  models = loading.load_models(config, declared.hint)
+  models = loading.load_models(config, declared.hint, declared.needs)
   analysis = declared.build(config, models)
   done = driver.run(config, workdir, declared.name, analysis, models, sources)
   return None if done is None else Result(declared.name, *done, workdir, analysis.plot)

@@ -59,13 +59,17 @@ def overrides(spec: ml_collections.ConfigDict) -> dict:
   return {k: v for k, v in dict(spec.get("overrides", {})).items() if v is not None}
 
 
-def load_models(config: ml_collections.ConfigDict, hint: str = "") -> dict[str, Loaded]:
-  """Every model of `config.models`, by name."""
-  return {n: load_model(config, n, hint) for n in config.models}
+def load_models(config: ml_collections.ConfigDict, hint: str = "",
+                needs: Sequence[tuple[str, str]] = ()) -> dict[str, Loaded]:
+  """Every model of `config.models`, by name, each with the capabilities `needs`
+  asks of it (pairs of a model name, or "*", and a capability)."""
+  return {n: load_model(config, n, hint, [c for m, c in needs if m in (n, "*")])
+          for n in config.models}
 
 
-def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> Loaded:
-  """The model `config.models[name]`."""
+def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
+               needs: Sequence[str] = ()) -> Loaded:
+  """The model `config.models[name]`, refused unless it has each of `needs`."""
   spec, key = config.models[name], f"models.{name}"
   path = spec.get("checkpoint")
   if not path:
@@ -82,6 +86,8 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "") -> 
     raise io.CheckpointError(  # a model this tool trained: no one to download it from
         f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
         "train it again.") from e
+  for need in needs:
+    anatomy.require(model, need, f"config.{key}")
   try:
     return loaded(name, path, spec.get("label") or model.family, model, params, spec.capture,
                   spec.get("policy") or "")

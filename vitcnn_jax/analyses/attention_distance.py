@@ -19,7 +19,6 @@ from vitcnn_jax import declaration
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
-from vitcnn_jax.models import anatomy
 
 DEFAULTS = {
     "num_examples": 5000,  # the paper: 5,000 ImageNet validation images
@@ -64,7 +63,6 @@ class AttentionDistance(protocol.Analysis):
     if config.cls not in CLS_CONVENTIONS:
       raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
     self.config, self.m = config, models["vit"]
-    anatomy.require(self.m.model, "attention", "config.models.vit")
     self.patch = square_patch(self.m.model, "config.models.vit")
     layers = [a for a in self.m.model.attention() if a.weights in self.m.names]
     if not layers:
@@ -90,6 +88,7 @@ class AttentionDistance(protocol.Analysis):
     summary = {"analysis": "attention_distance", "checkpoint": self.m.path, "label": self.m.label,
                "cls": self.config.cls, "num_examples": self.config.num_examples,
                "patch_size": self.patch, "grid": list(self.m.model.grid), "blocks": self.blocks,
+               "prefix_tokens": list(self.m.model.prefix_tokens),  # left out: spatial queries, keys
                "mean_distance_px": mean.tolist(), "uniform_ceiling_px": float(self.ceiling.mean())}
     return {"mean_distance": mean, "blocks": np.asarray(self.blocks)}, summary
 
@@ -121,7 +120,8 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="attention_distance", build=AttentionDistance,
-    models=declaration.Models(required=("vit",)), defaults=DEFAULTS, layers=("block*/attn/weights",),
+    models=declaration.Models(required=("vit",)), needs=(("vit", "attention"), ("vit", "tokens")),
+    defaults=DEFAULTS, layers=("block*/attn/weights",),
     figures="Figs 3, 4, C.5, C.6", key_numbers=key_numbers,
     findings=(declaration.Finding(
         "With large pre-training data, lower ViT blocks have both local and global heads; "

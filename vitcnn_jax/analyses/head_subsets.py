@@ -24,7 +24,6 @@ from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
-from vitcnn_jax.models import anatomy
 
 DEFAULTS = {
     "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)
@@ -56,7 +55,6 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
     if config.tap not in TAPS:
       raise ValueError(f"config.tap={config.tap!r} is not one of {TAPS}.")
     self.config, self.vit, self.res = config, models["vit"], models["resnet"]
-    anatomy.require(self.vit.model, "attention", "config.models.vit")
     layers = self.vit.model.attention()
     if not 0 <= config.block < len(layers):
       raise ValueError(f"config.block={config.block} is outside 0..{len(layers) - 1}.")
@@ -164,6 +162,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="head_subsets", build=HeadSubsets, models=declaration.Models(required=("vit", "resnet")),
+    needs=(("vit", "attention"), ("vit", "tokens")),
     defaults=DEFAULTS, layers="all", figures="Fig 5", hsic_minibatches=True,
     key_numbers=key_numbers,
     findings=(declaration.Finding(

@@ -90,6 +90,7 @@ class Localization(protocol.HsicPass, protocol.Analysis):
                "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,
                "tokens": self.tokens, "own_patch_cka_mean": float(np.mean(np.diag(tok_patch))),
                "class_token": "cls" in self.m.model.prefix_tokens,
+               "prefix_tokens": list(self.m.model.prefix_tokens),  # left out: spatial tokens only
                "own_patch_best_fraction": float(np.mean(tok_patch.argmax(axis=1) == np.arange(self.n)))}
     return {"cka": tok_patch, "grid": np.asarray(self.grid)}, summary
 
@@ -113,6 +114,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="localization", build=Localization, models=declaration.Models(any_names=True, count=1),
+    needs=(("*", "tokens"),),
     defaults=DEFAULTS, layers="all", figures="Figs 9, 10, D.1-D.3", hsic_minibatches=True,
     key_numbers=key_numbers,
     findings=(declaration.Finding(

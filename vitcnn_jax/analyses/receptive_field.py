@@ -27,7 +27,6 @@ from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import representations
 from vitcnn_jax import results
-from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
 DEFAULTS = {
@@ -75,8 +74,6 @@ class ReceptiveField(protocol.Analysis):
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     self.config, self.models = config, models
-    for k, m in models.items():
-      anatomy.require(m.model, "residuals", f"config.models.{k}")
     self.points = {k: layer_names(m.model, config.pre_residual) for k, m in models.items()}
 
   def step(self, forward, labels, mask) -> dict:
@@ -170,6 +167,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="receptive_field", build=ReceptiveField, models=declaration.Models(any_names=True),
+    needs=(("*", "residuals"),),
     defaults=DEFAULTS, layers="all", figures="Figs 6, C.1-C.4", key_numbers=key_numbers,
     findings=(
         declaration.Finding(

@@ -20,7 +20,6 @@ from vitcnn_jax import declaration
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
-from vitcnn_jax.models import anatomy
 
 DEFAULTS = {
     "num_examples": 2560,  # the paper does not say
@@ -56,8 +55,6 @@ class SkipRatio(protocol.Analysis):
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     self.config, self.models = config, models
-    for k, m in models.items():
-      anatomy.require(m.model, "residuals", f"config.models.{k}")
     self.tokens = [k for k, m in models.items() if m.model.grid is not None]
     if not self.tokens:
       raise ValueError(f"config.models has {list(models)}, none with tokens; skip ratios per "
@@ -88,8 +85,8 @@ class SkipRatio(protocol.Analysis):
         shape = (m.model.num_blocks, len(m.model.sublayers), -1)  # (block, sublayer, token)
         ratio, cosine = ratio.reshape(shape), cosine.reshape(shape)
         prefix = m.model.num_prefix_tokens
-        entry.update(sublayers=list(m.model.sublayers),
-                     cls_ratio=ratio[:, :, 0].tolist() if prefix else None,
+        entry.update(sublayers=list(m.model.sublayers), prefix_tokens=list(m.model.prefix_tokens),
+                     cls_ratio=ratio[:, :, 0].tolist() if "cls" in m.model.prefix_tokens else None,
                      spatial_ratio=ratio[:, :, prefix:].mean(axis=-1).tolist())
       else:
         units = [r.block for r in self.residuals[k]]
@@ -147,6 +144,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="skip_ratio", build=SkipRatio, models=declaration.Models(any_names=True),
+    needs=(("*", "residuals"),),
     defaults=DEFAULTS, layers="all", figures="Figs 7, E.1, E.2", key_numbers=key_numbers,
     findings=(
         declaration.Finding(

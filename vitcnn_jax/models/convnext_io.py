@@ -94,7 +94,8 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["num_classes"], ev["num_classes"] = w.shape[0], keys.shape("head.fc.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"
-  return io.Reading(keys.fmt, cfg, ev, p)
+  cfg["image_size"], ev["image_size"] = 224, "not in the file (a conv net runs at any size); 224"
+  return io.Reading(keys.fmt, cfg, ev, p, ("image_size",))
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:

@@ -1,0 +1,83 @@
+"""Every analysis on today's families (timm-layout ViTs with registers or a
+distillation token, ConvNeXt v2) where its definition applies, and a clear
+refusal where it does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import timm_ref
+import vitcnn_jax as vj
+from vitcnn_jax import checkpoints
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  d = tmp_path_factory.mktemp("families")
+  x = np.zeros((1, 32, 32, 3), np.float32)
+  vit = dict(patch_size=8, embed_dim=48, depth=2, num_heads=3, mlp_ratio=2.0)
+  timm_ref.timm_vit_file(d / "reg.safetensors", x, num_classes=0, init_values=1e-5, reg_tokens=2,
+                         no_embed_class=True, **vit)
+  timm_ref.timm_vit_file(d / "deit.safetensors", x, num_classes=5, distilled=True, **vit)
+  timm_ref.timm_convnext_file(d / "cnx.safetensors", np.zeros((1, 64, 64, 3), np.float32),
+                              depths=(1, 1, 1, 1), dims=(8, 16, 24, 32), num_classes=5,
+                              use_grn=True, ls_init_value=None)
+  return {"reg": {"checkpoint": str(d / "reg.safetensors"), "num_heads": 3},
+          "deit": {"checkpoint": str(d / "deit.safetensors"), "num_heads": 3},
+          "cnx": {"checkpoint": str(d / "cnx.safetensors"), "resolution": 64}}
+
+
+@pytest.fixture(scope="module")
+def images():
+  rng = np.random.default_rng(0)
+  return rng.integers(0, 256, (N, 32, 32, 3)).astype(np.uint8), np.arange(N) % 2
+
+
+def test_prefix_tokens_are_named(files):
+  reg, _ = checkpoints.load_model(files["reg"]["checkpoint"], num_heads=3)
+  deit, _ = checkpoints.load_model(files["deit"]["checkpoint"], num_heads=3)
+  assert reg.prefix_tokens == ("cls", "reg", "reg") and deit.prefix_tokens == ("cls", "dist")
+
+
+def test_cka_pc_share_skip_ratio_receptive_field_and_probes_run_on_all(files, images):
+  grey, labels = images
+  small = dict(batch_size=8, num_examples=N)
+  r = vj.cka(files, grey, layers="blocks", repeats=1, **small)
+  assert {k for k in r.arrays if k.startswith("cka_")} >= {"cka_cnx_deit", "cka_reg_reg"}
+  assert all(np.isfinite(r[k]).all() for k in r.arrays if k.startswith("cka_"))
+  np.testing.assert_allclose(np.diag(r["cka_cnx_cnx"]), 1, atol=1e-5)
+  r = vj.pc_share(files, grey, layers="blocks", **small)
+  assert r.summary["models"].keys() == files.keys()
+  r = vj.skip_ratio(files, grey, **small)
+  for k in files:  # a token model's ratios per token (prefix tokens first), a CNN's per block
+    assert np.isfinite(r[f"{k}_ratio"]).all() and (r[f"{k}_ratio"] > 0).all()
+  assert r["cnx_ratio"].shape == (4,) and r["reg_ratio"].shape == (2, 2, 4 * 4 + 3)
+  assert r.summary["models"]["reg"]["prefix_tokens"] == ["cls", "reg", "reg"]
+  r = vj.receptive_field(files, grey, num_examples=4, batch_size=4)
+  assert r["cnx_maps"].shape[1:] == (64, 64) and r["reg_maps"].shape[1:] == (32, 32)
+  r = vj.linear_probe(files, grey, labels=labels, test=(grey, labels), layers="blocks",
+                      batch_size=8, shots=2, seeds=1)
+  assert set(r.summary["models"]) == set(files)
+
+
+def test_token_analyses_say_which_tokens_they_use(files, images):
+  grey, _ = images
+  r = vj.attention_distance({"vit": files["reg"]}, grey, batch_size=8, num_examples=N)
+  assert r["mean_distance"].shape == (2, 3)  # blocks, heads
+  assert r.summary["prefix_tokens"] == ["cls", "reg", "reg"]
+  r = vj.localization({"deit": files["deit"]}, grey, batch_size=8, num_examples=N)
+  assert r.summary["prefix_tokens"] == ["cls", "dist"]
+
+
+@pytest.mark.parametrize("analysis,models", [
+    ("attention_distance", {"vit": "cnx"}),
+    ("localization", {"cnx": "cnx"}),
+    ("head_subsets", {"vit": "cnx", "resnet": "deit"}),
+])
+def test_analyses_that_do_not_apply_refuse(files, images, analysis, models):
+  with pytest.raises(ValueError, match=r"needs a model with (attention|tokens).*ConvNeXt has none"):
+    getattr(vj, analysis)({k: files[v] for k, v in models.items()}, images[0], batch_size=8,
+                          num_examples=N)
