@@ -4,10 +4,16 @@ refusal where it does not."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 import timm_ref
+import upstream_files as uf
+from conftest import ROOT
 import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
 
@@ -81,3 +87,29 @@ def test_analyses_that_do_not_apply_refuse(files, images, analysis, models):
   with pytest.raises(ValueError, match=r"needs a model with (attention|tokens).*ConvNeXt has none"):
     getattr(vj, analysis)({k: files[v] for k, v in models.items()}, images[0], batch_size=8,
                           num_examples=N)
+
+
+def test_loading_every_family_imports_no_torch(files, tmp_path):
+  """Published formats are read without torch (safetensors' NumPy interface): a
+  fresh process loads and runs one file of each family and format, then checks
+  that neither torch nor timm (installed here, for the tests) was imported."""
+  paths = [files["reg"]["checkpoint"], files["deit"]["checkpoint"], files["cnx"]["checkpoint"],
+           uf.save(tmp_path / "vit.npz", uf.vt_vit(0)), uf.save(tmp_path / "bv.npz", uf.bv_vit(0)),
+           uf.save(tmp_path / "bit.npz", uf.bt_bit(0)), uf.save(tmp_path / "mixer.npz", uf.mixer(0))]
+  code = textwrap.dedent("""
+      import sys
+      import numpy as np
+      from vitcnn_jax import checkpoints
+      for path in sys.argv[1:]:
+        model, params = checkpoints.load_model(path, **({"num_heads": 3} if "safetensors" in path
+                                                        and "cnx" not in path else {}))
+        size = model.image_size if isinstance(model.image_size, int) else 64
+        out, _ = model.apply({"params": params}, np.zeros((1, size, size, 3), np.float32))
+        assert np.isfinite(out).all(), path
+      loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm"))
+      print("IMPORTED", loaded)
+  """)
+  done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
+                        cwd=ROOT, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "IMPORTED []" in done.stdout, done.stdout
