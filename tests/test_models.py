@@ -134,7 +134,7 @@ def test_variants():
   with pytest.raises(ValueError, match="Unknown ViT variant 'Q/16'"):
     vit.decode_variant("Q/16")
   with pytest.raises(ValueError, match="Unknown model family"):
-    get_model("convnext")
+    get_model("densenet")
   assert bit.block_sizes(152) == (3, 8, 36, 3)
   with pytest.raises(ValueError, match="depth=34"):
     bit.block_sizes(34)
