@@ -115,7 +115,8 @@ def test_shape_errors_name_the_files_key_and_where_the_architecture_came_from(tm
 
 def test_an_impossible_architecture_names_the_file(tmp_path):
   w = uf.vt_vit(0, **VIT)
-  w["embedding/kernel"] = w["embedding/kernel"][..., :40]
+  for k in ("embedding/kernel", "Transformer/posembed_input/pos_embedding", "cls"):
+    w[k] = w[k][..., :40]
   with pytest.raises(CheckpointError, match=r"e\.npz: the architecture read from the file is not "
                                             r"a valid vit model \(width 40 is not divisible"):
     checkpoints.load_model(uf.save(tmp_path / "e.npz", w))
@@ -138,3 +139,85 @@ def test_a_tensor_of_the_wrong_rank_is_named(tmp_path, key):
   with pytest.raises(CheckpointError, match=rf"r\.npz: a malformed vit file.*unexpected rank: "
                                             rf"{key} \(7,\)"):
     checkpoints.load_model(uf.save(tmp_path / "r.npz", w))
+
+
+def test_a_classifier_kernel_of_the_wrong_rank_is_named(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  w["head/kernel"] = w["head/kernel"][None]
+  with pytest.raises(CheckpointError, match=r"h\.npz: head/kernel \(1, 48, 7\) should be a 2-D"):
+    checkpoints.load_model(uf.save(tmp_path / "h.npz", w))
+
+
+def test_a_position_embedding_of_another_width_is_named(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  pe = "Transformer/posembed_input/pos_embedding"
+  w[pe] = w[pe][..., :32]
+  with pytest.raises(CheckpointError, match=rf"{pe} \(1, 17, 32\) should be \(1, tokens, 48\), "
+                                            r"the width read from embedding/kernel"):
+    checkpoints.load_model(uf.save(tmp_path / "w.npz", w))
+
+
+def test_a_missing_class_token_is_named(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  del w["cls"]
+  with pytest.raises(CheckpointError, match=r"key 'cls' is missing: .* class-token row before "
+                                            r"its 4x4 grid"):
+    checkpoints.load_model(uf.save(tmp_path / "c.npz", w))
+
+
+def test_a_stray_key_is_named_with_its_prefix(tmp_path):
+  w = uf.vt_vit(0, **VIT)
+  beside = {**w, "params/foo": np.zeros(3, np.float32)}
+  with pytest.raises(CheckpointError, match=r"model's keys sit at the top level .* 1 key\(s\) sit "
+                                            r"under 'params/' \(params/foo\)"):
+    checkpoints.load_model(uf.save(tmp_path / "s.npz", beside))
+  inside = {f"params/{k}": v for k, v in beside.items()}
+  with pytest.raises(CheckpointError, match=r"1 tensor\(s\) not used .*: params/params/foo \(3,\)"):
+    checkpoints.load_model(uf.save(tmp_path / "t.npz", inside))
+
+
+def test_a_scan_stacked_shape_error_names_the_stacked_key(tmp_path):
+  w = uf.bv_vit(0, scan=True)
+  k = "params/Transformer/encoderblock/MlpBlock_0/Dense_0/bias"
+  w[k] = w[k][:, :50]
+  with pytest.raises(CheckpointError, match=rf"{k} \(entry 0 of its leading, per-block axis\) has "
+                                            r"shape \(50,\), but .* needs \(96,\)") as e:
+    checkpoints.load_model(uf.save(tmp_path / "k.npz", w))
+  assert "encoderblock_0" not in str(e.value).split("The architecture")[0]
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".bin", ".pt"])
+def test_pickles_are_refused_unread_naming_safetensors(tmp_path, suffix):
+  path = tmp_path / f"model{suffix}"
+  path.write_bytes(b"\x80\x04 not read")
+  with pytest.raises(CheckpointError, match=r"a PyTorch pickle.* never read.*\.safetensors"):
+    checkpoints.load_model(str(path))
+
+
+def test_a_torch_zip_archive_is_refused_unread(tmp_path):
+  import zipfile  # noqa: PLC0415
+  path = tmp_path / "model.npz"  # torch.save's zip format under a misleading name
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("archive/data.pkl", b"\x80\x04 not read")
+  with pytest.raises(CheckpointError, match=r"PyTorch archive \(member 'archive/data.pkl'\).*"
+                                            r"\.safetensors"):
+    checkpoints.load_model(str(path))
+
+
+def test_a_truncated_or_empty_safetensors_file_is_named(tmp_path):
+  import safetensors.numpy  # noqa: PLC0415
+  data = safetensors.numpy.save({"patch_embed.proj.weight": np.ones((8, 3, 4, 4), np.float32)})
+  cut = tmp_path / "cut.safetensors"
+  cut.write_bytes(data[:-20])
+  with pytest.raises(CheckpointError, match=r"cut\.safetensors: not a readable safetensors file"
+                                            r".*truncated or corrupt"):
+    checkpoints.load_model(str(cut))
+  empty = tmp_path / "empty.safetensors"
+  empty.write_bytes(safetensors.numpy.save({}))
+  with pytest.raises(CheckpointError, match=r"empty\.safetensors: the safetensors file holds no"):
+    checkpoints.load_model(str(empty))
+  named = tmp_path / "renamed.npz"  # told apart by its bytes, not its name
+  named.write_bytes(data)
+  with pytest.raises(CheckpointError, match=r"renamed\.npz: .*unknown checkpoint format.*"
+                                            r"patch_embed"):
+    checkpoints.load_model(str(named))

@@ -24,45 +24,64 @@ from vitcnn_jax.models.io import CheckpointError, Params
 _PREFIXES = ("opt/target/", "params/")
 
 
-def _select(flat: dict[str, np.ndarray], path: str, tower: str | None) -> dict[str, np.ndarray]:
-  """big_vision keeps params under `params/` or `opt/target/`; towers under `name/`.
+def _select(flat: dict[str, np.ndarray], path: str,
+            tower: str | None) -> tuple[dict[str, np.ndarray], str]:
+  """The model's tree and the prefix its keys had in the file: big_vision keeps
+  params under `params/` or `opt/target/`, towers under `name/`.
 
   Keys beside the params tree (optimizer state, step counters) are left out with
-  a logged warning; two different params trees in one file are an error.
+  a logged warning; two different params trees in one file are an error, and so
+  is a model beside a prefix that holds none.
   """
   found = [p for p in _PREFIXES if any(k.startswith(p) for k in flat)]
+  prefix = ""
   if found:
     trees = [{k[len(p):]: v for k, v in flat.items() if k.startswith(p)} for p in found]
     if len(trees) == 2 and (trees[0].keys() != trees[1].keys() or any(
         not np.array_equal(v, trees[1][k]) for k, v in trees[0].items())):
       raise CheckpointError(f"{path}: holds two different parameter trees, under "
                             f"{found[0]!r} and {found[1]!r}; save the one you mean alone.")
-    left = sorted(k for k in flat if not k.startswith(tuple(found)))
+    left = {k: v for k, v in flat.items() if not k.startswith(tuple(found))}
+    if left and _detect(left) and not _detect(trees[0]):
+      inside = sorted(k for k in flat if k.startswith(found[0]))
+      raise CheckpointError(
+          f"{path}: a model's keys sit at the top level ({', '.join(sorted(left)[:3])} ...), "
+          f"but {len(inside)} key(s) sit under {found[0]!r} ({', '.join(inside[:5])}), where "
+          "big_vision keeps a whole model. Remove the stray key(s) or move the model under "
+          f"{found[0]!r}.")
     if left:
       io.log.warning("%s: reading the parameters under %r; left out %d other keys (%s%s).", path,
-                  found[0], len(left), ", ".join(left[:5]), " ..." if len(left) > 5 else "")
-    flat = trees[0]
+                  found[0], len(left), ", ".join(sorted(left)[:5]), " ..." if len(left) > 5 else "")
+    flat, prefix = trees[0], found[0]
   groups = sorted({k.split("/")[0] for k in flat if "/" in k})
   towers = [g for g in groups if g in ("img", "txt", "image", "text")]
   if tower is None:
     if len(towers) > 1:
       raise CheckpointError(f"{path}: a two-tower checkpoint (towers {towers}); load the image "
                             f"tower as '{path}:img'.")
-    return flat
+    return flat, prefix
   inner = {k[len(tower) + 1:]: v for k, v in flat.items() if k.startswith(tower + "/")}
   if not inner:
     raise CheckpointError(f"{path}: no tower {tower!r}; the file's sub-trees are {groups}.")
-  return inner
+  return inner, f"{prefix}{tower}/"
 
 
-def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, models_lib.Family]:
-  """(format, family) of a flat tree."""
+def _detect(flat: dict[str, np.ndarray]) -> tuple[str, models_lib.Family] | None:
   for family in models_lib.FAMILIES.values():
     for io_ in family.ios:
       if fmt := io_.detect(flat):
         return fmt, family
-  raise CheckpointError(f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. "
-                        "Expected an official ViT, BiT or Mixer npz (see README, formats).")
+  return None
+
+
+def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, models_lib.Family]:
+  """(format, family) of a flat tree."""
+  if found := _detect(flat):
+    return found
+  raise CheckpointError(
+      f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. Expected an "
+      "official ViT, BiT or Mixer npz or a timm ViT or ConvNeXt .safetensors (see README, "
+      "formats).")
 
 
 def _file_key(model, key: str, value, fmt: str | None) -> str:
@@ -91,7 +110,8 @@ def check_params(model, params: Params, path: str = "<params>",
   for k in sorted(set(want) | set(have)):
     if k not in have:
       raise CheckpointError(f"{path}: parameter {k} {want[k]} is missing for {model}.{read_as}")
-    name = _file_key(model, k, flat[k], fmt)
+    name = reading.sources.get(k) if reading else None
+    name = name or _file_key(model, k, flat[k], fmt)
     if k not in want:
       raise CheckpointError(f"{path}: {name} {have[k]} is not part of the model.{read_as}")
     if have[k] != want[k]:
@@ -109,10 +129,10 @@ def _read_as(r: io.Reading) -> str:
 def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = io.split_tower(path)
-  flat = _select(io.read_arrays(file), path, tower)
+  flat, prefix = _select(io.read_arrays(file), path, tower)
   io.check_values(flat, path)
   fmt, family = detect(flat, path)
-  keys = io.Keys(flat, path, fmt)
+  keys = io.Keys(flat, path, fmt, prefix)
   try:
     reading = family.io_for(fmt).read(keys)
   except CheckpointError:

@@ -35,6 +35,8 @@ class Reading:
   evidence: dict[str, str]   # field -> the tensor (or absence) it was read from
   params: dict[str, np.ndarray]  # flat, our names
   assumed: tuple[str, ...] = ()  # fields no tensor decides: defaults, overridable
+  sources: dict[str, str] = dataclasses.field(default_factory=dict)  # ours -> file key, where
+  # no writer maps it back (a block of a scan-stacked tree), for messages
 
 
 _DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_arrays last read there
@@ -145,8 +147,9 @@ def _read_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
 class Keys:
   """The file's tensors, handed out once each; leftovers are an error."""
 
-  def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str):
+  def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str, prefix: str = ""):
     self.flat, self.path, self.fmt = flat, path, fmt
+    self.prefix = prefix  # what the file puts before every key (`params/`), for messages
     self.used: set[str] = set()
 
   def has(self, key: str) -> bool:
@@ -159,7 +162,7 @@ class Keys:
   def take(self, key: str) -> np.ndarray:
     if key not in self.flat:
       raise CheckpointError(
-          f"{self.path}: key {key!r} is missing; a {self.fmt} checkpoint with "
+          f"{self.path}: key {self.prefix + key!r} is missing; a {self.fmt} checkpoint with "
           "this architecture needs it. The file is incomplete or of another format.")
     self.used.add(key)
     return self.flat[key]
@@ -174,7 +177,7 @@ class Keys:
   def finish(self) -> None:
     left = sorted(set(self.flat) - self.used)
     if left:
-      shown = ", ".join(self.shape(k) for k in left[:10])
+      shown = ", ".join(self.prefix + self.shape(k) for k in left[:10])
       raise CheckpointError(
           f"{self.path}: {len(left)} tensor(s) not used by the {self.fmt} model "
           f"read from this file: {shown}{' ...' if len(left) > 10 else ''}. "
@@ -185,7 +188,12 @@ def take_head(keys: Keys, p: dict, cfg: dict, ev: dict,
               kernel: str = "head/kernel", bias: str = "head/bias") -> None:
   """The classifier, if the file has one (two-tower image towers often do not)."""
   if keys.has(kernel):
-    w = keys.take(kernel).reshape(keys.flat[kernel].shape[-2:])  # big_transfer: (1, 1, C, K)
+    w = keys.take(kernel)
+    if not (w.ndim == 2 or (w.ndim == 4 and w.shape[:2] == (1, 1))):
+      raise CheckpointError(f"{keys.path}: {keys.prefix}{keys.shape(kernel)} should be a 2-D "
+                            "(width, classes) kernel, or (1, 1, width, classes) as big_transfer "
+                            "writes it. The file is malformed.")
+    w = w.reshape(w.shape[-2:])
     p["head/kernel"], p["head/bias"] = w, keys.take(bias)
     cfg["num_classes"], ev["num_classes"] = w.shape[-1], keys.shape(kernel)
   else:

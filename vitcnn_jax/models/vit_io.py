@@ -66,7 +66,7 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
 
 
-def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
+def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -> None:
   stacked = keys.has("Transformer/encoderblock/LayerNorm_0/scale")
   if stacked:
     depth = keys.flat["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
@@ -90,6 +90,8 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
                 f"{keys.path}: scan-stacked {src}/{name}/{leaf} has leading axis "
                 f"{arr.shape[0]}, expected depth {depth}.")
           arr = arr[i]
+          sources[f"Transformer/encoderblock_{i}/{ours}/{leaf}"] = (
+              f"{keys.prefix}{src}/{name}/{leaf} (entry {i} of its leading, per-block axis)")
         p[f"Transformer/encoderblock_{i}/{ours}/{leaf}"] = arr
   q = p["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
   cfg["num_heads"], ev["num_heads"] = q.shape[1], f"block 0 query/kernel {q.shape}"
@@ -126,6 +128,12 @@ def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
       for leaf in leaves:
         p[f"MAPHead_0/{sub}/{leaf}"] = keys.take(f"MAPHead_0/{sub}/{leaf}")
   elif keys.fmt == "vit":
+    rows = pe.shape[1]
+    if math.isqrt(rows) ** 2 != rows and math.isqrt(rows - 1) ** 2 == rows - 1:
+      raise io.CheckpointError(
+          f"{keys.path}: key 'cls' is missing: {pe_key} {pe.shape} has a class-token row "
+          f"before its {math.isqrt(rows - 1)}x{math.isqrt(rows - 1)} grid, so the model "
+          "pools its class token, but the file has no 'cls' tensor. The file is incomplete.")
     cfg["pool"], ev["pool"] = "gap", "no cls in a vision_transformer file: classifier 'gap'"
   else:
     cfg["pool"] = "gap"
@@ -140,12 +148,13 @@ def read(keys: io.Keys) -> io.Reading:
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
   assumed: list[str] = []
+  sources: dict[str, str] = {}
   emb = keys.take("embedding/kernel")
   p["embedding/kernel"], p["embedding/bias"] = emb, keys.take("embedding/bias")
   cfg["patch_size"] = emb.shape[0] if emb.shape[0] == emb.shape[1] else tuple(emb.shape[:2])
   cfg["width"] = emb.shape[-1]
   ev["patch_size"] = ev["width"] = keys.shape("embedding/kernel")
-  _blocks(keys, p, cfg, ev)
+  _blocks(keys, p, cfg, ev, sources)
   if keys.has("pre_logits/kernel"):
     p["pre_logits/kernel"] = keys.take("pre_logits/kernel")
     p["pre_logits/bias"] = keys.take("pre_logits/bias")
@@ -168,6 +177,10 @@ def read(keys: io.Keys) -> io.Reading:
   else:
     pe = keys.take(pe_key or "pos_embedding")
     cfg["posemb"], ev["posemb"] = "learn", keys.shape(pe_key)
+    if pe.ndim != 3 or pe.shape[0] != 1 or pe.shape[2] != cfg["width"]:
+      raise io.CheckpointError(
+          f"{keys.path}: {keys.prefix}{keys.shape(pe_key)} should be (1, tokens, "
+          f"{cfg['width']}), the width read from {ev['width']}. The file is malformed.")
   pe = _pool(keys, p, cfg, ev, assumed, pe, pe_key)
   if pe is not None:
     p["pos_embedding"] = pe
@@ -175,7 +188,7 @@ def read(keys: io.Keys) -> io.Reading:
     square = g * g == pe.shape[1] and np.ndim(cfg["patch_size"]) == 0
     cfg["image_size"] = int(g * cfg["patch_size"]) if square else None
     ev["image_size"] = keys.shape(pe_key)
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed), sources)
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
