@@ -83,7 +83,7 @@ def part_ours(n_images: int, batch: int) -> dict:
   ours_s = time.perf_counter() - t
 
   def forward(ps, x):
-    x = preprocess.to_model_range(x)
+    x = preprocess.normalize(x)
     return [m.model.apply({"params": p}, x, capture=())[0] for m, p in zip(models, ps)]
 
   fwd = jax.jit(forward)
@@ -130,7 +130,7 @@ def part_reference(n_images: int, batch: int) -> dict:
   vec_rows = []
   for m, names in chunks:
     f = jax.jit(lambda p, x, m=m, names=names: m.model.apply(
-        {"params": p}, preprocess.to_model_range(x), capture=names)[1])
+        {"params": p}, preprocess.normalize(x), capture=names)[1])
     per_layer = {n: [] for n in names}
     for i in range(0, n_images, batch):
       out = f(m.params, images[i:i + batch])

@@ -105,7 +105,7 @@ def table() -> None:
     plan, _ = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
 
     def forward(params, images):
-      x = preprocess.to_model_range(images)
+      x = preprocess.normalize(images)
       return [m.model.apply({"params": p}, x, capture=())[0] for m, p in zip(models.values(), params)]
 
     fwd = jax.jit(forward).lower([m.params for m in models.values()],

@@ -10,9 +10,8 @@ Variants: `b16`, `b32`, `l16` (default; the paper's Fig 3 model family), `h14`,
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
-VIT = {"b16": "ViT-B/16", "b32": "ViT-B/32", "l16": "ViT-L/16", "h14": "ViT-H/14"}  # zoo.CHECKPOINTS
+VIT = {"b16": "ViT-B/16", "b32": "ViT-B/32", "l16": "ViT-L/16", "h14": "ViT-H/14"}  # names in zoo.ZOO
 REPORT = {"attention_distance": ("demo", "l16", 3)}  # report section: demo and paper variants, order
 
 
@@ -24,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, ("vit",), capture)
   elif arg.variant in VIT:
     name = VIT[arg.variant]
-    config.models = dict(vit=common.model(zoo.CHECKPOINTS[name], capture, name))
+    config.models = dict(vit=common.model(name, capture, name))
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(VIT) + ['demo']}.")

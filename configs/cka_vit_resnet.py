@@ -30,9 +30,8 @@ public ImageNet-21k checkpoints of the same architectures (both at 224 px).
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
-PAIRS = {  # names in zoo.CHECKPOINTS, also the labels
+PAIRS = {  # names in zoo.ZOO, also the labels
     "b16_r50": ("ViT-B/16", "BiT-R50x1"),
     "b32_r50": ("ViT-B/32", "BiT-R50x1"),
     "l16_r152": ("ViT-L/16", "BiT-R152x2"),
@@ -54,8 +53,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif pair in PAIRS:
     vit, bit = PAIRS[pair]
     config.models = dict(
-        vit=common.model(zoo.CHECKPOINTS[vit], "paper", vit),
-        resnet=common.model(zoo.CHECKPOINTS[bit], "paper", bit, resolution=224))
+        vit=common.model(vit, "paper", vit),
+        resnet=common.model(bit, "paper", bit, resolution=224))
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)} "

@@ -68,7 +68,9 @@ def protocol(config: ml_collections.ConfigDict, arg: ml_collections.ConfigDict) 
 def overrides(**given) -> ml_collections.ConfigDict:
   """`load_model` overrides, each settable from the command line (unset: None)."""
   fields = dict(resolution=placeholder(int), pool=placeholder(str), gelu=placeholder(str),
-                root_pool_pad=placeholder(str), no_skip=placeholder(tuple))
+                root_pool_pad=placeholder(str), no_skip=placeholder(tuple),
+                num_heads=placeholder(int), ln_eps=placeholder(float),
+                patch_size=placeholder(int))
   fields.update(given)
   return ml_collections.ConfigDict(fields)
 

@@ -12,7 +12,6 @@ point; the defaults here are sliding windows of a quarter of the heads
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
 LOWER_RESNET = ["block1/unit01/out", "block1/unit02/out", "block1/unit03/out",
                 "block2/unit01/out", "block2/unit02/out"]
@@ -30,8 +29,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg.variant in PAIRS:
     vit, res = PAIRS[arg.variant]
     config.models = dict(
-        vit=common.model(zoo.CHECKPOINTS[vit], "all", vit),
-        resnet=common.model(zoo.CHECKPOINTS[res], LOWER_RESNET, res, resolution=224))
+        vit=common.model(vit, "all", vit),
+        resnet=common.model(res, LOWER_RESNET, res, resolution=224))
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")

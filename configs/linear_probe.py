@@ -72,15 +72,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.variant in DEMOS:
     _demo(config, arg.variant)
   elif arg.variant == "imagenet10":
-    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
-                         resnet=_model(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", ("mean",),
+    config.models = dict(vit=_model("ViT-B/16", "ViT-B/16", ("cls", "mean")),
+                         resnet=_model("BiT-R50x1", "BiT-R50x1", ("mean",),
                                        resolution=224))
   elif arg.variant == "b32_tokens":
-    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32",
+    config.models = dict(vit=_model("ViT-B/32", "ViT-B/32",
                                     ("cls", "spatial_mean", "each")))
   elif arg.variant in CIFAR:
-    config.models = dict(vit=_model(zoo.CHECKPOINTS["ViT-B/16"], "ViT-B/16", ("cls", "mean")),
-                         resnet=_model(zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", ("mean",),
+    config.models = dict(vit=_model("ViT-B/16", "ViT-B/16", ("cls", "mean")),
+                         resnet=_model("BiT-R50x1", "BiT-R50x1", ("mean",),
                                        resolution=224))
     config.data = zoo.data_spec("tfds", name=CIFAR[arg.variant], split="train", test_split="test")
     config.holdout = 5000

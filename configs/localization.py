@@ -15,13 +15,12 @@ pooling instead of a CLS token: Fig 10's comparison, run it beside `demo`),
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
 MODELS = {  # variant -> (checkpoint, label, config name); the layer: the last block's output
-    "l16": (zoo.CHECKPOINTS["ViT-L/16"], "ViT-L/16", "vit"),
-    "b32": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32", "vit"),
-    "r50": (zoo.CHECKPOINTS["BiT-R50x1"], "BiT-R50x1", "resnet"),
-    "mixer_b16": (zoo.CHECKPOINTS["Mixer-B/16"], "Mixer-B/16", "mixer"),
+    "l16": ("ViT-L/16", "ViT-L/16", "vit"),
+    "b32": ("ViT-B/32", "ViT-B/32", "vit"),
+    "r50": ("BiT-R50x1", "BiT-R50x1", "resnet"),
+    "mixer_b16": ("Mixer-B/16", "Mixer-B/16", "mixer"),
 }
 DEMOS = {"demo": "vit", "demo_gap": "vit_gap", "demo_mixer": "mixer"}  # -> demo model
 REPORT = {"localization": ("demo", "l16", 9)}  # report section: demo and paper variants, order

@@ -13,7 +13,6 @@ each minibatch's 5% most dominant examples (`without_dominant_A_B.png`).
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
 REPORT = {"pc_share": ("demo", "b16_r50", 2)}  # report section: demo and paper variants, order
 
@@ -26,8 +25,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.drop_fraction = 0.05
   elif arg.variant == "b16_r50":
     config.models = dict(
-        vit=common.model(zoo.CHECKPOINTS["ViT-B/16"], "paper", "ViT-B/16"),
-        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], "paper", "BiT-R50x1", resolution=224))
+        vit=common.model("ViT-B/16", "paper", "ViT-B/16"),
+        resnet=common.model("BiT-R50x1", "paper", "BiT-R50x1", resolution=224))
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected b16_r50 or demo.")

@@ -12,7 +12,6 @@ before-the-skip-connection maps of Fig C.4.
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
 REPORT = {"receptive_field": ("demo", "b32_r50", 6)}  # report section: demo and paper variants, order
 
@@ -27,10 +26,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, capture="all")
   elif arg.variant in ("b32_r50", "mixer_b16"):
     config.models = dict(
-        vit=common.model(zoo.CHECKPOINTS["ViT-B/32 ImageNet"], "all", "ViT-B/32", resolution=224),
-        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], "all", "BiT-R50x1", resolution=224))
+        vit=common.model("ViT-B/32 ImageNet", "all", "ViT-B/32", resolution=224),
+        resnet=common.model("BiT-R50x1", "all", "BiT-R50x1", resolution=224))
     if arg.variant == "mixer_b16":
-      config.models.mixer = common.model(zoo.CHECKPOINTS["Mixer-B/16"], "all", "Mixer-B/16")
+      config.models.mixer = common.model("Mixer-B/16", "all", "Mixer-B/16")
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected b32_r50, mixer_b16, demo or "

@@ -12,11 +12,10 @@ written to skip_ratio_mixer.png); then `examples=`, `batch=`.
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
 
 PAIRS = {
-    "b16_r50": (zoo.CHECKPOINTS["ViT-B/16 ImageNet"], "ViT-B/16"),
-    "b32_r50": (zoo.CHECKPOINTS["ViT-B/32"], "ViT-B/32"),
+    "b16_r50": ("ViT-B/16 ImageNet", "ViT-B/16"),
+    "b32_r50": ("ViT-B/32", "ViT-B/32"),
 }
 REPORT = {"skip_ratio": ("demo", "b16_r50", 7)}  # report section: demo and paper variants, order
 
@@ -32,9 +31,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     path, label = PAIRS["b16_r50" if arg.variant == "mixer_b16" else arg.variant]
     config.models = dict(
         vit=common.model(path, "all", label),
-        resnet=common.model(zoo.CHECKPOINTS["BiT-R50x1"], "all", "BiT-R50x1", resolution=224))
+        resnet=common.model("BiT-R50x1", "all", "BiT-R50x1", resolution=224))
     if arg.variant == "mixer_b16":
-      config.models.mixer = common.model(zoo.CHECKPOINTS["Mixer-B/16"], "all", "Mixer-B/16")
+      config.models.mixer = common.model("Mixer-B/16", "all", "Mixer-B/16")
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "

@@ -51,12 +51,52 @@ def test_resize_small_crop_is_the_central_crop_of_the_short_side_resize():
 
 def test_value_range():
   x = np.array([[0, 127, 255]], np.uint8)
-  np.testing.assert_allclose(np.asarray(preprocess.to_model_range(x)),
+  np.testing.assert_allclose(np.asarray(preprocess.normalize(x, "resize")),
                              [[-1.0, (127 - 127.5) / 127.5, 1.0]], atol=1e-7)
+  rgb = np.array([[[0, 128, 255]]], np.uint8)
+  got = np.asarray(preprocess.normalize(rgb, "bicubic_crop1_clip"))
+  want = (np.array([0, 128, 255]) / 255 - np.array([0.48145466, 0.4578275, 0.40821073])) / \
+      np.array([0.26862954, 0.26130258, 0.27577711])
+  np.testing.assert_allclose(got[0, 0], want, rtol=4 * np.finfo(np.float32).eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("crop_pct,mean", [(0.875, "imagenet"), (1.0, "clip"), (0.9, "imagenet")])
+@pytest.mark.parametrize("shape", [(300, 400), (413, 250), (100, 100), (40, 60)])
+def test_timm_policies_match_timms_eval_transform(crop_pct, mean, shape):
+  """timm's eval transform (PIL bicubic resize, center crop, normalise) as the
+  reference. PIL's filter weights are fixed-point (22 bits): a sum that lands
+  within about 1e-5 of a rounding boundary may round the other way, so a rare
+  pixel may differ by one grey level (1/255/std after normalising)."""
+  import torchvision_cpu  # noqa: PLC0415  (test-only: timm imports torchvision)
+  torchvision_cpu.declare_detection_ops()
+  timm_data = require("timm.data")
+  from PIL import Image  # noqa: PLC0415  (test-only, with timm)
+  img = np.random.default_rng(5).integers(0, 256, (*shape, 3), dtype=np.uint8)
+  stats = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+           "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))}
+  tf = timm_data.create_transform(input_size=(3, 64, 64), interpolation="bicubic", crop_pct=crop_pct,
+                                  mean=stats[mean][0], std=stats[mean][1], is_training=False)
+  ref = tf(Image.fromarray(img)).numpy().transpose(1, 2, 0)
+  policy = f"bicubic_crop{crop_pct:g}_{mean}"
+  ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(img, 64, policy), policy))
+  level = 1 / 255 / min(stats[mean][1])
+  assert ours.shape == ref.shape == (64, 64, 3)
+  assert np.abs(ours - ref).max() <= 1.01 * level
+  assert np.mean(np.abs(ours - ref) > level / 2) < 0.005  # all but a rare pixel agree exactly
+
+
+def test_policy_names_are_checked():
+  for good in ("resize", "resize_small_crop", "bicubic_crop0.875_imagenet", "bicubic_crop1_clip",
+               "bicubic_crop1.0_half"):
+    preprocess.check_policy(good)
+  for bad in ("bicubic", "bicubic_crop1.5_imagenet", "bicubic_crop0.9_imagnet", "crop0.9"):
+    with pytest.raises(ValueError, match=rf"policy={bad!r} is not one of .*bicubic_crop0.875"):
+      preprocess.check_policy(bad)
+  assert "mean (0.485, 0.456, 0.406)" in preprocess.describe("bicubic_crop0.875_imagenet")
 
 
 def test_bad_input():
   with pytest.raises(ValueError, match="shape"):
     preprocess.preprocess_image(np.zeros((4, 4, 2)), 8)
-  with pytest.raises(ValueError, match="Unknown preprocessing policy 'crop'"):
+  with pytest.raises(ValueError, match="policy='crop' is not one of"):
     preprocess.preprocess_image(np.zeros((4, 4, 3)), 8, "crop")

@@ -10,7 +10,7 @@ declaration: `vj.NAME(models, images, *, labels=None, test=None, layers=None,
 workdir=None, **fields)`. `models` maps labels to models (an analysis that reads
 fixed names, e.g. `vit` and `resnet`, takes those names as keys; one that reads
 one model also takes it alone). A model is a checkpoint path (local or gs://), a
-name of `zoo.CHECKPOINTS`, a `(model, params)` pair, or a dict of `checkpoint`
+name of `zoo.ZOO`, a `(model, params)` pair, or a dict of `checkpoint`
 (or `model` and `params`) with `label`, `capture`, `policy`, per-model fields of
 the analysis (e.g. a probe's `features`) and `load_model` overrides (e.g.
 `resolution`: a ResNet's npz does not record its input size). Images are a
@@ -65,17 +65,16 @@ def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> d
   if isinstance(given, tuple) and len(given) == 2:
     given = {"model": given[0], "params": given[1]}
   elif isinstance(given, str):
-    given = {"checkpoint": given, "label": given if given in zoo.CHECKPOINTS else label}
+    given = {"checkpoint": given, "label": given if given in zoo.ZOO else label}
   elif not isinstance(given, Mapping):
     raise TypeError(f"model {label!r} is a {type(given).__name__}; pass a checkpoint path, a name "
-                    "in vitcnn_jax.zoo.CHECKPOINTS, a dict of a checkpoint and load_model "
+                    "in vitcnn_jax.zoo.ZOO, a dict of a checkpoint and load_model "
                     "overrides, or a (model, params) pair.")
   given = dict(given)
   if "model" in given or "params" in given:
     given["checkpoint"] = io.remember(given.pop("model"), given.pop("params"))
   out = {"label": label, "capture": layers, "policy": "", **{k: given.pop(k) for k in
                                                             (*SPEC_FIELDS, *model_fields) if k in given}}
-  out["checkpoint"] = zoo.checkpoint(out.get("checkpoint", ""))
   out["capture"] = (out["capture"],) if isinstance(out["capture"], str) else tuple(out["capture"])
   return {**out, "overrides": given}
 

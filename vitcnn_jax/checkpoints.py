@@ -10,6 +10,7 @@ the result against the model it describes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 
 from vitcnn_jax import fileio
 from vitcnn_jax import models as models_lib
+from vitcnn_jax import zoo
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 from vitcnn_jax.models.io import CheckpointError, Params
@@ -150,24 +152,40 @@ def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   return family, reading
 
 
-def load_model(path: str, **overrides) -> tuple[Any, Params]:
-  """Model and params of an official checkpoint, the architecture read from it.
+@dataclasses.dataclass
+class Checkpoint:
+  """A loaded checkpoint and what its file could not say."""
+  model: Any
+  params: Params
+  fmt: str  # the file's format (a key of its family's FORMATS)
+  assumed: dict[str, Any]  # fields no tensor decides and no override set: their defaults
+  policy: str  # its preprocessing: its zoo entry's, else its format upstream's evaluation
+  path: str  # the file read (a zoo name or hf-hub: location resolved)
+  policy_from: str  # where `policy` comes from, in words
 
-  `path` may name a tower of a two-tower file: 'file.npz:img', or a model handed
-  over in memory (`models.io.remember`). Overrides:
-  `resolution` (or `image_size`), the family's OVERRIDABLE fields (numerics
-  such as `gelu` or `root_pool_pad`, which default to the file's upstream), a
-  field the file cannot decide (logged when assumed), or any architecture
-  field, which must then agree with the file.
-  """
-  if str(path).startswith(io.IN_MEMORY):
-    if overrides:
-      raise ValueError(f"{path}: a model handed over in memory takes no overrides "
-                       f"({sorted(overrides)}); build it with them instead.")
-    return io.recall(path)
-  family, r = load_params(path)
-  io_, cls = family.io_for(r.fmt), family.module
-  fields = {f for f in cls.__dataclass_fields__ if f not in ("parent", "name")}
+
+def locate(path: str) -> tuple[str, zoo.Entry | None]:
+  """The file behind `path`, which may be a zoo name or an hf-hub: location (then
+  fetched into, or found in, huggingface_hub's cache), and its zoo entry."""
+  entry = zoo.ZOO.get(path)
+  location = entry.location if entry else path
+  if location.startswith(fileio.HF_HUB):
+    return fileio.hub_file(location, zoo.HF_FILE), entry
+  return location, entry
+
+
+def load_model(path: str, **overrides) -> tuple[Any, Params]:
+  """Model and params of an official checkpoint (`load`, for code that needs no more)."""
+  c = load(path, **overrides)
+  return c.model, c.params
+
+
+def _checked_overrides(path: str, family: models_lib.Family, r: io.Reading,
+                       overrides: dict[str, Any]) -> dict[str, Any]:
+  """`overrides` with `resolution` as `image_size`, each a field of the family's
+  model and none contradicting what the file says."""
+  fields = {f for f in family.module.__dataclass_fields__ if f not in ("parent", "name")}
+  overrides = dict(overrides)
   if "resolution" in overrides:
     if "image_size" in overrides:
       raise ValueError("Pass either resolution= or image_size=, not both.")
@@ -181,14 +199,42 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
     if k not in fields:
       raise ValueError(f"load_model({path!r}): unknown override {k}={v!r}; "
                        f"{family.name} models take {sorted(fields | {'resolution'})}.")
-    if k in ("image_size", *io_.OVERRIDABLE, *r.assumed) or k not in r.config:
+    if k in ("image_size", *family.io_for(r.fmt).OVERRIDABLE, *r.assumed) or k not in r.config:
       continue
     if not (v == r.config[k] or (isinstance(v, (tuple, list))
                                  and tuple(v) == tuple(np.broadcast_to(r.config[k], len(v))))):
       raise CheckpointError(
           f"{path}: override {k}={v!r} contradicts the file, which has "
           f"{k}={r.config[k]!r} (from {r.evidence[k]}). Drop the override or use another file.")
-  for k in set(r.assumed) - set(overrides):
+  return overrides
+
+
+def load(path: str, **overrides) -> Checkpoint:
+  """Model and params of an official checkpoint, the architecture read from it.
+
+  `path` may be a name of `zoo.ZOO` (its overrides under the ones given), an
+  hf-hub:ORG/REPO location, or name a tower of a two-tower file: 'file.npz:img', or a model handed
+  over in memory (`models.io.remember`). Overrides:
+  `resolution` (or `image_size`), the family's OVERRIDABLE fields (numerics
+  such as `gelu` or `root_pool_pad`, which default to the file's upstream), a
+  field the file cannot decide (logged when assumed), or any architecture
+  field, which must then agree with the file.
+  """
+  if str(path).startswith(io.IN_MEMORY):
+    if overrides:
+      raise ValueError(f"{path}: a model handed over in memory takes no overrides "
+                       f"({sorted(overrides)}); build it with them instead.")
+    model, params = io.recall(path)
+    return Checkpoint(model, params, "memory", {}, model.default_policy, path,
+                      f"the {model.family} model's default")
+  path, entry = locate(path)
+  if entry:
+    overrides = {**entry.overrides, **overrides}
+  family, r = load_params(path)
+  io_, cls = family.io_for(r.fmt), family.module
+  overrides = _checked_overrides(path, family, r, overrides)
+  assumed = {k: r.config[k] for k in r.assumed if k not in overrides}
+  for k in sorted(assumed):
     io.log.warning("%s: assumed %s=%r (%s); pass %s=... if it was trained otherwise.",
                 path, k, r.config[k], r.evidence[k], k)
   native = r.config.get("image_size")
@@ -203,7 +249,10 @@ def load_model(path: str, **overrides) -> tuple[Any, Params]:
   except (ValueError, TypeError) as e:  # the model refuses the architecture read
     raise CheckpointError(f"{path}: the architecture read from the file is not a valid "
                           f"{family.name} model ({e}). {_read_as(r)}") from e
-  return model, jax.tree_util.tree_map(jax.numpy.asarray, params)
+  policy, source = ((entry.policy, "its zoo entry") if entry and entry.policy else
+                    (io_.POLICY, f"the evaluation of a {r.fmt} file's upstream"))
+  return Checkpoint(model, jax.tree_util.tree_map(jax.numpy.asarray, params), r.fmt, assumed,
+                    policy, path, source)
 
 
 def to_upstream(model, params: Params, format: str | None = None) -> dict[str, np.ndarray]:  # pylint: disable=redefined-builtin

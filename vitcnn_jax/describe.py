@@ -1,5 +1,6 @@
 """What a checkpoint holds (`configs/inspect.py`): the inferred architecture, the
-tensor each field was read from, and every representation point with its shape."""
+tensor each field was read from, its preprocessing, and every representation
+point with its shape."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from vitcnn_jax import checkpoints
 from vitcnn_jax import driver
 from vitcnn_jax import loading
+from vitcnn_jax import preprocess
 from vitcnn_jax import representations
 from vitcnn_jax.models import common
 
@@ -19,19 +21,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not config.get("checkpoint"):
     raise ValueError("config.checkpoint is empty: pass --config.checkpoint=/path/or/gs://file.npz")
   overrides = loading.overrides(config)
-  _, reading = checkpoints.load_params(config.checkpoint)
-  model, params = checkpoints.load_model(config.checkpoint, **overrides)
+  c = checkpoints.load(config.checkpoint, **overrides)
+  _, reading = checkpoints.load_params(c.path)
+  model, params = c.model, c.params
+  policy, policy_from = (config.policy, "the config") if config.get("policy") else (
+      c.policy, c.policy_from)
   points = representations.point_shapes(model, params, config.get("capture") or None)
   fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
             if f.name not in ("parent", "name")}
   summary = {
       "checkpoint": config.checkpoint,
+      "file": c.path,
       "family": model.family,
       "format": reading.fmt,
       "architecture": fields,
       "evidence": reading.evidence,
-      "assumed": [k for k in reading.assumed
-                  if k not in overrides and not (k == "image_size" and "resolution" in overrides)],
+      "assumed": sorted(c.assumed),
+      "policy": policy,
+      "preprocessing": preprocess.describe(policy),
+      "policy from": policy_from,
       "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
@@ -46,6 +54,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "as overridden" if given else "not recorded in the file, so the default; the points "
         "below are at this size. Pass --config.overrides.resolution=N for the size the model "
         "was trained at (32 for the demo ResNet)"))
+  lines.append(f"  {'preprocessing':20s} {policy}: {summary['preprocessing']} (from {policy_from})")
   lines += [f"{summary['num_params']:,} parameters",
            f"{len(points)} representation points (per-example shapes):"]
   lines += [f"  {p['name']:40s} {tuple(p['shape'])}" for p in summary["points"]]

@@ -190,6 +190,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
   bar.close()
   analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
+  summary["models loaded"] = {k: m.setup for k, m in models.items()}
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary
 

@@ -103,3 +103,27 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+HF_HUB = "hf-hub:"  # hf-hub:ORG/REPO[/FILE], a file of a Hugging Face hub model repository
+
+
+def hub_file(location: str, default_file: str = "model.safetensors") -> str:
+  """The local path of a hub file in huggingface_hub's cache (downloaded into it
+  when online). huggingface_hub is optional, as gcsfs is for gs:// paths."""
+  parts = location[len(HF_HUB):].split("/")
+  repo, file = "/".join(parts[:2]), "/".join(parts[2:]) or default_file
+  url = f"https://huggingface.co/{repo}/resolve/main/{file}"
+  try:
+    import huggingface_hub  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f"{location}: reading the Hugging Face hub needs `pip install "
+                      f"huggingface_hub`; or download {url} and pass its local path.") from e
+  try:
+    return huggingface_hub.hf_hub_download(repo, file)
+  except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
+    raise FileNotFoundError(
+        f"{location}: not in huggingface_hub's cache and not downloadable now "
+        f"({type(e).__name__}). Fetch it where there is a network (`huggingface-cli download "
+        f"{repo} {file}`, then copy the cache, HF_HOME), or download {url} and pass its "
+        "local path.") from e

@@ -28,6 +28,7 @@ class Loaded:
   params: Any
   names: list[str]
   policy: str
+  setup: dict = dataclasses.field(default_factory=dict)  # how it was loaded, for every json
 
   @property
   def key(self) -> str:
@@ -43,11 +44,13 @@ class Loaded:
 
 
 def unreachable(path: str) -> str | None:
-  """Why the checkpoint file `path` cannot be read (None: it can)."""
+  """Why the checkpoint `path` (a file, zoo name or hub location) cannot be read
+  (None: it can)."""
   if path.startswith(io.IN_MEMORY):
     return None
   try:
-    return None if fileio.exists(io.split_tower(path)[0]) else "no such file"
+    file, _ = checkpoints.locate(path)
+    return None if fileio.exists(io.split_tower(file)[0]) else "no such file"
   except ImportError as e:
     return str(e)
   except Exception as e:  # network or credential errors of remote filesystems
@@ -79,7 +82,7 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
         f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
         f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
   try:
-    model, params = checkpoints.load_model(path, **overrides(spec))
+    c = checkpoints.load(path, **overrides(spec))
   except io.CheckpointError as e:
     if not spec.get("train"):
       raise
@@ -87,12 +90,23 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
         f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
         "train it again.") from e
   for need in needs:
-    anatomy.require(model, need, f"config.{key}")
+    anatomy.require(c.model, need, f"config.{key}")
+  policy, source = (spec.policy, "the config") if spec.get("policy") else (c.policy, c.policy_from)
+  if not spec.get("policy") and not spec.get("train"):
+    io.log.warning("config.%s: preprocessing %s (%s), from %s; set --config.%s.policy=... if "
+                   "it was trained otherwise.", key, policy, preprocess.describe(policy), source, key)
   try:
-    return loaded(name, path, spec.get("label") or model.family, model, params, spec.capture,
-                  spec.get("policy") or "")
+    out = loaded(name, c.path, spec.get("label") or c.model.family, c.model, c.params,
+                 spec.capture, policy)
   except ValueError as e:
     raise ValueError(f"config.{key}.{e}") from e
+  size = c.model.image_size
+  out.setup = {"checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
+               "image_size": size if isinstance(size, int) else list(size),
+               "assumed": {k: v if isinstance(v, (int, float, str)) else str(v)
+                           for k, v in c.assumed.items()}, "policy": policy,
+               "preprocessing": preprocess.describe(policy), "policy from": source}
+  return out
 
 
 def loaded(name: str, path: str, label: str, model, params, capture: str | Sequence[str],
@@ -107,6 +121,5 @@ def loaded(name: str, path: str, label: str, model, params, capture: str | Seque
     raise ValueError(f"capture: {unmatched} of {patterns} match no representation point of "
                      f"{path}; list them with configs/inspect.py.")
   policy = policy or model.default_policy
-  if policy not in preprocess.POLICIES:
-    raise ValueError(f"policy={policy!r} is not one of {preprocess.POLICIES}.")
+  preprocess.check_policy(policy)
   return Loaded(name, path, label, model, params, names, policy)

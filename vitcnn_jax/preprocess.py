@@ -1,24 +1,66 @@
 """Evaluation preprocessing of the upstream pipelines, in NumPy.
 
 Per image (host side, any input size) -> fixed-size uint8, then per batch
-(device side) -> float32 in [-1, 1], the range every official checkpoint was
-trained on: (x - 127.5) / 127.5.
+(device side) -> float32 normalised as the model was trained: Google's
+checkpoints see [-1, 1], (x - 127.5) / 127.5; timm's see (x / 255 - mean) / std.
 
 Policies (`policy` config field):
-  resize             direct bilinear resize to size x size, no antialias:
-                     vision_transformer and big_transfer evaluation, and Mixer.
+  resize             direct bilinear resize to size x size, no antialias, [-1, 1]:
+                     vision_transformer, big_transfer, Mixer, SigLIP evaluation.
   resize_small_crop  big_vision: area-resize the shorter side to size * 8/7
-                     (256 for 224), round, then a central size x size crop.
+                     (256 for 224), round, then a central size x size crop; [-1, 1].
+  bicubic_crop{P}_{S}  timm's evaluation: bicubic (PIL's antialiased filter) resize
+                     of the shorter side to floor(size / P), a central size x size
+                     crop, then mean/std S: imagenet, clip (OpenAI) or half (0.5).
+                     E.g. bicubic_crop0.875_imagenet (ConvNeXt), bicubic_crop1_clip.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
 
-POLICIES = ("resize", "resize_small_crop")
+STATS = {  # mean, std per RGB channel, on [0, 1]
+    "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+}
+POLICIES = ("resize", "resize_small_crop", "bicubic_crop{P}_{S}")  # as in messages
+_TIMM = re.compile(r"bicubic_crop(0?\.\d+|1(?:\.0*)?)_(\w+)")
+
+
+def check_policy(policy: str) -> None:
+  """A clear error for a policy name this module cannot apply."""
+  m = _TIMM.fullmatch(policy)
+  if policy in POLICIES[:2] or (m and m[2] in STATS and 0 < float(m[1]) <= 1):
+    return
+  raise ValueError(f"policy={policy!r} is not one of resize, resize_small_crop or "
+                   f"bicubic_crop{{P}}_{{S}} with 0 < P <= 1 and S in {sorted(STATS)} "
+                   "(e.g. bicubic_crop0.875_imagenet).")
+
+
+def stats(policy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """The (mean, std) on [0, 1] that the model's inputs are normalised with."""
+  m = _TIMM.fullmatch(policy)
+  return STATS[m[2]] if m else STATS["half"]
+
+
+def describe(policy: str) -> str:
+  """The policy in words, for `inspect` and load messages."""
+  check_policy(policy)
+  mean, std = stats(policy)
+  m = _TIMM.fullmatch(policy)
+  if m:
+    how = (f"bicubic resize of the shorter side to size/{float(m[1]):g}, central crop")
+  elif policy == "resize":
+    how = "bilinear resize to size x size"
+  else:
+    how = "area resize of the shorter side to size*8/7, central crop"
+  return f"{how}; mean {mean}, std {std}"
 
 
 def _as_rgb(image: np.ndarray) -> np.ndarray:
@@ -33,7 +75,7 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
+def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) interpolation matrix, half-pixel centres (tf.image.resize)."""
   pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
   pos = np.clip(pos, 0, n_in - 1)
@@ -56,13 +98,48 @@ def _area_weights(n_in: int, n_out: int) -> np.ndarray:
   return overlap / overlap.sum(axis=1, keepdims=True)
 
 
+def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+  x = np.abs(x)
+  return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                  np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.))
+
+
+@functools.lru_cache(maxsize=64)
+def bicubic_weights(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in): PIL's bicubic filter (a=-0.5), its support widened by the
+  scale when shrinking (antialiasing), as PIL and torch's antialiased bicubic."""
+  scale = n_in / n_out
+  support, inv = (2 * scale, 1 / scale) if scale >= 1 else (2., 1.)
+  m = np.zeros((n_out, n_in))
+  for i in range(n_out):
+    c = scale * (i + .5)
+    lo, hi = max(int(c - support + .5), 0), min(int(c + support + .5), n_in)
+    w = _cubic((np.arange(lo, hi) - c + .5) * inv)
+    m[i, lo:hi] = w / w.sum()
+  return m
+
+
 def resize(image: np.ndarray, size: tuple[int, int], method: str = "bilinear") -> np.ndarray:
   """Separable resize of an HxWxC image; returns float64."""
-  weights = {"bilinear": _bilinear_weights, "area": _area_weights}[method]
+  weights = {"bilinear": bilinear_weights, "area": _area_weights}[method]
   wy = weights(image.shape[0], size[0])
   wx = weights(image.shape[1], size[1])
   rows = np.tensordot(wy, image.astype(np.float64), axes=(1, 0))  # (h', W, C)
   return np.einsum("iwc,jw->ijc", rows, wx, optimize=True)
+
+
+def _pil_bicubic(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+  """PIL's bicubic resize of a uint8 image: columns first, each pass rounded
+  half up and clipped to uint8, as PIL does (which timm's evaluation calls)."""
+  def rounded(x):
+    return np.clip(np.floor(x + 0.5), 0, 255).astype(np.uint8)
+  x = image.astype(np.float64)
+  if size[1] != image.shape[1]:
+    x = rounded(np.einsum("hwc,jw->hjc", x, bicubic_weights(image.shape[1], size[1])))
+  if size[0] != image.shape[0]:
+    x = rounded(np.tensordot(bicubic_weights(image.shape[0], size[0]), x.astype(np.float64),
+                             axes=(1, 0)))
+  return np.asarray(x, np.uint8)
 
 
 def _to_uint8(x: np.ndarray) -> np.ndarray:
@@ -70,11 +147,12 @@ def _to_uint8(x: np.ndarray) -> np.ndarray:
   return np.clip(x, 0, 255).astype(np.uint8)
 
 
-def central_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+def central_crop(image: np.ndarray, size: tuple[int, int], offset=lambda n: n // 2) -> np.ndarray:
+  """The central `size` crop, starting at `offset(excess)` (big_vision floors)."""
   h, w = image.shape[:2]
   if h < size[0] or w < size[1]:
     raise ValueError(f"Cannot crop {size} from an image of shape {image.shape}.")
-  dy, dx = (h - size[0]) // 2, (w - size[1]) // 2
+  dy, dx = offset(h - size[0]), offset(w - size[1])
   return image[dy:dy + size[0], dx:dx + size[1]]
 
 
@@ -85,16 +163,22 @@ def preprocess_image(image: np.ndarray, size: int, policy: str = "resize") -> np
     if image.shape[:2] == (size, size):
       return image.astype(np.uint8)
     return _to_uint8(resize(image, (size, size), "bilinear"))
+  h, w = image.shape[:2]
   if policy == "resize_small_crop":
     small = round(size * 8 / 7)
-    h, w = image.shape[:2]
     factor = small / min(h, w)
     new = (max(size, round(h * factor)), max(size, round(w * factor)))
     return central_crop(_to_uint8(resize(image, new, "area")), (size, size))
-  raise ValueError(f"Unknown preprocessing policy {policy!r}; expected one of {POLICIES}.")
+  check_policy(policy)
+  small = math.floor(size / float(_TIMM.fullmatch(policy)[1]) + 1e-9)  # timm's scale_size
+  # torchvision's Resize(int): the shorter side to `small`, the other truncated.
+  new = (small, int(small * w / h)) if h <= w else (int(small * h / w), small)
+  return central_crop(_pil_bicubic(image, new), (size, size),
+                      lambda n: int(round(n / 2)))  # torchvision's CenterCrop
 
 
-def to_model_range(images) -> jnp.ndarray:
-  """uint8 [0, 255] -> float32 [-1, 1]."""
-  return (jnp.asarray(images, jnp.float32) - 127.5) / 127.5
+def normalize(images, policy: str = "resize") -> jnp.ndarray:
+  """uint8 [0, 255] -> float32, normalised with the policy's mean and std."""
+  mean, std = (np.asarray(v, np.float32) * 255 for v in stats(policy))
+  return (jnp.asarray(images, jnp.float32) - mean) / std
 

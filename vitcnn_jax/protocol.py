@@ -50,8 +50,8 @@ class Forward:
                                    parallel.GROUP if self.grouped else None, self.key, self._precision)
 
   def inputs(self, name: str) -> jax.Array:
-    """Model `name`'s input images, float32 in [-1, 1]."""
-    return preprocess.to_model_range(self._images[name])
+    """Model `name`'s input images, float32, normalised as its policy says."""
+    return preprocess.normalize(self._images[name], self.models[name].policy)
 
   def logits(self, name: str) -> jax.Array:
     """Model `name`'s class logits on its inputs."""

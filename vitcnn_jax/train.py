@@ -194,7 +194,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     idx = examples[_batch_indices(step, b, len(examples), config.seed, perms)]
     return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
 
-  state, losses, stopped = _steps(config, model.family, state, _step_function(model, tx), rows,
+  state, losses, stopped = _steps(config, model.family, state, _step_function(model, tx, policy), rows,
                                   mesh, save)
   if stopped:
     return {"stopped_at": stopped, "losses": losses}
@@ -252,10 +252,10 @@ def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformatio
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
 
 
-def _step_function(model, tx: optax.GradientTransformation):
+def _step_function(model, tx: optax.GradientTransformation, policy: str):
   """(state, images, labels) -> (state, loss): one jit-compiled step of cross-entropy."""
   def loss_fn(params, images, labels):
-    logits, _ = model.apply({"params": params}, preprocess.to_model_range(images), capture=(), train=True)
+    logits, _ = model.apply({"params": params}, preprocess.normalize(images, policy), capture=(), train=True)
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
   @jax.jit

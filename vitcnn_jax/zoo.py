@@ -5,22 +5,86 @@ here: configs import it. The paper's layer sets are each family's
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from vitcnn_jax import data as data_lib
+from vitcnn_jax import fileio
 
-# The public checkpoints the paper's figures use (its JFT-300M models were never
-# released; these are the same architectures on ImageNet-21k).
-CHECKPOINTS = {
-    "ViT-B/16": "gs://vit_models/imagenet21k/ViT-B_16.npz",
-    "ViT-B/32": "gs://vit_models/imagenet21k/ViT-B_32.npz",
-    "ViT-L/16": "gs://vit_models/imagenet21k/ViT-L_16.npz",
-    "ViT-H/14": "gs://vit_models/imagenet21k/ViT-H_14.npz",
-    "ViT-B/16 ImageNet": "gs://vit_models/imagenet21k+imagenet2012/ViT-B_16-224.npz",
-    "ViT-B/32 ImageNet": "gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz",
-    "BiT-R50x1": "gs://bit_models/BiT-M-R50x1.npz",
-    "BiT-R152x2": "gs://bit_models/BiT-M-R152x2.npz",
-    "Mixer-B/16": "gs://mixer_models/imagenet21k/Mixer-B_16.npz",
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A public checkpoint by name, with what its file cannot say."""
+  location: str  # gs://... (read through gcsfs) or hf-hub:ORG/REPO (its model.safetensors)
+  what: str  # the model and its training, in a few words
+  overrides: dict = dataclasses.field(default_factory=dict)  # load_model fields the file lacks
+  policy: str = ""  # its preprocessing (preprocess.py); "" = its format's upstream evaluation
+
+  @property
+  def url(self) -> str:
+    """Where a browser or curl downloads the file."""
+    if self.location.startswith(HF_HUB):
+      return f"https://huggingface.co/{self.location[len(HF_HUB):]}/resolve/main/{HF_FILE}"
+    return "https://storage.googleapis.com/" + self.location.split(":")[1].lstrip("/")
+
+
+HF_HUB, HF_FILE = fileio.HF_HUB, "model.safetensors"
+_TIMM_VIT = dict(gelu="exact", ln_eps=1e-6)  # timm's ViTs (CLIP's towers aside)
+
+# The paper's public checkpoints (its JFT-300M models were never released; these
+# are the same architectures on ImageNet-21k), then today's models beside them.
+ZOO = {
+    "ViT-B/16": Entry("gs://vit_models/imagenet21k/ViT-B_16.npz", "ViT-B/16, ImageNet-21k"),
+    "ViT-B/32": Entry("gs://vit_models/imagenet21k/ViT-B_32.npz", "ViT-B/32, ImageNet-21k"),
+    "ViT-L/16": Entry("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-L/16, ImageNet-21k"),
+    "ViT-H/14": Entry("gs://vit_models/imagenet21k/ViT-H_14.npz", "ViT-H/14, ImageNet-21k"),
+    "ViT-B/16 ImageNet": Entry("gs://vit_models/imagenet21k+imagenet2012/ViT-B_16-224.npz",
+                               "ViT-B/16, ImageNet-21k then ImageNet-1k at 224"),
+    "ViT-B/32 ImageNet": Entry("gs://vit_models/imagenet21k+imagenet2012/ViT-B_32.npz",
+                               "ViT-B/32, ImageNet-21k then ImageNet-1k at 384"),
+    "BiT-R50x1": Entry("gs://bit_models/BiT-M-R50x1.npz", "BiT-M ResNet-50x1, ImageNet-21k"),
+    "BiT-R152x2": Entry("gs://bit_models/BiT-M-R152x2.npz", "BiT-M ResNet-152x2, ImageNet-21k"),
+    "Mixer-B/16": Entry("gs://mixer_models/imagenet21k/Mixer-B_16.npz", "Mixer-B/16, ImageNet-21k"),
+    # big_vision: image towers of two-tower files, and FlexiViT.
+    "SigLIP-B/16": Entry("gs://big_vision/siglip/webli_en_b16_224_63724782.npz:img",
+                         "SigLIP B/16 image tower, WebLI, sigmoid image-text loss", policy="resize"),
+    "SigLIP-So400m/14": Entry("gs://big_vision/siglip/webli_en_so400m_224_57633886.npz:img",
+                              "SigLIP So400m/14 image tower (width 1152, depth 27, MLP 4304)",
+                              policy="resize"),
+    "SigLIP2-B/16": Entry("gs://big_vision/siglip2/siglip2_b16_224.npz:img",
+                          "SigLIP 2 B/16 image tower, WebLI, sigmoid + captioning + "
+                          "self-distillation losses", policy="resize"),
+    "FlexiViT-B": Entry("gs://big_vision/flexivit/flexivit_b_i1k.npz",
+                        "FlexiViT-B, ImageNet-1k, trained at patch sizes 8..48; run at patch 16",
+                        dict(patch_size=16, resolution=240), policy="resize_small_crop"),
+    # timm's safetensors on the Hugging Face hub.
+    "DINO-B/16": Entry(HF_HUB + "timm/vit_base_patch16_224.dino",
+                       "DINO ViT-B/16, self-distillation, ImageNet-1k without labels",
+                       dict(_TIMM_VIT, num_heads=12), "bicubic_crop0.9_imagenet"),
+    "DINOv2-S/14": Entry(HF_HUB + "timm/vit_small_patch14_dinov2.lvd142m",
+                         "DINOv2 ViT-S/14, self-distillation + masked tokens, LVD-142M",
+                         dict(_TIMM_VIT, num_heads=6), "bicubic_crop1_imagenet"),
+    "DINOv2-B/14": Entry(HF_HUB + "timm/vit_base_patch14_dinov2.lvd142m",
+                         "DINOv2 ViT-B/14, self-distillation + masked tokens, LVD-142M",
+                         dict(_TIMM_VIT, num_heads=12), "bicubic_crop1_imagenet"),
+    "DINOv2-S/14 reg": Entry(HF_HUB + "timm/vit_small_patch14_reg4_dinov2.lvd142m",
+                             "DINOv2 ViT-S/14 with 4 register tokens, LVD-142M",
+                             dict(_TIMM_VIT, num_heads=6), "bicubic_crop1_imagenet"),
+    "DINOv2-B/14 reg": Entry(HF_HUB + "timm/vit_base_patch14_reg4_dinov2.lvd142m",
+                             "DINOv2 ViT-B/14 with 4 register tokens, LVD-142M",
+                             dict(_TIMM_VIT, num_heads=12), "bicubic_crop1_imagenet"),
+    "DeiT3-B/16": Entry(HF_HUB + "timm/deit3_base_patch16_224.fb_in22k_ft_in1k",
+                        "DeiT III ViT-B/16, supervised, ImageNet-21k then ImageNet-1k",
+                        dict(_TIMM_VIT, num_heads=12), "bicubic_crop1_imagenet"),
+    "CLIP-B/16": Entry(HF_HUB + "timm/vit_base_patch16_clip_224.openai",
+                       "OpenAI CLIP ViT-B/16 image tower, contrastive image-text, WIT-400M",
+                       dict(gelu="quick", ln_eps=1e-5, num_heads=12), "bicubic_crop1_clip"),
+    "MAE-B/16": Entry(HF_HUB + "timm/vit_base_patch16_224.mae",
+                      "MAE ViT-B/16 encoder, masked-image modelling, ImageNet-1k",
+                      dict(_TIMM_VIT, num_heads=12), "bicubic_crop0.9_imagenet"),
+    "ConvNeXt-B": Entry(HF_HUB + "timm/convnext_base.fb_in22k_ft_in1k",
+                        "ConvNeXt-B, supervised, ImageNet-21k then ImageNet-1k",
+                        policy="bicubic_crop0.875_imagenet"),
 }
 
 DEMO_ARCHITECTURES = {
@@ -36,11 +100,6 @@ DEMO_ARCHITECTURES = {
 }
 DEMO_STEPS = {"vit_demo": 700, "vit_gap_demo": 700, "vit_noskip_demo": 700, "bit_demo": 400,
               "mixer_demo": 700}  # about 3, 2.5 (BiT) and 3 minutes on 2 CPU cores
-
-
-def checkpoint(name: str) -> str:
-  """The path of a checkpoint by its name in `CHECKPOINTS`, or `name` itself."""
-  return CHECKPOINTS.get(name, name)
 
 
 def data_spec(source: str = "tfds", **kw) -> ml_collections.ConfigDict:

@@ -18,6 +18,7 @@ from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
 SUFFIX = ".npz"
+POLICY = "resize"  # big_transfer's evaluation: bilinear to size x size, [-1, 1]
 OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
 FORMATS = {
     "bit": "google-research/big_transfer: resnet/..., standardized_conv2d[_N], GroupNorm "

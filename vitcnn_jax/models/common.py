@@ -137,12 +137,13 @@ def to_pair(v: int | Sequence[int]) -> tuple[int, int]:
   return v  # type: ignore[return-value]
 
 
-def check_image(images: Array, image_size: tuple[int, int], model: str) -> None:
-  """Errors early, naming both shapes, instead of failing deep inside XLA."""
+def check_image(images: Array, image_size: tuple[int, int] | None, model: str) -> None:
+  """Errors early, naming both shapes, instead of failing deep inside XLA
+  (`image_size` None: a model that runs at any size)."""
   if images.ndim != 4 or images.shape[-1] != 3:
     raise ValueError(
         f"{model} expects NHWC images with 3 channels, got shape {images.shape}.")
-  if tuple(images.shape[1:3]) != tuple(image_size):
+  if image_size is not None and tuple(images.shape[1:3]) != tuple(image_size):
     raise ValueError(
         f"{model} was built for {image_size[0]}x{image_size[1]} images but got "
         f"{images.shape[1]}x{images.shape[2]} (shape {images.shape}). Resize the "

@@ -17,6 +17,7 @@ FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1
                             "stages.S.downsample.0/1, stages.S.blocks.B.{conv_dw, norm, "
                             "mlp.fc1, mlp.grn (v2), mlp.fc2, gamma (v1)}, head.norm, head.fc"}
 SUFFIX = ".safetensors"
+POLICY = "bicubic_crop0.875_imagenet"  # timm's ConvNeXt evaluation
 OVERRIDABLE = ()
 _LN = {"weight": "scale", "bias": "bias"}
 

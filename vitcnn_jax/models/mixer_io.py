@@ -12,6 +12,7 @@ from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
 SUFFIX = ".npz"
+POLICY = "resize"  # the Mixer release's evaluation, as vision_transformer's
 OVERRIDABLE = ("gelu",)  # tanh GELU like every upstream
 FORMATS = {"mixer": "vision_transformer / big_vision MLP-Mixer: stem, MixerBlock_i/"
                     "{token,channel}_mixing, pre_head_layer_norm; the token MLP fixes the size"}

@@ -262,7 +262,11 @@ class ViT(anatomy.PatchTokens, nn.Module):
                        "pool='token', without pre_logits or fc_norm.")
     capture = common.Capture.of(capture)
     common.patch_grid(self.patch_size, self.image_size)  # validates the sizes
-    common.check_image(images, common.to_pair(self.image_size), "ViT")
+    if self.posemb == "learn":
+      common.check_image(images, common.to_pair(self.image_size), "ViT")
+    else:  # the embedding is computed for the grid of the images given, as upstream does
+      common.check_image(images, None, "ViT")
+      common.patch_grid(self.patch_size, images.shape[1:3])
     out: dict = {}
     p = common.to_pair(self.patch_size)
     x = nn.Conv(self.width, p, strides=p, padding="VALID", use_bias=self.patch_bias,

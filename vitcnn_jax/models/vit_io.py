@@ -12,14 +12,18 @@ import math
 import re
 from typing import Any, Callable
 
+import jax
 import numpy as np
 import scipy.ndimage
 
+from vitcnn_jax import preprocess
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
 
 SUFFIX = ".npz"
-OVERRIDABLE = ("gelu", "no_skip")  # tanh GELU like every upstream; `no_skip` for ablation models
+POLICY = "resize"  # vision_transformer's evaluation and big_vision's SigLIP: [-1, 1]
+# tanh GELU like every upstream; `no_skip` for ablation models; `patch_size` as FlexiViT.
+OVERRIDABLE = ("gelu", "no_skip", "patch_size")
 FORMATS = {
     "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
            "inside Transformer/posembed_input (folded into cls), pool token or gap, "
@@ -64,6 +68,28 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
   zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
   grid = scipy.ndimage.zoom(grid, zoom, order=1)
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
+
+
+def resize_patch_embedding(kernel: np.ndarray, new: tuple[int, int]) -> np.ndarray:
+  """FlexiViT's patch-embedding resize: the kernel whose response to a patch
+  equals the old kernel's response to that patch bilinearly resized to the old
+  size, in the least-squares sense (pseudo-inverse of the resize matrix)."""
+  old = kernel.shape[:2]
+  if tuple(old) == tuple(new):
+    return kernel
+  resize = np.kron(preprocess.bilinear_weights(old[0], new[0]),
+                   preprocess.bilinear_weights(old[1], new[1]))  # (new pixels, old pixels)
+  flat = np.linalg.pinv(resize.T) @ kernel.reshape(old[0] * old[1], -1).astype(np.float64)
+  return flat.reshape(*new, *kernel.shape[2:]).astype(kernel.dtype)
+
+
+def resample_posemb_flexi(pe: np.ndarray, old_grid: tuple[int, int],
+                          new_grid: tuple[int, int]) -> np.ndarray:
+  """FlexiViT's resampling of the embedding grid: jax.image.resize, linear."""
+  d = pe.shape[-1]
+  grid = jax.image.resize(np.asarray(pe, np.float32).reshape(1, *old_grid, d),
+                          (1, *new_grid, d), "linear")
+  return np.asarray(grid).reshape(1, new_grid[0] * new_grid[1], d).astype(pe.dtype)
 
 
 def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -> None:
@@ -172,7 +198,8 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["posemb"], cfg["image_size"] = "sincos2d", 224
     ev["posemb"] = ("no pos_embedding in an otherwise complete big_vision file: fixed 2-D "
                     "sin-cos, computed for the grid in use")
-    ev["image_size"] = "not recorded by a sincos2d file; big_vision's default 224"
+    ev["image_size"] = ("not recorded by a sincos2d file, which runs at any size; big_vision's "
+                        "default 224 for the data")
     assumed.append("image_size")
   else:
     pe = keys.take(pe_key or "pos_embedding")
@@ -206,6 +233,11 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
   patch, new = common.to_pair(cfg["patch_size"]), common.to_pair(cfg["image_size"])
   if new[0] % patch[0] or new[1] % patch[1]:
     raise ValueError(f"resolution {new} is not a multiple of the patch size {patch}.")
+  kernel = r.params["embedding/kernel"]
+  flexi = tuple(kernel.shape[:2]) != patch
+  if flexi:  # another patch size, as FlexiViT: both embeddings resampled its way
+    r.params["embedding/kernel"] = resize_patch_embedding(kernel, patch)
+    resample = resample_posemb_flexi
   if "pos_embedding" not in r.params:
     return
   rows, grid = r.params["pos_embedding"].shape[1], (new[0] // patch[0], new[1] // patch[1])
@@ -213,7 +245,7 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
     if native is None:
       raise io.CheckpointError(f"{path}: cannot resample a non-square position "
                                         f"embedding ({r.evidence['image_size']}) to {new}.")
-    old = native // patch[0]
+    old = native // kernel.shape[0]
     r.params["pos_embedding"] = resample(r.params["pos_embedding"], (old, old), grid)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcnn_jax import preprocess
 from vitcnn_jax.models import io
 from vitcnn_jax.models import vit_io
 
@@ -28,7 +29,8 @@ FORMATS = {
             "cls_token / reg_token / norm_pre / ls1,ls2 / fc_norm / attn_pool",
 }
 SUFFIX = ".safetensors"
-OVERRIDABLE = ("gelu", "ln_eps", "num_heads", "no_skip")
+POLICY = "bicubic_crop0.9_imagenet"  # timm's DeiT and MAE evaluation (zoo names set others)
+OVERRIDABLE = ("gelu", "ln_eps", "num_heads", "no_skip", "patch_size")
 # Heads of the published widths (head width 64, but SigLIP So400m: 1152 = 16 x 72,
 # CLIP bigG: 1664 = 16 x 104); other widths assume 64-wide heads.
 _HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24,
@@ -43,26 +45,6 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
-  x = np.abs(x)
-  return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-                  np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.))
-
-
-def _aa_bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """Rows: the weights PyTorch's antialiased bicubic resize (PIL's filter, a=-0.5,
-  the support widened by the scale when shrinking) gives each input sample."""
-  scale = n_in / n_out
-  support, inv = (2 * scale, 1 / scale) if scale >= 1 else (2., 1.)
-  m = np.zeros((n_out, n_in))
-  for i in range(n_out):
-    c = scale * (i + .5)
-    lo, hi = max(int(c - support + .5), 0), min(int(c + support + .5), n_in)
-    w = _cubic((np.arange(lo, hi) - c + .5) * inv)
-    m[i, lo:hi] = w / w.sum()
-  return m
-
-
 def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
                     new_grid: tuple[int, int]) -> np.ndarray:
   """timm's resampling of a loaded embedding to another grid: bicubic,
@@ -70,7 +52,7 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
   if tuple(old_grid) == tuple(new_grid):
     return pe
   grid = pe.reshape(old_grid[0], old_grid[1], -1).astype(np.float64)
-  rows, cols = (_aa_bicubic_matrix(o, n) for o, n in zip(old_grid, new_grid))
+  rows, cols = (preprocess.bicubic_weights(o, n) for o, n in zip(old_grid, new_grid))
   grid = np.einsum("ij,jkd,lk->ild", rows, grid, cols)
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
 
