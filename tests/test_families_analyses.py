@@ -113,3 +113,21 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
                         cwd=ROOT, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "IMPORTED []" in done.stdout, done.stdout
+
+
+def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(files, images, caplog):
+  import json  # noqa: PLC0415
+  import logging  # noqa: PLC0415
+  with caplog.at_level(logging.WARNING, logger="vitcnn_jax"):
+    r = vj.pc_share({**files, "gray": {**files["deit"], "policy": "resize"}}, images[0],
+                    layers="blocks", batch_size=8, num_examples=N)
+  with open(f"{r.workdir}/pc_share.json") as f:
+    loaded = json.load(f)["models loaded"]
+  assert loaded["cnx"]["policy"] == "bicubic_crop0.875_imagenet" and not loaded["cnx"]["assumed"]
+  assert loaded["reg"]["policy"] == "bicubic_crop0.9_imagenet"
+  assert loaded["reg"]["assumed"] == {"gelu": "exact", "ln_eps": 1e-6}
+  assert "timm" in loaded["reg"]["policy from"] and "mean (0.485" in loaded["reg"]["preprocessing"]
+  assert (loaded["gray"]["policy"], loaded["gray"]["policy from"]) == ("resize", "the config")
+  lines = [m for m in caplog.messages if "preprocessing" in m]
+  assert len(lines) == 3 and all("\n" not in m for m in lines)  # one line per bare file
+  assert any(m.startswith("config.models.cnx: preprocessing bicubic_crop0.875_imagenet") for m in lines)

@@ -1,0 +1,94 @@
+"""Zoo names: every public location well formed, with a valid preprocessing and
+what the file cannot say; Hugging Face hub files found in huggingface_hub's
+cache offline (a local cache directory standing in for the hub)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import timm_ref
+from conftest import require
+from numerics import VIT_ROUNDINGS, assert_close, network
+from vitcnn_jax import checkpoints
+from vitcnn_jax import loading
+from vitcnn_jax import preprocess
+from vitcnn_jax import zoo
+
+hub = require("huggingface_hub")
+TOL = network(VIT_ROUNDINGS)
+
+ASKED = ("SigLIP-B/16", "SigLIP-So400m/14", "SigLIP2-B/16", "FlexiViT-B", "DINOv2-S/14",
+         "DINOv2-B/14", "DINOv2-S/14 reg", "DINOv2-B/14 reg", "DeiT3-B/16", "CLIP-B/16",
+         "MAE-B/16", "ConvNeXt-B")
+
+
+def test_every_entry_names_a_public_file_and_its_preprocessing():
+  assert set(ASKED) <= set(zoo.ZOO)
+  for name, e in zoo.ZOO.items():
+    assert e.location.startswith(("gs://", zoo.HF_HUB)), name
+    assert e.url.startswith("https://") and " " not in e.url, name
+    if e.location.startswith(zoo.HF_HUB):
+      assert e.url.endswith("/resolve/main/model.safetensors") and e.policy, name
+    preprocess.check_policy(e.policy or "resize")
+    assert e.what, name
+  assert zoo.ZOO["CLIP-B/16"].overrides["gelu"] == "quick"  # what OpenAI's file cannot say
+  assert zoo.ZOO["CLIP-B/16"].policy == "bicubic_crop1_clip"
+
+
+def _cache(root, repo: str) -> str:
+  """huggingface_hub's cache layout for one file of `repo`: its path."""
+  base = os.path.join(root, "models--" + repo.replace("/", "--"))
+  snap = os.path.join(base, "snapshots", "0" * 40)
+  os.makedirs(snap)
+  os.makedirs(os.path.join(base, "refs"))
+  with open(os.path.join(base, "refs", "main"), "w") as f:
+    f.write("0" * 40)
+  return os.path.join(snap, "model.safetensors")
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+  monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+  return tmp_path / "hub"
+
+
+def test_a_zoo_name_loads_from_the_hub_cache_with_its_entry(offline_hub, caplog):
+  """DINOv2-B/14's entry sets 12 heads, exact GELU, eps 1e-6 and timm's DINOv2
+  preprocessing: a tiny file with 12 heads of 4 in the cache must then compute
+  what timm computes."""
+  repo = zoo.ZOO["DINOv2-B/14"].location[len(zoo.HF_HUB):]
+  path = _cache(offline_hub, repo)
+  x = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 3)).astype(np.float32)
+  ref = timm_ref.timm_vit_file(path, x, features=True, patch_size=14, embed_dim=48, depth=2,
+                               num_heads=12, mlp_ratio=2.0, num_classes=0, init_values=1e-5)
+  c = checkpoints.load("DINOv2-B/14")
+  assert c.path == path and c.model.num_heads == 12 and not c.assumed
+  assert (c.policy, c.policy_from) == ("bicubic_crop1_imagenet", "its zoo entry")
+  out, _ = c.model.apply({"params": c.params}, x)
+  assert_close(out, ref, TOL * float(np.abs(ref).max()), "DINOv2-B/14 from the hub cache")
+  bare = checkpoints.load(path)  # the same file by path: the format's defaults, announced
+  assert bare.policy == "bicubic_crop0.9_imagenet" and bare.assumed["num_heads"] == 1
+  assert "assumed num_heads=1 " in caplog.text  # 48 wide: timm's table has no such model
+  assert "num_heads" not in c.assumed
+
+
+def test_a_hub_file_not_in_the_cache_says_how_to_fetch_it(offline_hub):
+  offline_hub.mkdir()
+  with pytest.raises(FileNotFoundError, match=r"hf-hub:timm/convnext_base.fb_in22k_ft_in1k: not "
+                                              r"in huggingface_hub's cache.*huggingface-cli "
+                                              r"download .*https://huggingface.co/timm/"):
+    checkpoints.load("ConvNeXt-B")
+  assert "not in huggingface_hub's cache" in loading.unreachable("ConvNeXt-B")
+
+
+def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
+  import sys  # noqa: PLC0415
+  monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+  with pytest.raises(ImportError, match=r"pip install huggingface_hub.*download https://"
+                                        r"huggingface.co/timm/vit_base_patch16_224.mae/resolve/"
+                                        r"main/model.safetensors"):
+    checkpoints.load("MAE-B/16")
