@@ -4,8 +4,11 @@ r"""Minibatch CKA within and across a ViT and a ResNet (paper Figs 1, 2 and B.1)
       --config.data.data_dir=/path/to/tensorflow_datasets
 
 Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
-`l16_r152`, `h14_r152` (each also as `PAIR_measures`), `demo`, `demo3`, `demo_mixer` or
-`demo_measures`; then `examples=`, `batch=`,
+`l16_r152`, `h14_r152` (each also as `PAIR_measures`); today's models:
+`dinov2_b14_convnext_b` (DINOv2-B/14 at 224 px against ConvNeXt-B, self-supervised
+ViT against supervised modern CNN), `deit3_b16_convnext_b` (both supervised, as
+Vishniakov et al. 2024 compare them), `siglip_b16_convnext_b`; offline: `demo`,
+`demo3`, `demo_mixer` or `demo_measures`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
@@ -36,6 +39,9 @@ PAIRS = {  # names in zoo.ZOO, also the labels
     "b32_r50": ("ViT-B/32", "BiT-R50x1"),
     "l16_r152": ("ViT-L/16", "BiT-R152x2"),
     "h14_r152": ("ViT-H/14", "BiT-R152x2"),
+    "dinov2_b14_convnext_b": ("DINOv2-B/14", "ConvNeXt-B"),
+    "deit3_b16_convnext_b": ("DeiT3-B/16", "ConvNeXt-B"),
+    "siglip_b16_convnext_b": ("SigLIP-B/16", "ConvNeXt-B"),
 }
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
@@ -52,8 +58,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, DEMOS[arg.variant])
   elif pair in PAIRS:
     vit, bit = PAIRS[pair]
-    config.models = dict(
-        vit=common.model(vit, "paper", vit),
+    config.models = dict(  # both at 224 px (DINOv2's embedding resampled from 518, as timm)
+        vit=common.model(vit, "paper", vit, resolution=224),
         resnet=common.model(bit, "paper", bit, resolution=224))
     config.data = common.imagenet_validation()
   else:

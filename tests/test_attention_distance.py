@@ -110,7 +110,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
   with np.load(state) as z:
     saved = {k: z[k] for k in z.files}
   assert int(saved["position"][2]) >= 1
-  saved["open/distance"] = saved["open/distance"] + 1024.0
+  saved["open/distance/vit"] = saved["open/distance/vit"] + 1024.0
   np.savez(shifted / "attention_distance_state.npz", **saved)
   run_main(*args, f"--workdir={wd}", devices=1)  # a state is resumed on as many devices
   run_main(*args, f"--workdir={shifted}", devices=1)

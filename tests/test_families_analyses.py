@@ -131,3 +131,40 @@ def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(file
   lines = [m for m in caplog.messages if "preprocessing" in m]
   assert len(lines) == 3 and all("\n" not in m for m in lines)  # one line per bare file
   assert any(m.startswith("config.models.cnx: preprocessing bicubic_crop0.875_imagenet") for m in lines)
+
+
+@pytest.mark.parametrize("name,family,policy", [
+    ("reg", "vit", "bicubic_crop0.9_imagenet"), ("cnx", "convnext", "bicubic_crop0.875_imagenet"),
+    ("google", "vit", "resize")])
+def test_inspect_prints_each_familys_architecture_and_preprocessing(files, tmp_path, capsys, name,
+                                                                    family, policy):
+  import ml_collections  # noqa: PLC0415
+  from configs import inspect as inspect_config  # noqa: PLC0415
+  from vitcnn_jax import describe  # noqa: PLC0415
+  path = (uf.save(tmp_path / "g.npz", uf.vt_vit(0)) if name == "google"
+          else files[name]["checkpoint"])
+  config = inspect_config.get_config(path)
+  if name == "reg":
+    config.overrides.num_heads = 3
+  s = describe.run(ml_collections.ConfigDict(config), str(tmp_path))
+  out = capsys.readouterr().out
+  assert s["family"] == family and s["policy"] == policy
+  assert out.startswith(f"{family} (") and f"preprocessing        {policy}: " in out
+  assert "mean (" in out and "parameters" in out
+
+
+def test_attention_distance_of_several_models_equals_each_alone(files, images):
+  """DINO against CLIP, say: each model's distances as if run alone; the first
+  in name order gives the top-level results and figure, a comparison figure shows all."""
+  import os  # noqa: PLC0415
+  grey, _ = images
+  both = vj.attention_distance({"reg": files["reg"], "deit": files["deit"]}, grey, batch_size=8,
+                               num_examples=N)
+  for name in ("reg", "deit"):
+    alone = vj.attention_distance({name: files[name]}, grey, batch_size=8, num_examples=N)
+    np.testing.assert_allclose(both[f"mean_distance_{name}"], alone["mean_distance"], rtol=1e-6)
+    assert both.summary["models"][name]["prefix_tokens"] == alone.summary["prefix_tokens"]
+  np.testing.assert_array_equal(both["mean_distance"], both["mean_distance_deit"])
+  assert both.summary["prefix_tokens"] == ["cls", "dist"]
+  assert {"attention_distance.png", "attention_distance_reg.png",
+          "attention_distance_compare.png"} <= set(os.listdir(both.workdir))

@@ -92,3 +92,18 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
                                         r"huggingface.co/timm/vit_base_patch16_224.mae/resolve/"
                                         r"main/model.safetensors"):
     checkpoints.load("MAE-B/16")
+
+
+@pytest.mark.parametrize("config_file,variant,names", [
+    ("cka_vit_resnet", "dinov2_b14_convnext_b", ("DINOv2-B/14", "ConvNeXt-B")),
+    ("cka_vit_resnet", "deit3_b16_convnext_b", ("DeiT3-B/16", "ConvNeXt-B")),
+    ("cka_vit_resnet", "siglip_b16_convnext_b", ("SigLIP-B/16", "ConvNeXt-B")),
+    ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16"))])
+def test_todays_config_variants_name_zoo_models(config_file, variant, names):
+  import importlib  # noqa: PLC0415
+  from vitcnn_jax import analyses  # noqa: PLC0415
+  from vitcnn_jax import control  # noqa: PLC0415
+  config = importlib.import_module(f"configs.{config_file}").get_config(variant)
+  assert sorted(m.checkpoint for m in config.models.values()) == sorted(names)
+  assert all(not m.policy for m in config.models.values())  # the zoo entry's, unless set
+  control.check_config(config, analyses.get(config.analysis))

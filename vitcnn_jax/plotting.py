@@ -208,6 +208,28 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
 
 
 @styled
+def attention_distance_compare(models: Sequence[tuple[np.ndarray, Sequence[int], str, float]],
+                               path: str) -> None:
+  """Several ViTs' mean distances against relative depth: per model, the mean
+  over heads with the band from its nearest to its farthest head, as a fraction
+  of its uniform-attention distance (grids and patches differ between models)."""
+  fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+  for i, (mean, blocks, label, ceiling) in enumerate(models):
+    depth = np.asarray(blocks, np.float64) / max(max(blocks), 1)
+    rel = np.asarray(mean) / ceiling
+    ax.fill_between(depth, rel.min(axis=1), rel.max(axis=1), color=f"C{i}", alpha=0.18, lw=0)
+    ax.plot(depth, rel.mean(axis=1), "o-", ms=4, color=f"C{i}",
+            label=f"{label} (mean; band: nearest to farthest head)")
+  ax.axhline(1.0, color="grey", ls="--", lw=0.9, label="uniform attention")
+  ax.set_xlabel("relative depth (block / last block)")
+  ax.set_ylabel("attention distance / uniform distance")
+  ax.set_ylim(0, None)
+  ax.legend(loc="best", fontsize="small")
+  ax.set_title("Mean attention distance by model")
+  save_figure(fig, path)
+
+
+@styled
 def skip_ratio(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
                others: Sequence[tuple[np.ndarray, str]], sublayers: Sequence[str], path: str) -> None:
   """Fig 7 (tokens x sublayers heatmap; CLS vs spatial tokens vs the ratios of

@@ -6,6 +6,11 @@ patch centres, averaged over queries and images. CLS convention
 the paper's authors: CLS row and column removed, rows not renormalised, so
 CLS attention mass counts as distance 0), or "renormalize" (rows rescaled to
 sum to 1 over spatial keys).
+
+Any number of ViTs under any names (e.g. DINO against CLIP): the first in name
+order is the paper's figure and the top-level results; each other one has its own figure,
+arrays `mean_distance_NAME` and an entry of `summary["models"]`, and a
+comparison figure shows them all against relative depth.
 """
 
 from __future__ import annotations
@@ -56,47 +61,81 @@ def square_patch(model, where: str) -> int:
   return patch[0]
 
 
+class _Model:
+  """One model's attention layers and the distances between its patch centres."""
+
+  def __init__(self, name: str, m, plot_blocks: tuple[int, ...]):
+    self.name, self.m = name, m
+    self.patch = square_patch(m.model, f"config.models.{name}")
+    layers = [a for a in m.model.attention() if a.weights in m.names]
+    if not layers:
+      raise ValueError(f"config.models.{name}.capture selects no attention weights "
+                       "(`blockNN/attn/weights`).")
+    self.names, self.blocks = [a.weights for a in layers], [a.block for a in layers]
+    missing = [b for b in plot_blocks if b not in self.blocks]
+    if missing:
+      raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks "
+                       f"{self.blocks} of config.models.{name}.")
+    self.ceiling = distance_matrix(m.model.grid, self.patch)
+
+  def summary(self, mean: np.ndarray) -> dict:
+    return {"checkpoint": self.m.path, "label": self.m.label, "patch_size": self.patch,
+            "grid": list(self.m.model.grid), "blocks": self.blocks,
+            "prefix_tokens": list(self.m.model.prefix_tokens),  # left out: spatial queries, keys
+            "mean_distance_px": mean.tolist(), "uniform_ceiling_px": float(self.ceiling.mean())}
+
+
 class AttentionDistance(protocol.Analysis):
-  """One pass: per block and head, the attention distance summed over images."""
+  """One pass: per model, block and head, the attention distance summed over
+  images. The first model's (in name order) are also the top-level results
+  (the paper's figure); with more, every model gets its own figure and one compares them."""
 
   def __init__(self, config: ml_collections.ConfigDict, models: dict):
     if config.cls not in CLS_CONVENTIONS:
       raise ValueError(f"config.cls={config.cls!r} is not one of {CLS_CONVENTIONS}.")
-    self.config, self.m = config, models["vit"]
-    self.patch = square_patch(self.m.model, "config.models.vit")
-    layers = [a for a in self.m.model.attention() if a.weights in self.m.names]
-    if not layers:
-      raise ValueError("config.models.vit.capture selects no attention weights "
-                       "(`blockNN/attn/weights`).")
-    self.names, self.blocks = [a.weights for a in layers], [a.block for a in layers]
-    missing = [b for b in config.plot_blocks if b not in self.blocks]
-    if missing:
-      raise ValueError(f"config.plot_blocks {missing} are not among the captured blocks {self.blocks}.")
-    self.points = {"vit": self.names}
-    self.ceiling = distance_matrix(self.m.model.grid, self.patch)
+    self.config = config
+    self.models = [_Model(k, m, tuple(config.plot_blocks)) for k, m in models.items()]
+    self.points = {a.name: a.names for a in self.models}
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    out = forward("vit")
-    dist = jnp.asarray(self.ceiling, jnp.float32)
-    per = jnp.stack([mean_distance(out[n], dist, self.m.model.num_prefix_tokens, self.config.cls)
-                     for n in self.names])  # (L, B, H)
-    return {"distance": jnp.einsum("lbh,b->lh", per, mask)}
+    sums = {}
+    for a in self.models:
+      out = forward(a.name)
+      dist = jnp.asarray(a.ceiling, jnp.float32)
+      per = jnp.stack([mean_distance(out[n], dist, a.m.model.num_prefix_tokens, self.config.cls)
+                       for n in a.names])  # (L, B, H)
+      sums[f"distance/{a.name}"] = jnp.einsum("lbh,b->lh", per, mask)
+    return sums
 
   def finalize(self, sums):
-    mean = sums[0][0]["distance"] / self.config.num_examples
-    summary = {"analysis": "attention_distance", "checkpoint": self.m.path, "label": self.m.label,
-               "cls": self.config.cls, "num_examples": self.config.num_examples,
-               "patch_size": self.patch, "grid": list(self.m.model.grid), "blocks": self.blocks,
-               "prefix_tokens": list(self.m.model.prefix_tokens),  # left out: spatial queries, keys
-               "mean_distance_px": mean.tolist(), "uniform_ceiling_px": float(self.ceiling.mean())}
-    return {"mean_distance": mean, "blocks": np.asarray(self.blocks)}, summary
+    means = {a.name: sums[0][0][f"distance/{a.name}"] / self.config.num_examples
+             for a in self.models}
+    first = self.models[0]
+    per_model = {a.name: a.summary(means[a.name]) for a in self.models}
+    summary = {"analysis": "attention_distance", **per_model[first.name],
+               "cls": self.config.cls, "num_examples": self.config.num_examples}
+    arrays = {"mean_distance": means[first.name], "blocks": np.asarray(first.blocks)}
+    if len(self.models) > 1:
+      summary["models"] = per_model
+      for a in self.models:
+        arrays[f"mean_distance_{a.name}"] = means[a.name]
+        arrays[f"blocks_{a.name}"] = np.asarray(a.blocks)
+    return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.attention_distance(arrays["mean_distance"], summary["blocks"],
-                                list(self.config.plot_blocks) or None, self.m.label,
-                                summary["uniform_ceiling_px"],
-                                results.workdir_path(workdir, "attention_distance.png"))
+    plot_blocks = list(self.config.plot_blocks) or None
+    for i, a in enumerate(self.models):
+      s = summary["models"][a.name] if i else summary
+      name = "attention_distance" + (f"_{a.name}" if i else "")
+      plotting.attention_distance(np.asarray(s["mean_distance_px"]), s["blocks"], plot_blocks,
+                                  a.m.label, s["uniform_ceiling_px"],
+                                  results.workdir_path(workdir, f"{name}.png"))
+    if len(self.models) > 1:
+      plotting.attention_distance_compare(
+          [(np.asarray(s["mean_distance_px"]), s["blocks"], s["label"], s["uniform_ceiling_px"])
+           for s in summary["models"].values()],
+          results.workdir_path(workdir, "attention_distance_compare.png"))
 
 
 def _local_and_global(s: dict) -> declaration.Verdict:
@@ -120,7 +159,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="attention_distance", build=AttentionDistance,
-    models=declaration.Models(required=("vit",)), needs=(("vit", "attention"), ("vit", "tokens")),
+    models=declaration.Models(any_names=True), needs=(("*", "attention"), ("*", "tokens")),
     defaults=DEFAULTS, layers=("block*/attn/weights",),
     figures="Figs 3, 4, C.5, C.6", key_numbers=key_numbers,
     findings=(declaration.Finding(
