@@ -43,6 +43,9 @@ PAIRS = {  # names in zoo.ZOO, also the labels
     "deit3_b16_convnext_b": ("DeiT3-B/16", "ConvNeXt-B"),
     "siglip_b16_convnext_b": ("SigLIP-B/16", "ConvNeXt-B"),
 }
+# ViTs of a pair run at their file's resolution, but DINOv2's (518 px) at 224 like the
+# others: its embedding resampled as timm does.
+AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
 MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"]  # vitcnn_jax/measures.py
@@ -58,8 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, DEMOS[arg.variant])
   elif pair in PAIRS:
     vit, bit = PAIRS[pair]
-    config.models = dict(  # both at 224 px (DINOv2's embedding resampled from 518, as timm)
-        vit=common.model(vit, "paper", vit, resolution=224),
+    config.models = dict(
+        vit=common.model(vit, "paper", vit, **AT_224.get(pair, {})),
         resnet=common.model(bit, "paper", bit, resolution=224))
     config.data = common.imagenet_validation()
   else:

@@ -76,6 +76,14 @@ def test_token_analyses_say_which_tokens_they_use(files, images):
   assert r.summary["prefix_tokens"] == ["cls", "reg", "reg"]
   r = vj.localization({"deit": files["deit"]}, grey, batch_size=8, num_examples=N)
   assert r.summary["prefix_tokens"] == ["cls", "dist"]
+  labels = np.arange(N) % 2
+  r = vj.linear_probe({"reg": {**files["reg"], "features": ("each",)}}, grey, labels=labels,
+                      test=(grey, labels), layers="block01/out", batch_size=8, shots=2, seeds=1)
+  per_token = [v for k, v in r.arrays.items() if k.startswith("accuracy/")]
+  assert [a.shape[1] for a in per_token] == [3 + 16]  # a probe per token, prefix tokens first
+  assert r.summary["prefix_tokens"] == {"reg": ["cls", "reg", "reg"]}
+  np.testing.assert_allclose(r.summary["models"]["reg"]["each"]["accuracy"][0],
+                             per_token[0][:, 3:].mean())  # the json's mean: spatial tokens only
 
 
 @pytest.mark.parametrize("analysis,models", [

@@ -222,6 +222,9 @@ class LinearProbe(protocol.Analysis):
       entry["accuracy"].append(float(spatial.mean()))
       entry["std_over_seeds"].append(float(spatial.mean(axis=1).std()))
     summary["test_examples"] = int(score[-1]["count"])
+    # `each` rows of accuracy/ arrays start with these tokens; the json's `each` means skip them.
+    summary["prefix_tokens"] = {k: list(m.model.prefix_tokens)
+                                for k, m in self.models.items()}
     return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
