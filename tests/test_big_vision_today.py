@@ -15,6 +15,10 @@ from vitcnn_jax import checkpoints
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 VIT_TOL = network(VIT_ROUNDINGS)
+# Width 1152, MLP 4304, patch 14: patch 588 + one block (LayerNorms, q, k, v, out and fc1
+# over 1152 each, fc2 over 4304, scores over 72) 11,300 + final norm 1,152 + MAP head
+# (the same sums again) 10,100.
+SO400M_TOL = network(23_500)
 
 
 def _images(size: int, n: int = 2, seed: int = 0) -> np.ndarray:
@@ -25,10 +29,10 @@ def _unprefixed(w: dict) -> dict:
   return {k[len("params/"):]: v for k, v in w.items()}
 
 
-def _check(ours, ref, what: str) -> None:
+def _check(ours, ref, what: str, tol: float = VIT_TOL) -> None:
   scale = float(np.abs(ref).max())
   assert scale > 1e-2, what
-  assert_close(ours, ref, VIT_TOL * scale, what)
+  assert_close(ours, ref, tol * scale, what)
 
 
 def test_a_sincos2d_file_runs_at_any_input_size_without_resolution(tmp_path):
@@ -111,4 +115,4 @@ def test_a_siglip_so400m_tower_has_its_shape_read_from_the_file(tmp_path):
   assert c.policy == "resize" and not c.assumed
   x = _images(28, n=1)
   _check(m.apply({"params": c.params}, x)[0], numpy_ref.bv_vit(tower, x, pool="map")[1],
-         "So400m-shaped SigLIP tower")
+         "So400m-shaped SigLIP tower", SO400M_TOL)
