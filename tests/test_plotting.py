@@ -89,6 +89,17 @@ def test_attention_distance_legend_and_integer_ticks(tmp_path):
   _check_readable(fig)
 
 
+def test_attention_distance_comparison_names_every_model(tmp_path):
+  rng = np.random.default_rng(1)
+  models = [(rng.uniform(10, 100, (12, 12)), list(range(12)), "DINO-B/16", 110.0),
+            (rng.uniform(10, 60, (4, 3)), [0, 1, 2, 3], "ViT (demo)", 60.0)]
+  fig = _draw(plotting.attention_distance_compare, models, tmp_path=tmp_path)
+  labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+  assert labels == ["DINO-B/16", "ViT (demo)", "uniform attention"]
+  assert fig.axes[0].get_xlabel().startswith("relative depth")
+  _check_readable(fig)
+
+
 def test_skip_ratio_panels_titled_and_labelled(tmp_path):
   rng = np.random.default_rng(0)
   fig = _draw(plotting.skip_ratio, rng.uniform(0.5, 5, (3, 2, 17)), rng.uniform(-1, 1, (3, 2, 17)),

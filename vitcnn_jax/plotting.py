@@ -218,14 +218,14 @@ def attention_distance_compare(models: Sequence[tuple[np.ndarray, Sequence[int],
     depth = np.asarray(blocks, np.float64) / max(max(blocks), 1)
     rel = np.asarray(mean) / ceiling
     ax.fill_between(depth, rel.min(axis=1), rel.max(axis=1), color=f"C{i}", alpha=0.18, lw=0)
-    ax.plot(depth, rel.mean(axis=1), "o-", ms=4, color=f"C{i}",
-            label=f"{label} (mean; band: nearest to farthest head)")
+    ax.plot(depth, rel.mean(axis=1), "o-", ms=4, color=f"C{i}", label=label)
   ax.axhline(1.0, color="grey", ls="--", lw=0.9, label="uniform attention")
   ax.set_xlabel("relative depth (block / last block)")
   ax.set_ylabel("attention distance / uniform distance")
   ax.set_ylim(0, None)
   ax.legend(loc="best", fontsize="small")
-  ax.set_title("Mean attention distance by model")
+  ax.set_title("Mean attention distance by model\n(line: mean over heads; band: nearest to "
+               "farthest head)")
   save_figure(fig, path)
 
 
