@@ -176,3 +176,17 @@ def test_attention_distance_of_several_models_equals_each_alone(files, images):
   assert both.summary["prefix_tokens"] == ["cls", "dist"]
   assert {"attention_distance.png", "attention_distance_reg.png",
           "attention_distance_compare.png"} <= set(os.listdir(both.workdir))
+
+
+def test_head_subsets_and_reference_cka_on_todays_families(files, images):
+  """Head subsets of a timm ViT against a ConvNeXt's lower layers; reference CKA
+  of a timm ViT with registers against a distilled DeiT as the reference."""
+  grey, labels = images
+  r = vj.head_subsets({"vit": {**files["reg"], "capture": "all"},
+                       "resnet": {**files["cnx"], "capture": "stage0/**"}}, grey, batch_size=8,
+                      num_examples=N)
+  assert np.isfinite(r["cka"]).all() and r["cka"].shape[0] == 3  # 3 windows of 1 of 3 heads
+  r = vj.reference_cka({"deit": files["deit"], "reg": files["reg"]}, grey, labels=labels,
+                       reference="deit", layers="blocks", batch_size=8, num_examples=N, repeats=1)
+  assert any(k.startswith("cka_") for k in r.arrays)
+  assert all(np.isfinite(v).all() for k, v in r.arrays.items() if k.startswith("cka_"))
