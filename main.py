@@ -63,8 +63,9 @@ def message(e: BaseException) -> str:
 def quiet_start() -> None:
   """No 'Unable to initialize backend tpu/cuda' on machines without them, no notice
   while matplotlib builds its font cache on a first run, no tensorflow-datasets
-  warnings about its cache folder (our own warnings log as "vitcnn_jax")."""
-  for name in ("jax._src.xla_bridge", "matplotlib.font_manager", "absl"):
+  warnings about its cache folder, no huggingface_hub retry notices offline (our
+  own warnings log as "vitcnn_jax", and a hub file out of reach is our error)."""
+  for name in ("jax._src.xla_bridge", "matplotlib.font_manager", "absl", "huggingface_hub"):
     logging.getLogger(name).setLevel(logging.ERROR)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

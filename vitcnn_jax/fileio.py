@@ -120,7 +120,12 @@ def hub_file(location: str, default_file: str = "model.safetensors") -> str:
     raise ImportError(f"{location}: reading the Hugging Face hub needs `pip install "
                       f"huggingface_hub`; or download {url} and pass its local path.") from e
   try:
-    return huggingface_hub.hf_hub_download(repo, file)
+    socket.getaddrinfo("huggingface.co", 443)
+    online = True
+  except OSError:  # no network: the cache alone, without a minute of retries
+    online = False
+  try:
+    return huggingface_hub.hf_hub_download(repo, file, local_files_only=not online)
   except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
     raise FileNotFoundError(
         f"{location}: not in huggingface_hub's cache and not downloadable now "

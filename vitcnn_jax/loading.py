@@ -80,7 +80,7 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
   if why := unreachable(path):
     raise FileNotFoundError(
         f"config.{key}.checkpoint={path!r} is not reachable ({why}). Pass a local "
-        f"copy with --config.{key}.checkpoint=/path/to/file.npz{hint}")
+        f"copy with --config.{key}.checkpoint=/path/to/file{hint}")
   try:
     c = checkpoints.load(path, **overrides(spec))
   except io.CheckpointError as e:
