@@ -1,0 +1,184 @@
+r"""The paper's CKA protocol on whatever accelerator this is, in one command.
+
+  .venv/bin/python benchmarks/accelerator.py [--pair b16_r50] [--examples 10240]
+      [--batch 1024] [--repeats 1] [--precisions highest,bf16_3x,bf16_6x,bf16_9x,tf32_3x]
+
+ViT-B/16 and BiT-R50x1 at random init (the paper's layer sets, 224 px) on
+synthetic images, through the same job as `configs/cka_vit_resnet.py` (planning,
+pipeline, sharded step, resumable state), once per Gram precision. Prints per
+precision: the wall time of the whole run (compilation included), the FLOP bound
+(forward FLOPs from XLA's cost analysis plus the Gram and HSIC FLOPs, over the
+device's fp32 matmul rate, the best of measurements taken before and after the
+runs) and their ratio; the memory plan's peak against the device's measured peak
+(where the device reports one); and the largest CKA difference from `highest`.
+A precision the backend cannot run is reported as such. `--pair tiny` runs a
+small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PAIRS = {  # name -> (ViT fields, BiT fields, input size)
+    "b16_r50": (dict(variant="B/16"), dict(width=1, depth=50), 224),
+    "tiny": (dict(patch_size=8, width=32, depth=2, mlp_dim=64, num_heads=2),
+             dict(width=0.5, depth=(1, 1, 1, 1)), 32),
+}
+
+
+def _models(pair: str) -> dict:
+  """name -> (model, params) at random init."""
+  import jax
+  from vitcnn_jax.models import BiT, ViT, vit
+  vit_fields, bit_fields, size = PAIRS[pair]
+  if "variant" in vit_fields:
+    vit_fields = vit.decode_variant(vit_fields["variant"])
+  out = {}
+  for i, (name, model) in enumerate((
+      ("vit", ViT(num_classes=1000, image_size=size, **vit_fields)),
+      ("resnet", BiT(num_classes=1000, image_size=size, **bit_fields)))):
+    x = np.zeros((1, size, size, 3), np.float32)
+    out[name] = (model, jax.jit(model.init)(jax.random.PRNGKey(i), x)["params"])
+  return out
+
+
+def matmul_rate(n: int, tries: int = 5) -> float:
+  """fp32 (HIGHEST) matmul FLOP/s of the default device: the best of `tries`."""
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((n, n), jnp.float32)
+  mm = jax.jit(lambda a: jnp.matmul(a, a, precision=jax.lax.Precision.HIGHEST))
+  mm(a).block_until_ready()
+  best = 0.0
+  for _ in range(tries):
+    t = time.perf_counter()
+    mm(a).block_until_ready()
+    best = max(best, 2 * n**3 / (time.perf_counter() - t))
+  return best
+
+
+def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
+  """(forward FLOPs, Gram + HSIC FLOPs) of one minibatch of `batch` examples."""
+  import jax
+  import jax.numpy as jnp
+  from vitcnn_jax import loading, preprocess, representations
+  loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
+
+  def forward(ps, x):
+    x = preprocess.normalize(x)
+    return [m.model.apply({"params": p}, x, capture=())[0] for m, p in zip(loaded.values(), ps)]
+
+  size = next(iter(loaded.values())).size
+  x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8)
+  cost = jax.jit(forward).lower([m.params for m in loaded.values()], x).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  dims = [int(np.prod(s.shape[1:])) for m in loaded.values()
+          for s in representations.point_shapes(m.model, m.params, m.names, batch).values()]
+  gram = sum(2 * batch * batch * d for d in dims) + 2 * len(dims) ** 2 * batch * batch
+  return float(cost["flops"]), float(gram)
+
+
+def plan_peak(models: dict, examples: int, batch: int, precision: str) -> int:
+  """The memory plan's peak bytes per device for this job (as the driver plans it)."""
+  import ml_collections
+  from vitcnn_jax import driver, hsic, loading
+  from vitcnn_jax.analyses import cka
+  loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
+  config = ml_collections.ConfigDict(dict(num_examples=examples, batch_size=batch, repeats=1,
+                                          devices_per_minibatch=0, device_memory_gib=0.0))
+  plan, _ = driver.plan_devices(config, cka.CKA(config, loaded), loaded,
+                                hsic.gram_precision(precision))
+  return plan.peak_bytes
+
+
+def device_peak() -> int | None:
+  import jax
+  stats = jax.devices()[0].memory_stats()
+  return stats.get("peak_bytes_in_use") if stats else None
+
+
+def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str]) -> list[dict]:
+  import jax
+  import vitcnn_jax as vj
+  models = _models(pair)
+  size = PAIRS[pair][2]
+  images = np.random.default_rng(0).integers(0, 256, (examples, size, size, 3), dtype=np.uint8)
+  rate = matmul_rate(4096 if jax.default_backend() != "cpu" else 1024)
+  fwd, gram = flop_bound_parts(models, batch)
+  steps = repeats * (examples // batch)
+  rows, reference = [], None
+  for name in precisions:
+    row = {"precision": name}
+    rows.append(row)
+    try:
+      with tempfile.TemporaryDirectory() as wd:
+        t = time.perf_counter()
+        r = vj.cka(models, images, layers="paper", num_examples=examples, batch_size=batch,
+                   repeats=repeats, gram_precision=name, workdir=wd)
+        row["seconds"] = time.perf_counter() - t
+    except Exception as e:  # pylint: disable=broad-except  (a dot algorithm the backend lacks)
+      row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      continue
+    cka = {k: np.asarray(v) for k, v in r.arrays.items() if k.startswith("cka_")}
+    reference = reference or (cka if name == "highest" else None)
+    row["max_diff"] = (max(float(np.abs(v - reference[k]).max()) for k, v in cka.items())
+                       if reference else None)
+    row["plan_peak"] = plan_peak(models, examples, batch, name)
+    row["device_peak"] = device_peak()
+  rate = max(rate, matmul_rate(4096 if jax.default_backend() != "cpu" else 1024))
+  bound = steps * (fwd + gram) / rate
+  for row in rows:
+    row.update(bound=bound, rate=rate, fwd_flops=fwd * steps, gram_flops=gram * steps)
+  return rows
+
+
+def report(rows: list[dict], pair: str, examples: int, batch: int, repeats: int) -> None:
+  import jax
+  d = jax.devices()[0]
+  r0 = rows[0]
+  print(f"device: {jax.device_count()} x {d.device_kind} ({jax.default_backend()}); pair {pair}, "
+        f"{examples:,} examples in minibatches of {batch:,}, {repeats} repeat(s)")
+  print(f"FLOP bound: {r0['bound']:.1f} s = ({r0['fwd_flops'] / 1e12:.2f} forward + "
+        f"{r0['gram_flops'] / 1e12:.2f} Gram TFLOP) / {r0['rate'] / 1e12:.2f} TFLOP/s (fp32 "
+        "matmul, best measured)")
+  gib = 2**30
+  print("precision | time (s, incl. compile) | time / bound | plan peak (GiB) | device peak "
+        "(GiB) | max |CKA - highest|")
+  for r in rows:
+    if "error" in r:
+      print(f"{r['precision']} | not run here: {r['error']}")
+      continue
+    dev = f"{r['device_peak'] / gib:.2f}" if r["device_peak"] else "n/a (not reported)"
+    diff = f"{r['max_diff']:.2e}" if r["max_diff"] is not None else "n/a (no highest run)"
+    print(f"{r['precision']} | {r['seconds']:.1f} | {r['seconds'] / r['bound']:.2f}x | "
+          f"{r['plan_peak'] / gib:.2f} | {dev} | {diff}")
+
+
+def main():
+  logging.getLogger("vitcnn_jax").setLevel(logging.ERROR)  # random-init models: no files to doubt
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--pair", default="b16_r50", choices=sorted(PAIRS))
+  ap.add_argument("--examples", type=int, default=10240)
+  ap.add_argument("--batch", type=int, default=1024)
+  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--precisions", default="highest,bf16_3x,bf16_6x,bf16_9x,tf32_3x")
+  args = ap.parse_args()
+  precisions = args.precisions.split(",")
+  if "highest" in precisions:  # the reference runs first
+    precisions = ["highest"] + [p for p in precisions if p != "highest"]
+  rows = run(args.pair, args.examples, args.batch, args.repeats, precisions)
+  report(rows, args.pair, args.examples, args.batch, args.repeats)
+
+
+if __name__ == "__main__":
+  main()
