@@ -107,3 +107,27 @@ def test_todays_config_variants_name_zoo_models(config_file, variant, names):
   assert sorted(m.checkpoint for m in config.models.values()) == sorted(names)
   assert all(not m.policy for m in config.models.values())  # the zoo entry's, unless set
   control.check_config(config, analyses.get(config.analysis))
+
+
+def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
+  """The user's route: HF_HUB_CACHE (or HF_HOME) and HF_HUB_OFFLINE in the
+  environment, a zoo name on the command line; a fresh process."""
+  import json  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  from conftest import ROOT, device_env  # noqa: PLC0415
+  repo = zoo.ZOO["DINOv2-S/14 reg"].location[len(zoo.HF_HUB):]
+  path = _cache(tmp_path / "hub", repo)
+  x = np.zeros((1, 28, 28, 3), np.float32)
+  timm_ref.timm_vit_file(path, x, features=True, patch_size=14, embed_dim=48, depth=2,
+                         num_heads=6, mlp_ratio=2.0, num_classes=0, init_values=1e-5,
+                         reg_tokens=4, no_embed_class=True)
+  env = {**device_env(1), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+  r = subprocess.run([sys.executable, f"{ROOT}/main.py", f"--config={ROOT}/configs/inspect.py",
+                      "--config.checkpoint=DINOv2-S/14 reg", f"--workdir={tmp_path / 'wd'}"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  s = json.loads((tmp_path / "wd" / "inspect.json").read_text())
+  assert s["file"] == path and s["architecture"]["num_registers"] == 4
+  assert s["architecture"]["num_heads"] == 6 and s["policy"] == "bicubic_crop1_imagenet"
+  assert "preprocessing        bicubic_crop1_imagenet" in r.stdout and "its zoo entry" in r.stdout
