@@ -14,7 +14,8 @@ the smallest group of devices sharing a minibatch whose step fits, printed as
 (micro_batch: rows per device; the forward is not split further). `--table`
 also prints the peak of the whole step and of the forward alone (logits, no
 representation captured) for minibatches of 32, 256 and 1,024 on one device
-(b16_r50). XLA's CPU compiler fuses and
+(b16_r50). `--groups 1,2,4,8,16` instead compiles the first pair's step over
+each group size and prints `GROUP ... peak_gib=X compile_s=T`. XLA's CPU compiler fuses and
 schedules differently from the GPU and TPU ones, so the figures are estimates
 of what the planner will read on those devices, where it plans before the run.
 """
@@ -93,6 +94,20 @@ def plan_lines(pair: str, gibs: list[float]) -> None:
       print(f"PLAN pair={pair} device_gib={gib:g} minibatch={MINIBATCH} fits=no ({e})", flush=True)
 
 
+def groups(pair: str, sizes: list[int]) -> None:
+  """The step of the paper's minibatch over each group size: compile time and peak."""
+  import jax
+  from vitcnn_jax import driver, memory
+  models = _models(pair)
+  for group in sizes:
+    t = time.perf_counter()
+    config, job = _job(models, MINIBATCH, group, 1e6)
+    plan, _ = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
+    print(f"GROUP pair={pair} minibatch={MINIBATCH} devices_per_minibatch={group} "
+          f"peak_gib={plan.peak_bytes / memory.GIB:.2f} compile_s={time.perf_counter() - t:.0f}",
+          flush=True)
+
+
 def table() -> None:
   """Peak of the step and of the forward alone on one device, b16_r50."""
   import jax
@@ -119,7 +134,12 @@ def main():
   ap.add_argument("--pairs", default=",".join(PAIRS))
   ap.add_argument("--device_gib", default="16,80")
   ap.add_argument("--table", action="store_true")
+  ap.add_argument("--groups", default="", help="e.g. 1,2,4,8,16: compile time and peak per group "
+                  "size of the first pair, instead of the plans")
   args = ap.parse_args()
+  if args.groups:
+    groups(args.pairs.split(",")[0], [int(g) for g in args.groups.split(",")])
+    return
   if args.table:
     table()
   for pair in args.pairs.split(","):

@@ -101,9 +101,10 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
     params = [jax.tree.map(lambda a: abstract(a.shape, a.dtype, rep), models[k].params) for k in p.points]
     images = [abstract((rows, models[k].size, models[k].size, 3), jnp.uint8, sharded) for k in p.points]
     step = compile_pass(p, models, mesh, precision)
-    compiled[minibatch, group] = step.lower(params, None, images, abstract((rows,), jnp.int32, sharded),
-                                            abstract((rows,), jnp.float32, sharded),
-                                            random_of(0, 0, 0, 0, abstract=rep)).compile()
+    with parallel.uncached(mesh):
+      compiled[minibatch, group] = step.lower(
+          params, None, images, abstract((rows,), jnp.int32, sharded),
+          abstract((rows,), jnp.float32, sharded), random_of(0, 0, 0, 0, abstract=rep)).compile()
     return memory.step_bytes(compiled[minibatch, group])
 
   plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
@@ -160,34 +161,34 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           f"{os.path.basename(state.path)} or pass another --workdir.")
   ran, last_save = 0, time.time()
   boot = runstate.Bootstrap(config.get("seed", 0), config.get("bootstrap", 0), state.pooled)
-  for pi in range(state.position[0], len(passes)):
-    p = passes[pi]
-    p.setup(state.done[:pi])
-    step_fn = compile_pass(p, models, mesh, precision)
-    args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
-    for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
-      start, sums = state.start(pi, repeat)
-      steps = _Steps(p, sums, boot, (pi, repeat))
-      source, indices = plan[pi][repeat]
-      for step, b in enumerate(pipeline.steps(mesh, sources[source], indices,
-                                              [models[k] for k in p.points], layout.rows,
-                                              start=start, labels=p.labels), start + 1):
-        labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
-        first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
-        random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
-        steps.add(step_fn(*args, b.images, labels, b.mask, random), first)
-        ran += 1
-        bar.update(1, b.examples)
-        stop = bool(config.get("stop_after")) and ran >= config.stop_after
-        if stop or time.time() - last_save > config.get("save_every_seconds", 60):
-          state.save(pi, repeat, step, steps.fetch())
-          last_save = time.time()
-        if stop:
-          bar.close()
-          print(f"Stopped after {ran} steps as asked (config.stop_after); state in {state.path}.")
-          return None
-      state.finish(pi, repeat, p.repeats, steps.fetch())
-  bar.close()
+  with bar, parallel.uncached(mesh):  # a grouped step stays out of the CPU persistent cache
+    for pi in range(state.position[0], len(passes)):
+      p = passes[pi]
+      p.setup(state.done[:pi])
+      step_fn = compile_pass(p, models, mesh, precision)
+      args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
+      for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
+        start, sums = state.start(pi, repeat)
+        steps = _Steps(p, sums, boot, (pi, repeat))
+        source, indices = plan[pi][repeat]
+        for step, b in enumerate(pipeline.steps(mesh, sources[source], indices,
+                                                [models[k] for k in p.points], layout.rows,
+                                                start=start, labels=p.labels), start + 1):
+          labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
+          first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
+          random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
+          steps.add(step_fn(*args, b.images, labels, b.mask, random), first)
+          ran += 1
+          bar.update(1, b.examples)
+          stop = bool(config.get("stop_after")) and ran >= config.stop_after
+          if stop or time.time() - last_save > config.get("save_every_seconds", 60):
+            state.save(pi, repeat, step, steps.fetch())
+            last_save = time.time()
+          if stop:
+            bar.close()  # before the message (closing again on leaving is harmless)
+            print(f"Stopped after {ran} steps as asked (config.stop_after); state in {state.path}.")
+            return None
+        state.finish(pi, repeat, p.repeats, steps.fetch())
   analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
   summary["models loaded"] = {k: m.setup for k, m in models.items()}

@@ -277,14 +277,14 @@ def _ring(v: jax.Array, group: str, op) -> jax.Array:
   """`op`-reduction of `v` over the devices of `group`, passed around a ring. A
   psum or pmax here would be merged by XLA with those of every other layer,
   keeping every layer's activations alive until all had run (measured on
-  ViT-B/16 + R50, 128 rows over 2 devices: 19.9 GiB against 2.6 GiB). Unrolled:
-  on CPU, a program with collectives inside a loop came back from JAX's
-  persistent compilation cache broken (NaN, or a segfault)."""
-  total = passing = v
-  for _ in range(jax.lax.axis_size(group) - 1):
+  ViT-B/16 + R50, 128 rows over 2 devices: 19.9 GiB against 2.6 GiB). A loop, so
+  that the program does not grow with the group; on CPU such programs are kept
+  out of JAX's persistent compilation cache (`parallel.uncached`)."""
+  def hop(_, carry):
+    total, passing = carry
     passing = _pass_on(passing, group)
-    total = op(total, passing)
-  return total
+    return op(total, passing), passing
+  return jax.lax.fori_loop(0, jax.lax.axis_size(group) - 1, hop, (v, v))[0]
 
 
 def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
@@ -296,7 +296,7 @@ def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
 
   The features are scaled by a power of two shared by the group before anything
   else (exact), then centred on the group's mean. Each device's rows travel once
-  around the group (`ppermute`, unrolled like `_ring`), so a device holds one
+  around the group (`ppermute` in a loop, like `_ring`), so a device holds one
   passing row block of one layer's features beyond its own activations.
   """
   size, me = jax.lax.axis_size(group), jax.lax.axis_index(group)
@@ -308,12 +308,16 @@ def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
   mean = mean / jnp.maximum(keep.sum(), 1.0)
   c = (x - mean) * mask[:, None]
 
-  row, passing = jnp.zeros_like(c, shape=(rows, size * rows)), c
-  for k in range(size):  # the rows of device (me + k) % size arrive; pass them on
-    row = jax.lax.dynamic_update_slice(
+  def block(row, passing, k):  # the rows of device (me + k) % size have arrived
+    return jax.lax.dynamic_update_slice(
         row, jnp.matmul(c, passing.T, precision=precision), (0, ((me + k) % size) * rows))
-    if k + 1 < size:
-      passing = _pass_on(passing, group)
+
+  def hop(k, carry):
+    row, passing = carry
+    return block(row, passing, k), _pass_on(passing, group)
+
+  row, passing = jax.lax.fori_loop(0, size - 1, hop, (jnp.zeros_like(c, shape=(rows, size * rows)), c))
+  row = block(row, passing, size - 1)
   # U-centring (as `center_unbiased`) of the whole Gram from its row blocks: the
   # column sums of the symmetric Gram are its row sums, gathered over the group.
   diag = jnp.arange(size * rows)[None, :] == (me * rows + jnp.arange(rows))[:, None]

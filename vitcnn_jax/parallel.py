@@ -9,6 +9,9 @@ global arrays whose rows are sharded over every device. The mesh has two axes:
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -55,3 +58,21 @@ def global_batch(m: jax.sharding.Mesh, local: np.ndarray) -> jax.Array:
 
 def replicate(m: jax.sharding.Mesh, tree):
   return jax.device_put(tree, replicated(m))
+
+
+@contextlib.contextmanager
+def uncached(m: jax.sharding.Mesh) -> Iterator[None]:
+  """Programs compiled inside are not written to JAX's persistent compilation
+  cache when `m` groups devices on CPU: there, a program with collectives inside
+  a loop (the group's rings) came back from that cache broken (NaN or a
+  segfault). Not written, it is never read back; other programs still are."""
+  if m.shape[GROUP] == 1 or jax.default_backend() != "cpu":
+    yield
+    return
+  key = "jax_persistent_cache_min_compile_time_secs"
+  old = getattr(jax.config, key)
+  jax.config.update(key, 1e30)
+  try:
+    yield
+  finally:
+    jax.config.update(key, old)

@@ -23,3 +23,9 @@ class Bar:
 
   def close(self) -> None:
     self.bar.close()
+
+  def __enter__(self) -> "Bar":
+    return self
+
+  def __exit__(self, *exc) -> None:  # closed on errors too, so a traceback is not cut
+    self.close()
