@@ -136,3 +136,19 @@ def test_auto_precision_per_backend_and_bad_names():
   assert hsic.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
   with pytest.raises(ValueError, match="'fp16' is not one of"):
     hsic.gram_precision("fp16")
+
+
+def test_grouped_steps_are_kept_out_of_the_persistent_cache_on_cpu():
+  """Inside `uncached` of a grouped mesh, nothing compiled is written to the
+  persistent cache (its minimum compile time is out of reach); outside, and for
+  one device per minibatch, the cache is as configured."""
+  key = "jax_persistent_cache_min_compile_time_secs"
+  before = getattr(jax.config, key)
+  with parallel.uncached(parallel.mesh(2)):
+    assert getattr(jax.config, key) >= 1e30
+  assert getattr(jax.config, key) == before
+  with parallel.uncached(parallel.mesh(1)):
+    assert getattr(jax.config, key) == before
+  with pytest.raises(RuntimeError), parallel.uncached(parallel.mesh(4)):
+    raise RuntimeError("a failed compile")
+  assert getattr(jax.config, key) == before  # restored on errors too
