@@ -19,7 +19,6 @@ FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1
 SUFFIX = ".safetensors"
 POLICY = "bicubic_crop0.875_imagenet"  # timm's ConvNeXt evaluation
 OVERRIDABLE = ()
-_LN = {"weight": "scale", "bias": "bias"}
 
 
 def detect(flat: dict[str, np.ndarray]) -> str | None:
@@ -38,16 +37,8 @@ def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
 
 
 def _dense(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
-  w = keys.take(f"{name}.weight")
-  if w.ndim != 2:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a matrix.")
-  p[f"{ours}/kernel"], p[f"{ours}/bias"] = w.T, keys.take(f"{name}.bias")
-  return w
-
-
-def _norm(keys: io.Keys, p: dict, name: str, ours: str) -> None:
-  for theirs, leaf in _LN.items():
-    p[f"{ours}/{leaf}"] = keys.take(f"{name}.{theirs}")
+  p[f"{ours}/kernel"], p[f"{ours}/bias"] = io.take_torch_linear(keys, name)
+  return p[f"{ours}/kernel"]
 
 
 def read(keys: io.Keys) -> io.Reading:
@@ -56,14 +47,14 @@ def read(keys: io.Keys) -> io.Reading:
   ev: dict[str, str] = {}
   stem = _conv(keys, p, "stem.0", "stem_conv")
   cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape("stem.0.weight")
-  _norm(keys, p, "stem.1", "stem_norm")
+  io.take_torch_norm(keys, p, "stem.1", "stem_norm")
   stages = keys.indices(r"stages\.(\d+)\.")
   if not stages or stages[0] != 0:
     raise io.CheckpointError(f"{keys.path}: no stages.0.* tensors found.")
   depths, widths = [], []
   for s in stages:
     if s:
-      _norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
+      io.take_torch_norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
       _conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv")
     blocks = keys.indices(rf"stages\.{s}\.blocks\.(\d+)\.")
     if not blocks or blocks[0] != 0:
@@ -72,11 +63,11 @@ def read(keys: io.Keys) -> io.Reading:
     for b in blocks:
       src, ours = f"stages.{s}.blocks.{b}", f"stage{s}_block{b:02d}"
       dw = _conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw")
-      _norm(keys, p, f"{src}.norm", f"{ours}/norm")
+      io.take_torch_norm(keys, p, f"{src}.norm", f"{ours}/norm")
       _dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
       _dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
       if keys.has(f"{src}.mlp.grn.weight"):
-        _norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
+        io.take_torch_norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
       if keys.has(f"{src}.gamma"):
         p[f"{ours}/gamma"] = keys.take(f"{src}.gamma")
     widths.append(dw.shape[0])
@@ -89,10 +80,10 @@ def read(keys: io.Keys) -> io.Reading:
   ev["grn"] = "stages.0.blocks.0.mlp.grn.weight" + ("" if cfg["grn"] else ": absent (v1)")
   cfg["layer_scale"] = keys.has("stages.0.blocks.0.gamma")
   ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
-  _norm(keys, p, "head.norm", "head_norm")
+  io.take_torch_norm(keys, p, "head.norm", "head_norm")
   if keys.has("head.fc.weight"):
     w = _dense(keys, p, "head.fc", "head")
-    cfg["num_classes"], ev["num_classes"] = w.shape[0], keys.shape("head.fc.weight")
+    cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("head.fc.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"
   cfg["image_size"], ev["image_size"] = 224, "not in the file (a conv net runs at any size); 224"
@@ -117,7 +108,6 @@ _NAMES = {"stem_conv": "stem.0", "stem_norm": "stem.1", "head_norm": "head.norm"
           "head": "head.fc"}
 _BLOCK = {"conv_dw": "conv_dw", "norm": "norm", "fc1": "mlp.fc1", "fc2": "mlp.fc2",
           "grn": "mlp.grn", "gamma": "gamma"}
-_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
 
 
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
@@ -140,5 +130,5 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
       continue
     if leaf == "kernel":
       v = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
-    out[f"{name}.{_LEAVES[leaf]}"] = v
+    out[f"{name}.{io.TORCH_LEAVES[leaf]}"] = v
   return out

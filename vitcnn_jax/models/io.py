@@ -200,6 +200,26 @@ def take_head(keys: Keys, p: dict, cfg: dict, ev: dict,
     cfg["num_classes"], ev["num_classes"] = None, f"no {kernel} in the file"
 
 
+# PyTorch state dicts (timm's safetensors): torch's leaf names, and its layouts read as Flax's.
+TORCH_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}  # ours -> torch's
+
+
+def take_torch_norm(keys: Keys, p: dict, name: str, ours: str) -> None:
+  """A torch LayerNorm (or GRN) `name`: weight and bias as our scale and bias."""
+  p[f"{ours}/scale"], p[f"{ours}/bias"] = keys.take(f"{name}.weight"), keys.take(f"{name}.bias")
+
+
+def take_torch_linear(keys: Keys, name: str, bias: bool = True
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+  """A torch Linear `name` as a Flax (in, out) kernel and its bias (None where
+  `bias` is False and the file has none)."""
+  w = keys.take(f"{name}.weight")
+  if w.ndim != 2:
+    raise CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a matrix.")
+  b = keys.take(f"{name}.bias") if bias or keys.has(f"{name}.bias") else None
+  return w.T, b
+
+
 def split_tower(path: str) -> tuple[str, str | None]:
   """'file.npz:img' -> ('file.npz', 'img'), big_vision's sub-tree syntax."""
   m = re.fullmatch(r"(.+\.npz):([\w/]+)", str(path))

@@ -35,7 +35,6 @@ OVERRIDABLE = ("gelu", "ln_eps", "num_heads", "no_skip", "patch_size")
 # CLIP bigG: 1664 = 16 x 104); other widths assume 64-wide heads.
 _HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24,
           1664: 16}
-_LN = {"weight": "scale", "bias": "bias"}
 _ATTN = "MultiHeadDotProductAttention_0"
 
 
@@ -72,20 +71,6 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
   vit_io.adapt(cfg, r, native, path, resample=resample_posemb)
 
 
-def _linear(keys: io.Keys, name: str, bias: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-  """A torch Linear as a Flax (in, out) kernel and its bias (None if absent)."""
-  w = keys.take(f"{name}.weight")
-  if w.ndim != 2:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a matrix.")
-  b = keys.take(f"{name}.bias") if bias or keys.has(f"{name}.bias") else None
-  return w.T, b
-
-
-def _norm(keys: io.Keys, p: dict, name: str, ours: str) -> None:
-  for theirs, leaf in _LN.items():
-    p[f"{ours}/{leaf}"] = keys.take(f"{name}.{theirs}")
-
-
 def _heads(kernel: np.ndarray, bias: np.ndarray | None, h: int) -> tuple[np.ndarray, np.ndarray]:
   """(D, H*hd) and (H*hd,) as Flax DenseGeneral's (D, H, hd) and (H, hd)."""
   d, e = kernel.shape
@@ -97,17 +82,17 @@ def _attention(keys: io.Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, s
                proj: str) -> None:
   """q/k/v from (slices of) timm Linears, and the output projection."""
   for name, (src, rows) in zip(("query", "key", "value"), qkv):
-    w, b = _linear(keys, src, bias=False)
+    w, b = io.take_torch_linear(keys, src, bias=False)
     w, b = w[:, rows], None if b is None else b[rows]
     p[f"{ours}/{name}/kernel"], p[f"{ours}/{name}/bias"] = _heads(w, b, h)
-  w, b = _linear(keys, proj)
+  w, b = io.take_torch_linear(keys, proj)
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, -1, w.shape[1]), b
 
 
 def _mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
   """(hidden width, kind): fc1 twice as wide as fc2's input is timm's packed SwiGLU."""
-  w1, b1 = _linear(keys, f"{name}.fc1")
-  w2, b2 = _linear(keys, f"{name}.fc2")
+  w1, b1 = io.take_torch_linear(keys, f"{name}.fc1")
+  w2, b2 = io.take_torch_linear(keys, f"{name}.fc2")
   p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = w1, b1
   p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = w2, b2
   if w1.shape[1] == 2 * w2.shape[0]:
@@ -133,11 +118,11 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
   kinds = set()
   for i in idx:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    _norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
+    io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
     _attention(keys, p, f"{ours}/MultiHeadDotProductAttention_0", h,
                [(f"{src}.attn.qkv", slice(j * d, (j + 1) * d)) for j in range(3)],
                f"{src}.attn.proj")
-    _norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
+    io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
     kinds.add(_mlp(keys, p, f"{src}.mlp", f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:
       p[f"{ours}/ls1"] = keys.take(f"{src}.ls1.gamma")
@@ -149,10 +134,10 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
   ev["mlp_dim"] = ev["mlp"] = f"{keys.shape('blocks.0.mlp.fc1.weight')}, " + keys.shape(
       "blocks.0.mlp.fc2.weight")
   if keys.has("norm.weight"):
-    _norm(keys, p, "norm", "Transformer/encoder_norm")
+    io.take_torch_norm(keys, p, "norm", "Transformer/encoder_norm")
     cfg["fc_norm"], ev["fc_norm"] = False, keys.shape("norm.weight")
   else:
-    _norm(keys, p, "fc_norm", "fc_norm")
+    io.take_torch_norm(keys, p, "fc_norm", "fc_norm")
     cfg["fc_norm"], ev["fc_norm"] = True, keys.shape("fc_norm.weight")
 
 
@@ -166,7 +151,7 @@ def _map_head(keys: io.Keys, p: dict, cfg: dict) -> None:
   _attention(keys, p, "MAPHead_0/MultiHeadDotProductAttention_0", cfg["num_heads"],
              [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
               ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
-  _norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
+  io.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
   if _mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], cfg["mlp"]):
     raise io.CheckpointError(f"{keys.path}: {keys.shape('attn_pool.mlp.fc1.weight')} differs "
                              "from the blocks' MLP; our MAP head shares their width.")
@@ -239,7 +224,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["pre_norm"] = keys.has("norm_pre.weight")
   ev["pre_norm"] = "norm_pre.weight" + ("" if cfg["pre_norm"] else ": absent")
   if cfg["pre_norm"]:
-    _norm(keys, p, "norm_pre", "norm_pre")
+    io.take_torch_norm(keys, p, "norm_pre", "norm_pre")
   _blocks(keys, p, cfg, ev, assumed)
   _tokens(keys, p, cfg, ev, assumed)
   if cfg["distilled"] and cfg["pool"] != "token":
@@ -249,7 +234,7 @@ def read(keys: io.Keys) -> io.Reading:
     _map_head(keys, p, cfg)
   if keys.has("head.weight"):
     for head in ("head", "head_dist")[:1 + cfg["distilled"]]:
-      p[f"{head}/kernel"], bias = _linear(keys, head, bias=False)
+      p[f"{head}/kernel"], bias = io.take_torch_linear(keys, head, bias=False)
       if bias is not None:
         p[f"{head}/bias"] = bias
     cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("head.weight")
@@ -285,7 +270,6 @@ _NAMES = {  # our sub-tree -> timm's module, per scope: top level, block, MAP he
             f"{_ATTN}/key": "kv", f"{_ATTN}/value": "kv", f"{_ATTN}/out": "proj",
             "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
 }
-_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
 _QKV = ("query", "key", "value")
 
 
@@ -299,7 +283,7 @@ def _timm_name(key: str) -> str:
   for ours, theirs in names.items():
     if rest == ours or rest.startswith(ours + "/"):
       leaf = rest[len(ours) + 1:]
-      return base + theirs + (f".{_LEAVES[leaf]}" if leaf else "")
+      return base + theirs + (f".{io.TORCH_LEAVES[leaf]}" if leaf else "")
   raise ValueError(f"No timm name for parameter {key!r}.")
 
 
