@@ -162,6 +162,11 @@ class Checkpoint:
   policy: str  # its preprocessing: its zoo entry's, else its format upstream's evaluation
   path: str  # the file read (a zoo name or hf-hub: location resolved)
   policy_from: str  # where `policy` comes from, in words
+  evidence: dict[str, str] = dataclasses.field(default_factory=dict)  # field -> its tensor
+
+  def preprocessing(self, given: str = "") -> tuple[str, str]:
+    """(policy, where it comes from): `given` (a config's) if set, else this one's."""
+    return (given, "the config") if given else (self.policy, self.policy_from)
 
 
 def locate(path: str) -> tuple[str, zoo.Entry | None]:
@@ -252,7 +257,7 @@ def load(path: str, **overrides) -> Checkpoint:
   policy, source = ((entry.policy, "its zoo entry") if entry and entry.policy else
                     (io_.POLICY, f"the evaluation of a {r.fmt} file's upstream"))
   return Checkpoint(model, jax.tree_util.tree_map(jax.numpy.asarray, params), r.fmt, assumed,
-                    policy, path, source)
+                    policy, path, source, r.evidence)
 
 
 def to_upstream(model, params: Params, format: str | None = None) -> dict[str, np.ndarray]:  # pylint: disable=redefined-builtin

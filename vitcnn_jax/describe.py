@@ -22,10 +22,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ValueError("config.checkpoint is empty: pass --config.checkpoint=/path/or/gs://file.npz")
   overrides = loading.overrides(config)
   c = checkpoints.load(config.checkpoint, **overrides)
-  _, reading = checkpoints.load_params(c.path)
   model, params = c.model, c.params
-  policy, policy_from = (config.policy, "the config") if config.get("policy") else (
-      c.policy, c.policy_from)
+  policy, policy_from = c.preprocessing(config.get("policy") or "")
   points = representations.point_shapes(model, params, config.get("capture") or None)
   fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
             if f.name not in ("parent", "name")}
@@ -33,9 +31,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "checkpoint": config.checkpoint,
       "file": c.path,
       "family": model.family,
-      "format": reading.fmt,
+      "format": c.fmt,
       "architecture": fields,
-      "evidence": reading.evidence,
+      "evidence": c.evidence,
       "assumed": sorted(c.assumed),
       "policy": policy,
       "preprocessing": preprocess.describe(policy),
@@ -43,11 +41,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
-  lines = [f"{model.family} ({reading.fmt} format) {fields}"]
+  lines = [f"{model.family} ({c.fmt} format) {fields}"]
   lines += [f"  {k:20s} from {v}" + ("  [assumed: pass --config.overrides." + k + "=... if "
                                        "it was trained otherwise]" if k in summary["assumed"] else "")
-            for k, v in reading.evidence.items()]
-  if "image_size" not in reading.evidence:  # a ResNet: any size works, none is recorded
+            for k, v in c.evidence.items()]
+  if "image_size" not in c.evidence:  # a ResNet: any size works, none is recorded
     given = "resolution" in overrides or "image_size" in overrides
     summary["image_size_source"] = "override" if given else "default (not in the file)"
     lines.append(f"  {'image_size':20s} {fields['image_size']}: " + (

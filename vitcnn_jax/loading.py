@@ -91,7 +91,7 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
         "train it again.") from e
   for need in needs:
     anatomy.require(c.model, need, f"config.{key}")
-  policy, source = (spec.policy, "the config") if spec.get("policy") else (c.policy, c.policy_from)
+  policy, source = c.preprocessing(spec.get("policy") or "")
   if not spec.get("policy") and not spec.get("train"):
     io.log.warning("config.%s: preprocessing %s (%s), from %s; set --config.%s.policy=... if "
                    "it was trained otherwise.", key, policy, preprocess.describe(policy), source, key)
