@@ -1,6 +1,6 @@
 """What an analysis may ask of a model, whatever its family.
 
-Every family (`ViT`, `BiT`, `Mixer`) implements `Anatomy`; analyses read these
+Every family (`ViT`, `BiT`, `Mixer`, `ConvNeXt`) implements `Anatomy`; analyses read these
 members and refuse a model that lacks what they need (`require`), naming it.
 Point names are those of the model's `out` dict (`models/*.py` docstrings).
 """
@@ -96,6 +96,14 @@ class PatchTokens:
     return [Residual(f"block{b:02d}", s, f"block{b:02d}/{z}", f"block{b:02d}/{f}", f"block{b:02d}/{o}",
                      b not in skipless)
             for b in range(self.num_blocks) for s, z, f, o in self.RESIDUALS]
+
+
+class FeatureMaps:
+  """The anatomy of a network of feature maps rather than tokens (ResNet, ConvNeXt)."""
+  grid = None
+  token_pixels = None
+  prefix_tokens = ()
+  num_prefix_tokens = 0
 
 
 class NoAttention:

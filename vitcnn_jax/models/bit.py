@@ -153,7 +153,7 @@ class Stage(nn.Module):
     return x
 
 
-class BiT(anatomy.NoAttention, nn.Module):
+class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
   """ResNet-v2 R{50,101,152}x{width}; any units per block via `depth`."""
   num_classes: int | None = 1000
   width: float = 1  # R50x1 -> 1; fractions (0.5) make tiny test models
@@ -165,10 +165,6 @@ class BiT(anatomy.NoAttention, nn.Module):
   # Anatomy (models/anatomy.py): residual blocks are units; no tokens, no attention.
   sublayers = ("unit",)
   stem = "root/conv"
-  grid = None
-  token_pixels = None
-  prefix_tokens = ()
-  num_prefix_tokens = 0
   default_policy = "resize"
   layer_presets = LAYER_PRESETS
 

@@ -83,7 +83,7 @@ class Block(nn.Module):
     return capture.put(out, "out", x + y)
 
 
-class ConvNeXt(anatomy.NoAttention, nn.Module):
+class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
   """ConvNeXt-{T,S,B,L} (v1: layer scale; v2: GRN) or any depths and widths."""
   num_classes: int | None = 1000
   depths: Sequence[int] = (3, 3, 27, 3)
@@ -98,10 +98,6 @@ class ConvNeXt(anatomy.NoAttention, nn.Module):
   # Anatomy (models/anatomy.py): residual blocks, no tokens, no attention.
   sublayers = ("block",)
   stem = "stem"
-  grid = None
-  token_pixels = None
-  prefix_tokens = ()
-  num_prefix_tokens = 0
   default_policy = "resize"
   layer_presets = LAYER_PRESETS
 
