@@ -190,3 +190,16 @@ def test_head_subsets_and_reference_cka_on_todays_families(files, images):
                        reference="deit", layers="blocks", batch_size=8, num_examples=N, repeats=1)
   assert any(k.startswith("cka_") for k in r.arrays)
   assert all(np.isfinite(v).all() for k, v in r.arrays.items() if k.startswith("cka_"))
+
+
+def test_a_convnext_in_memory_is_preprocessed_as_its_file(files, images):
+  """Handed over as (model, params), a ConvNeXt keeps timm's ImageNet
+  normalisation, as loaded by path: the same numbers either way."""
+  import json  # noqa: PLC0415
+  model, params = checkpoints.load_model(files["cnx"]["checkpoint"], resolution=64)
+  small = dict(layers="blocks", batch_size=8, num_examples=N)
+  by_path = vj.pc_share({"cnx": files["cnx"]}, images[0], **small)
+  in_memory = vj.pc_share({"cnx": (model, params)}, images[0], **small)
+  with open(f"{in_memory.workdir}/pc_share.json") as f:
+    assert json.load(f)["models loaded"]["cnx"]["policy"] == "bicubic_crop0.875_imagenet"
+  np.testing.assert_allclose(in_memory["share_cnx"], by_path["share_cnx"], rtol=1e-6)

@@ -98,7 +98,7 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
   # Anatomy (models/anatomy.py): residual blocks, no tokens, no attention.
   sublayers = ("block",)
   stem = "stem"
-  default_policy = "resize"
+  default_policy = "bicubic_crop0.875_imagenet"  # timm's evaluation: every ConvNeXt is timm's
   layer_presets = LAYER_PRESETS
 
   @property

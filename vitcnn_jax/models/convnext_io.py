@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from vitcnn_jax.models import convnext
 from vitcnn_jax.models import io
 
 FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1, "
                             "stages.S.downsample.0/1, stages.S.blocks.B.{conv_dw, norm, "
                             "mlp.fc1, mlp.grn (v2), mlp.fc2, gamma (v1)}, head.norm, head.fc"}
 SUFFIX = ".safetensors"
-POLICY = "bicubic_crop0.875_imagenet"  # timm's ConvNeXt evaluation
+POLICY = convnext.ConvNeXt.default_policy  # timm's ConvNeXt evaluation
 OVERRIDABLE = ()
 
 
