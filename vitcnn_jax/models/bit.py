@@ -182,8 +182,7 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     del train
-    if images.ndim != 4 or images.shape[-1] != 3:
-      raise ValueError(f"BiT expects NHWC images with 3 channels, got shape {images.shape}.")
+    common.check_image(images, None, "BiT")  # any size runs
     if self.root_pool_pad not in ROOT_POOL_PADS:
       raise ValueError(f"root_pool_pad={self.root_pool_pad!r} is not one of {sorted(ROOT_POOL_PADS)}.")
     capture = common.Capture.of(capture)

@@ -117,8 +117,7 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     del train
-    if images.ndim != 4 or images.shape[-1] != 3:
-      raise ValueError(f"ConvNeXt expects NHWC images with 3 channels, got shape {images.shape}.")
+    common.check_image(images, None, "ConvNeXt")  # any size runs
     if len(self.depths) != len(self.widths):
       raise ValueError(f"depths {tuple(self.depths)} and widths {tuple(self.widths)} differ in "
                        "length: one width per stage.")
