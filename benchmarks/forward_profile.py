@@ -1,0 +1,242 @@
+r"""Where a model's forward spends its time on this machine, op class by op class.
+
+  .venv/bin/python benchmarks/forward_profile.py [--model bit_r50] [--batch 32] [--size 224]
+
+One jit-compiled forward (logits, nothing captured) at random init, traced with
+JAX's profiler (XLA:CPU's per-thunk events, or the device's kernels elsewhere).
+Each executed HLO instruction is put in a class (convolution, dot, reduce,
+reduce-window, elementwise) and, from its op name, a role (the module path with
+block and unit numbers dropped, e.g. `gn1/reduce_sum`, `conv2/sub` for a
+weight-standardisation pass). Time is wall-clock time: where several thunks ran
+at once, each gets an equal share of it, so the shares add up to the span of a
+forward. Prints:
+  - the forward's best wall time, its GFLOP/s and the fraction of the fp32
+    (HIGHEST) matmul rate, measured before and after, best of the two;
+  - per class: share of the time, GFLOP, GFLOP/s and fraction of the matmul rate;
+  - per convolution and dot shape: count, time and GFLOP/s against that rate;
+  - the roles that take the most time outside convolutions and dots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import os
+import re
+import sys
+import tempfile
+import time
+
+if __name__ == "__main__":  # per-thunk trace events on CPU; must precede the backend's start
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import accelerator  # noqa: E402  (the matmul rate, measured one way for every benchmark)
+
+MODELS = {  # name -> (family, fields)
+    "bit_r50": ("bit", dict(width=1, depth=50)),
+    "bit_r152x2": ("bit", dict(width=2, depth=152)),
+    "vit_b16": ("vit", dict(variant="B/16")),
+    "tiny_bit": ("bit", dict(width=0.5, depth=(1, 1, 1, 1))),
+    "tiny_vit": ("vit", dict(patch_size=8, width=32, depth=2, mlp_dim=64, num_heads=2)),
+}
+
+
+@dataclasses.dataclass
+class Op:
+  """One HLO instruction of the entry computation, as the profile names it."""
+  kind: str  # convolution, dot, reduce, reduce-window, elementwise
+  role: str  # its op name without the model, block and unit prefixes
+  shape: str  # what it computes, for convolutions and dots
+  flops: float
+
+
+def _model(name: str, size: int):
+  import jax
+  from vitcnn_jax.models import BiT, ViT, vit
+  family, fields = MODELS[name]
+  if "variant" in fields:
+    fields = vit.decode_variant(fields["variant"])
+  model = (BiT if family == "bit" else ViT)(num_classes=1000, image_size=size, **fields)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), np.zeros((1, size, size, 3), np.float32))
+  return model, params["params"]
+
+
+def _dims(shape: str) -> list[int]:
+  inner = re.search(r"\[([\d,]*)\]", shape)[1]
+  return [int(d) for d in inner.split(",") if d]
+
+
+def _role(line: str) -> str:
+  op = re.search(r'op_name="([^"]+)"', line)
+  if not op:
+    return "(no op name)"
+  parts = [p for p in op[1].split("/")[1:] if not re.fullmatch(r"(block|unit|encoderblock_)\d+", p)]
+  parts = [re.sub(r"^jit\((\w+)\)$", r"\1", p) for p in parts if p not in ("BiT", "ViT", "Transformer")]
+  return "/".join(parts[-2:])
+
+
+def _body(hlo: str, computation: str) -> str:
+  m = re.search(r"\n%?" + re.escape(computation) + r" [^\n]*\{\n(.*?)\n\}", hlo, re.S)
+  return m[1] if m else ""
+
+
+def _conv_or_dot(text: str) -> tuple[str, str, float] | None:
+  """(kind, shape, FLOPs) of the convolution or dot in `text` (an instruction
+  with its fused computation), None if it has neither."""
+  types = dict(re.findall(r"%([\w.\-]+) = (\w+\[[\d,]*\])", text))
+  conv = re.search(r"= (\w+\[[\d,]*\])\S* convolution\(%([\w.\-]+), %([\w.\-]+)\), window=\{size=(\S+)"
+                   r"(?: stride=(\S+))?[^}]*\}, dim_labels=(\w+)_(\w+)->(\w+)", text)
+  if conv:
+    out, lhs, rhs = _dims(conv[1]), _dims(types[conv[2]]), _dims(types[conv[3]])
+    window = [int(w) for w in conv[4].split("x")]
+    stride = conv[5] or "1"
+    cin = lhs[conv[6].index("f")]
+    cout = out[conv[8].index("f")]
+    flops = 2.0 * np.prod(out) * np.prod(window) * rhs[conv[7].index("i")]
+    spatial = "x".join(str(out[i]) for i, c in enumerate(conv[8]) if c not in "bf")
+    return ("convolution", f"{conv[4]}/{stride.split('x')[0]} {cin}->{cout} out {spatial}", flops)
+  dot = re.search(r"= (\w+\[[\d,]*\])\S* dot\(%([\w.\-]+), %([\w.\-]+)\)(?:, lhs_batch_dims=\{[\d,]*\})?"
+                  r", lhs_contracting_dims=\{([\d,]+)\}", text)
+  if dot:
+    out, lhs = _dims(dot[1]), _dims(types[dot[2]])
+    k = int(np.prod([lhs[int(i)] for i in dot[4].split(",")]))
+    return ("dot", f"{'x'.join(map(str, out))} K={k}", 2.0 * np.prod(out) * k)
+  return None
+
+
+def ops_of(hlo: str) -> dict[str, Op]:
+  """Every instruction of the entry computation by name, classified."""
+  entry = hlo[hlo.index("\nENTRY"):]
+  out = {}
+  for line in entry.splitlines()[1:]:
+    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
+    if not m:
+      continue
+    calls = re.search(r"calls=%([\w.\-]+)", line)
+    text = line + "\n" + (_body(hlo, calls[1]) if calls else "")
+    found = _conv_or_dot(text)
+    if found:
+      kind, shape, flops = found
+    else:
+      kind = next((k for k in ("reduce-window", "reduce") if f" {k}(" in text), "elementwise")
+      shape, flops = "", 0.0
+    out[m[1]] = Op(kind, _role(line), shape, flops)
+  return out
+
+
+def wall_shares(events: list[tuple[int, int, str]]) -> tuple[dict[str, float], float]:
+  """Seconds of wall time per event name (concurrent events share an instant
+  equally) and the seconds in which none ran."""
+  edges = sorted([(s, 1, n) for s, e, n in events] + [(e, -1, n) for s, e, n in events],
+                 key=lambda x: (x[0], x[1]))
+  share: dict[str, float] = collections.Counter()
+  running: dict[str, int] = collections.Counter()
+  idle, prev = 0.0, edges[0][0]
+  for t, step, name in edges:
+    total = sum(running.values())
+    if total == 0:
+      idle += t - prev
+    for n, c in running.items():
+      if c:
+        share[n] += (t - prev) * c / total
+    running[name] += step
+    prev = t
+  return {k: v / 1e9 for k, v in share.items()}, idle / 1e9
+
+
+def trace(fn, args, runs: int) -> list[tuple[int, int, str]]:
+  """(start ns, end ns, name) of every executed instruction in `runs` calls."""
+  import jax
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(runs):
+        jax.block_until_ready(fn(*args))
+    data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+  events = []
+  for plane in data.planes:
+    for line in plane.lines:
+      if plane.name.startswith("/host") and not line.name.startswith("tf_XLAEigen"):
+        continue  # host-side Python and the client's waiting, not the program's work
+      events += [(e.start_ns, e.start_ns + e.duration_ns, e.name) for e in line.events
+                 if not e.name.startswith(("ThunkExecutor", "SlinkyThreadPool"))]
+  return events
+
+
+def profile(name: str, batch: int, size: int, runs: int = 3) -> dict:
+  import jax
+  model, params = _model(name, size)
+  x = jax.numpy.asarray(np.random.default_rng(0).normal(size=(batch, size, size, 3)), np.float32)
+  fn = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=())[0])
+  compiled = fn.lower(params, x).compile()
+  cost = compiled.cost_analysis()
+  flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
+  ops = ops_of(compiled.as_text())
+  rates = [accelerator.matmul_rate(2048)]
+  jax.block_until_ready(compiled(params, x))
+  times = []
+  for _ in range(runs):
+    t = time.perf_counter()
+    jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - t)
+  rates.append(accelerator.matmul_rate(2048))
+  events = [e for e in trace(compiled, (params, x), runs) if e[2] in ops]
+  share, idle = wall_shares(events)
+  return dict(model=name, batch=batch, size=size, seconds=min(times), flops=flops,
+              rate=max(rates), ops=ops, share={k: v / runs for k, v in share.items()},
+              idle=idle / runs, device=str(jax.devices()[0].device_kind))
+
+
+def report(p: dict) -> None:
+  rate, ops, share = p["rate"], p["ops"], p["share"]
+  traced = sum(share.values()) + p["idle"]
+  print(f"{p['model']} forward, batch {p['batch']} at {p['size']} px on {p['device']}: "
+        f"{p['seconds']:.3f} s, {p['flops'] / 1e9:.1f} GFLOP -> {p['flops'] / p['seconds'] / 1e9:.1f} "
+        f"GFLOP/s = {p['flops'] / p['seconds'] / rate:.2f} of the fp32 matmul rate "
+        f"({rate / 1e9:.1f} GFLOP/s, best measured)")
+  print(f"traced: {traced:.3f} s per forward, of which no instruction ran {p['idle']:.3f} s")
+
+  def rows(key) -> dict:
+    out: dict = {}
+    for n, s in share.items():
+      k = key(ops[n])
+      t, f, c = out.get(k, (0.0, 0.0, 0))
+      out[k] = (t + s, f + ops[n].flops, c + 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
+
+  def line(label: str, t: float, f: float, extra: str = "") -> str:
+    speed = (f"{f / 1e9:8.1f} GFLOP {f / t / 1e9:7.1f} GFLOP/s {f / t / rate:5.2f} of matmul"
+             if f else " " * 55)
+    return f"  {label:44s} {t * 1e3:8.1f} ms {t / traced:6.1%} {speed}{extra}"
+
+  print("by class (time, share of the traced forward, FLOPs and rate where it computes any):")
+  for k, (t, f, _) in rows(lambda o: o.kind).items():
+    print(line(k, t, f))
+  print("convolutions and dots by shape (window/stride in->out, output size; or output K=):")
+  for k, (t, f, c) in rows(lambda o: f"{o.kind[:4]} {o.shape}" if o.flops else None).items():
+    if k is not None:
+      print(line(k, t, f, f"  x{c}"))
+  print("the rest by role (op name without block and unit):")
+  rest = [(k, v) for k, v in rows(lambda o: None if o.flops else f"{o.kind} {o.role}").items() if k]
+  for k, (t, _, c) in rest[:15]:
+    print(line(k, t, 0.0, f"  x{c}"))
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--model", default="bit_r50", choices=sorted(MODELS))
+  ap.add_argument("--batch", type=int, default=32)
+  ap.add_argument("--size", type=int, default=224)
+  ap.add_argument("--runs", type=int, default=3)
+  args = ap.parse_args()
+  report(profile(args.model, args.batch, args.size, args.runs))
+
+
+if __name__ == "__main__":
+  main()
