@@ -12,8 +12,8 @@ import pytest
 import numpy_ref
 import upstream_files as uf
 from conftest import ROOT, run_main
-from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network
-from vitcnn_jax import checkpoints
+from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
+from vitcnn_jax import checkpoints, loading
 from vitcnn_jax.models import common
 from vitcnn_jax.models.io import CheckpointError
 
@@ -94,6 +94,24 @@ def test_bit_paper_pads_the_root_pool_with_minus_infinity(tmp_path):
   assert np.abs(zero - ref).max() > 100 * BIT_TOL * np.abs(ref).max()  # the padding matters
   model, params = checkpoints.load_model(path, root_pool_pad="zero")  # overridable
   _check(model.apply({"params": params}, x)[0], zero, BIT_TOL, "bit_paper run with zero padding")
+
+
+def test_bit_inference_form_standardises_once_and_computes_the_same(tmp_path):
+  """What the driver runs (`loading.loaded` -> `for_inference`): kernels standardised
+  once, the model told so; every point still within the float64 forward's bound."""
+  w = uf.bv_bit(3)
+  x = _images(32)
+  model, params = checkpoints.load_model(uf.save(tmp_path / "bp.npz", w))
+  m = loading.loaded("resnet", "bp.npz", "R", model, params, "paper")
+  assert m.model.standardized and not model.standardized
+  k = np.asarray(m.params["block2"]["unit01"]["conv2"]["kernel"], np.float64)
+  assert_close(k.mean(axis=(0, 1, 2)), 0.0, worst(k[..., 0].size) * float(np.abs(k).max()), "mean")
+  assert_close(k.var(axis=(0, 1, 2)), 1.0, 4 * worst(k[..., 0].size), "variance")
+  np.testing.assert_array_equal(m.params["head"]["kernel"], params["head"]["kernel"])  # not a conv
+  ref = numpy_ref.bit_paper(_unprefixed(w), x, pool_pad=-np.inf)
+  _check(m.model.apply({"params": m.params}, x)[0], ref, BIT_TOL, "bit_paper, inference form")
+  again, same = m.model.for_inference(m.params)  # idempotent
+  assert again is m.model and same is m.params
 
 
 def test_big_transfer_pads_the_root_pool_with_zeros(tmp_path):

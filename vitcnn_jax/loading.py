@@ -111,9 +111,10 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
 
 def loaded(name: str, path: str, label: str, model, params, capture: str | Sequence[str],
            policy: str = "") -> Loaded:
-  """A model ready for the driver: its points matching `capture` (patterns or
-  preset names such as "paper", each of which must match) and its preprocessing
-  `policy` (default: the model's own)."""
+  """A model ready for the driver: in its inference form (`for_inference`), its
+  points matching `capture` (patterns or preset names such as "paper", each of
+  which must match) and its preprocessing `policy` (default: the model's own)."""
+  model, params = model.for_inference(params)
   patterns = anatomy.capture_patterns(model, capture)
   names = list(representations.point_shapes(model, params, patterns))
   unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]

@@ -53,6 +53,10 @@ class Anatomy(Protocol):
   def head_projection(self, params: Any, block: int) -> Any:
     """(H, hd, D): the output projection of block `block`'s attention heads."""
 
+  def for_inference(self, params: Any) -> tuple[Any, Any]:
+    """(model, params) of the same function with the work that depends on the
+    parameters alone (e.g. weight standardisation) done once, not in every step."""
+
 
 def require(model: Anatomy, what: str, where: str) -> None:
   """Raises, naming the model and what it lacks, unless it has `what`: "attention",
@@ -96,6 +100,13 @@ class PatchTokens:
     return [Residual(f"block{b:02d}", s, f"block{b:02d}/{z}", f"block{b:02d}/{f}", f"block{b:02d}/{o}",
                      b not in skipless)
             for b in range(self.num_blocks) for s, z, f, o in self.RESIDUALS]
+
+
+class ParamsAsRead:
+  """The anatomy of a family whose forward does no work on its parameters alone."""
+
+  def for_inference(self, params: Any) -> tuple[Any, Any]:
+    return self, params
 
 
 class FeatureMaps:

@@ -83,7 +83,7 @@ class Block(nn.Module):
     return capture.put(out, "out", x + y)
 
 
-class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
+class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.Module):
   """ConvNeXt-{T,S,B,L} (v1: layer scale; v2: GRN) or any depths and widths."""
   num_classes: int | None = 1000
   depths: Sequence[int] = (3, 3, 27, 3)

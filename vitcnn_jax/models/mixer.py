@@ -49,7 +49,7 @@ class MixerBlock(nn.Module):
     return capture.put(out, "out", x + y)
 
 
-class Mixer(anatomy.PatchTokens, anatomy.NoAttention, nn.Module):
+class Mixer(anatomy.PatchTokens, anatomy.NoAttention, anatomy.ParamsAsRead, nn.Module):
   num_classes: int | None = 1000
   patch_size: int | Sequence[int] = 16
   image_size: int | Sequence[int] = 224

@@ -183,7 +183,7 @@ class MAPHead(nn.Module):
     return x[:, 0]
 
 
-class ViT(anatomy.PatchTokens, nn.Module):
+class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   """ViT-{Ti,S,B,L,H}/p at any resolution; see the module docstring for names."""
   num_classes: int | None = 1000
   patch_size: int | Sequence[int] = 16
