@@ -287,6 +287,9 @@ def _ring(v: jax.Array, group: str, op) -> jax.Array:
   return jax.lax.fori_loop(0, jax.lax.axis_size(group) - 1, hop, (v, v))[0]
 
 
+GROUP_SLICE_BYTES = 32 * 2**20  # a device's features passed around the group at a time
+
+
 def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
                precision: Precision = HIGHEST) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(this device's row block of the U-centred Gram of a minibatch spread over the
@@ -295,29 +298,46 @@ def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
   every row of the minibatch.
 
   The features are scaled by a power of two shared by the group before anything
-  else (exact), then centred on the group's mean. Each device's rows travel once
-  around the group (`ppermute` in a loop, like `_ring`), so a device holds one
-  passing row block of one layer's features beyond its own activations.
+  else (exact), then centred on the group's mean. The Gram is made a slice of
+  the features at a time (`GROUP_SLICE_BYTES` of this device's rows): each
+  device's slice travels once around the group (`ppermute` in a loop, like
+  `_ring`), each device adding its rows' products with the slice that arrives.
+  So a device holds, beyond its activations, their centred copy and one slice
+  passing, where whole row blocks passing (and arriving) held two more copies
+  of the largest layer.
   """
   size, me = jax.lax.axis_size(group), jax.lax.axis_index(group)
   x = jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)
-  rows = x.shape[0]
+  rows, features = x.shape
   e = _ring(log2_scales([x], mask)[0], group, jnp.maximum)
   x = x * pow2(-e)
   mean = _ring(jnp.matmul(mask[None, :], x, precision=HIGHEST), group, jnp.add)
   mean = mean / jnp.maximum(keep.sum(), 1.0)
   c = (x - mean) * mask[:, None]
 
-  def block(row, passing, k):  # the rows of device (me + k) % size have arrived
-    return jax.lax.dynamic_update_slice(
-        row, jnp.matmul(c, passing.T, precision=precision), (0, ((me + k) % size) * rows))
+  def add(row, start, width):  # + the products over features [start, start + width)
+    mine = jax.lax.dynamic_slice_in_dim(c, start, width, 1)
 
-  def hop(k, carry):
-    row, passing = carry
-    return block(row, passing, k), _pass_on(passing, group)
+    def block(row, passing, k):  # the slice of device (me + k) % size has arrived
+      at = (0, ((me + k) % size) * rows)
+      done = jax.lax.dynamic_slice(row, at, (rows, rows))
+      return jax.lax.dynamic_update_slice(
+          row, done + jnp.matmul(mine, passing.T, precision=precision), at)
 
-  row, passing = jax.lax.fori_loop(0, size - 1, hop, (jnp.zeros_like(c, shape=(rows, size * rows)), c))
-  row = block(row, passing, size - 1)
+    def hop(k, carry):
+      row, passing = carry
+      return block(row, passing, k), _pass_on(passing, group)
+
+    row, passing = jax.lax.fori_loop(0, size - 1, hop, (row, mine))
+    return block(row, passing, size - 1)
+
+  width = max(1, GROUP_SLICE_BYTES // (4 * rows))
+  slices, tail = divmod(features, width)
+  row = jnp.zeros_like(c, shape=(rows, size * rows))
+  if slices:  # (a loop's body is traced even for no iterations)
+    row = jax.lax.fori_loop(0, slices, lambda i, row: add(row, i * width, width), row)
+  if tail:
+    row = add(row, slices * width, tail)
   # U-centring (as `center_unbiased`) of the whole Gram from its row blocks: the
   # column sums of the symmetric Gram are its row sums, gathered over the group.
   diag = jnp.arange(size * rows)[None, :] == (me * rows + jnp.arange(rows))[:, None]
