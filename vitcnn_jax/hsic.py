@@ -298,34 +298,25 @@ def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
   every row of the minibatch.
 
   The features are scaled by a power of two shared by the group before anything
-  else (exact), then centred on the group's mean. The mean and the Gram are
-  made a slice of the features at a time (`GROUP_SLICE_BYTES` of this device's
-  rows), each slice scaled and centred as it is read: each device's centred
-  slice travels once around the group (`ppermute` in a loop, like `_ring`), each
-  device adding its rows' products with the slice that arrives. So a device
-  holds its activations and a few slices, where a centred copy of the layer and
-  whole row blocks passing and arriving held up to three more copies of it.
+  else (exact), then centred on the group's mean. The Gram is made a slice of
+  the features at a time (`GROUP_SLICE_BYTES` of this device's rows): each
+  device's slice travels once around the group (`ppermute` in a loop, like
+  `_ring`), each device adding its rows' products with the slice that arrives.
+  So a device holds, beyond its activations, their centred copy and one slice
+  passing, where whole row blocks passing (and arriving) held two more copies
+  of the largest layer.
   """
   size, me = jax.lax.axis_size(group), jax.lax.axis_index(group)
   x = jnp.reshape(a, (a.shape[0], -1)).astype(jnp.float32)
   rows, features = x.shape
-  width = max(1, GROUP_SLICE_BYTES // (4 * rows))
-  slices, tail = divmod(features, width)
-
-  def by_slice(f, init):  # f(carry, start, width) over every slice of the features
-    if slices:  # (a loop's body is traced even for no iterations)
-      init = jax.lax.fori_loop(0, slices, lambda i, carry: f(carry, i * width, width), init)
-    return f(init, slices * width, tail) if tail else init
-
   e = _ring(log2_scales([x], mask)[0], group, jnp.maximum)
-  scaled = lambda start, width: jax.lax.dynamic_slice_in_dim(x, start, width, 1) * pow2(-e)
-  mean = by_slice(lambda m, start, width: jax.lax.dynamic_update_slice_in_dim(
-      m, jnp.matmul(mask[None, :], scaled(start, width), precision=HIGHEST), start, 1),
-      jnp.zeros_like(x, shape=(1, features)))
-  mean = _ring(mean, group, jnp.add) / jnp.maximum(keep.sum(), 1.0)
+  x = x * pow2(-e)
+  mean = _ring(jnp.matmul(mask[None, :], x, precision=HIGHEST), group, jnp.add)
+  mean = mean / jnp.maximum(keep.sum(), 1.0)
+  c = (x - mean) * mask[:, None]
 
-  def add(row, start, width):  # + the products of the centred features [start, start + width)
-    mine = (scaled(start, width) - jax.lax.dynamic_slice_in_dim(mean, start, width, 1)) * mask[:, None]
+  def add(row, start, width):  # + the products over features [start, start + width)
+    mine = jax.lax.dynamic_slice_in_dim(c, start, width, 1)
 
     def block(row, passing, k):  # the slice of device (me + k) % size has arrived
       at = (0, ((me + k) % size) * rows)
@@ -340,7 +331,13 @@ def group_gram(a: jax.Array, mask: jax.Array, keep: jax.Array, group: str,
     row, passing = jax.lax.fori_loop(0, size - 1, hop, (row, mine))
     return block(row, passing, size - 1)
 
-  row = by_slice(add, jnp.zeros_like(x, shape=(rows, size * rows)))
+  width = max(1, GROUP_SLICE_BYTES // (4 * rows))
+  slices, tail = divmod(features, width)
+  row = jnp.zeros_like(c, shape=(rows, size * rows))
+  if slices:  # (a loop's body is traced even for no iterations)
+    row = jax.lax.fori_loop(0, slices, lambda i, row: add(row, i * width, width), row)
+  if tail:
+    row = add(row, slices * width, tail)
   # U-centring (as `center_unbiased`) of the whole Gram from its row blocks: the
   # column sums of the symmetric Gram are its row sums, gathered over the group.
   diag = jnp.arange(size * rows)[None, :] == (me * rows + jnp.arange(rows))[:, None]
