@@ -15,7 +15,8 @@ the smallest group of devices sharing a minibatch whose step fits, printed as
 also prints the peak of the whole step and of the forward alone (logits, no
 representation captured) for minibatches of 32, 256 and 1,024 on one device
 (b16_r50). `--groups 1,2,4,8,16` instead compiles the first pair's step over
-each group size and prints `GROUP ... peak_gib=X compile_s=T`. XLA's CPU compiler fuses and
+each group size and prints `GROUP ... peak_gib=X compile_s=T`, with the peak of one
+device holding the same rows (`one_device_same_rows_gib`) and their ratio. XLA's CPU compiler fuses and
 schedules differently from the GPU and TPU ones, so the figures are estimates
 of what the planner will read on those devices, where it plans before the run.
 """
@@ -95,17 +96,24 @@ def plan_lines(pair: str, gibs: list[float]) -> None:
 
 
 def groups(pair: str, sizes: list[int]) -> None:
-  """The step of the paper's minibatch over each group size: compile time and peak."""
+  """The step of the paper's minibatch over each group size: compile time and peak,
+  against one device holding the same rows (a minibatch of that many rows)."""
   import jax
   from vitcnn_jax import driver, memory
   models = _models(pair)
-  for group in sizes:
+
+  def compiled(minibatch: int, group: int) -> tuple[int, float]:
     t = time.perf_counter()
-    config, job = _job(models, MINIBATCH, group, 1e6)
+    config, job = _job(models, minibatch, group, 1e6)
     plan, _ = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
+    return plan.peak_bytes, time.perf_counter() - t
+
+  for group in sizes:
+    peak, seconds = compiled(MINIBATCH, group)
+    alone = peak if group == 1 else compiled(MINIBATCH // group, 1)[0]
     print(f"GROUP pair={pair} minibatch={MINIBATCH} devices_per_minibatch={group} "
-          f"peak_gib={plan.peak_bytes / memory.GIB:.2f} compile_s={time.perf_counter() - t:.0f}",
-          flush=True)
+          f"peak_gib={peak / memory.GIB:.2f} compile_s={seconds:.0f} one_device_same_rows_gib="
+          f"{alone / memory.GIB:.2f} ratio={peak / alone:.2f}", flush=True)
 
 
 def table() -> None:
