@@ -101,12 +101,15 @@ class Attention(nn.Module):
       return nn.DenseGeneral((self.num_heads, hd), name=name,
                              kernel_init=nn.initializers.xavier_uniform())(x)
 
-    q = proj("query", q_in) / jnp.sqrt(hd).astype(q_in.dtype)
-    k = proj("key", kv_in)
-    v = proj("value", kv_in)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    weights = capture.put(out, "weights", jax.nn.softmax(logits, axis=-1))
-    heads = capture.put(out, "heads", jnp.einsum("bhqk,bkhd->bqhd", weights, v))
+    # Heads first, (B, H, T, hd), so that both products are plain batched matmuls:
+    # XLA:CPU ran einsums over the (B, T, H, hd) layout at half the speed (ViT-B/16,
+    # batch 32: 144 vs 80 ms a block, a quarter of the whole forward before).
+    by_head = lambda x: x.transpose(0, 2, 1, 3)
+    q = by_head(proj("query", q_in) / jnp.sqrt(hd).astype(q_in.dtype))
+    k = by_head(proj("key", kv_in))
+    v = by_head(proj("value", kv_in))
+    weights = capture.put(out, "weights", jax.nn.softmax(q @ k.swapaxes(-1, -2), axis=-1))
+    heads = capture.put(out, "heads", by_head(weights @ v))
     return nn.DenseGeneral(d, axis=(-2, -1), name="out",
                            kernel_init=nn.initializers.xavier_uniform())(heads)
 
