@@ -87,10 +87,15 @@ def _body(hlo: str, computation: str) -> str:
   return m[1] if m else ""
 
 
-def _conv_or_dot(text: str) -> tuple[str, str, float] | None:
+def _types(text: str) -> dict[str, str]:
+  return dict(re.findall(r"%([\w.\-]+) = (\w+\[[\d,]*\])", text))
+
+
+def _conv_or_dot(text: str, types: dict[str, str]) -> tuple[str, str, float] | None:
   """(kind, shape, FLOPs) of the convolution or dot in `text` (an instruction
-  with its fused computation), None if it has neither."""
-  types = dict(re.findall(r"%([\w.\-]+) = (\w+\[[\d,]*\])", text))
+  with its fused computation), None if it has neither; `types` has the entry's
+  instructions, which a convolution outside a fusion takes as operands."""
+  types = {**types, **_types(text)}
   conv = re.search(r"= (\w+\[[\d,]*\])\S* convolution\(%([\w.\-]+), %([\w.\-]+)\), window=\{size=(\S+)"
                    r"(?: stride=(\S+))?[^}]*\}, dim_labels=(\w+)_(\w+)->(\w+)", text)
   if conv:
@@ -114,6 +119,7 @@ def _conv_or_dot(text: str) -> tuple[str, str, float] | None:
 def ops_of(hlo: str) -> dict[str, Op]:
   """Every instruction of the entry computation by name, classified."""
   entry = hlo[hlo.index("\nENTRY"):]
+  types = _types(entry)
   out = {}
   for line in entry.splitlines()[1:]:
     m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = ", line)
@@ -121,7 +127,7 @@ def ops_of(hlo: str) -> dict[str, Op]:
       continue
     calls = re.search(r"calls=%([\w.\-]+)", line)
     text = line + "\n" + (_body(hlo, calls[1]) if calls else "")
-    found = _conv_or_dot(text)
+    found = _conv_or_dot(text, types)
     if found:
       kind, shape, flops = found
     else:
@@ -199,7 +205,8 @@ def report(p: dict) -> None:
         f"{p['seconds']:.3f} s, {p['flops'] / 1e9:.1f} GFLOP -> {p['flops'] / p['seconds'] / 1e9:.1f} "
         f"GFLOP/s = {p['flops'] / p['seconds'] / rate:.2f} of the fp32 matmul rate "
         f"({rate / 1e9:.1f} GFLOP/s, best measured)")
-  print(f"traced: {traced:.3f} s per forward, of which no instruction ran {p['idle']:.3f} s")
+  print(f"traced: {traced:.3f} s per forward, of which no instruction ran {p['idle']:.3f} s "
+        f"({p['idle'] / traced:.1%})")
 
   def rows(key) -> dict:
     out: dict = {}

@@ -26,3 +26,26 @@ def test_accelerator_benchmark_runs_and_reports_each_precision():
   assert float(highest[1]) > 0 and highest[2].endswith("x") and highest[5] == "0.00e+00"
   assert highest[4] == "n/a (not reported)"  # a CPU reports no device memory
   assert rows[1][1].startswith("not run") or float(rows[1][5]) < 1e-3
+
+
+def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
+  r = subprocess.run([sys.executable, f"{ROOT}/benchmarks/forward_profile.py", "--model", "tiny_bit",
+                      "--batch", "4", "--size", "32", "--runs", "2"],
+                     cwd=ROOT, env=device_env(1), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = r.stdout
+  head = re.search(r"tiny_bit forward, batch 4 at 32 px on cpu: ([\d.]+) s, ([\d.]+) GFLOP -> "
+                   r"([\d.]+) GFLOP/s = ([\d.]+) of the fp32 matmul rate \(([\d.]+) GFLOP/s", out)
+  assert head, out
+  idle = float(re.search(r"traced: [\d.]+ s per forward, of which no instruction ran [\d.]+ s "
+                         r"\(([\d.]+)%\)", out)[1])
+  section = out.split("by class")[1].split("convolutions and dots")[0]
+  classes = {m[1]: (float(m[2]), float(m[3])) for m in
+             re.finditer(r"^  (\S+) +([\d.]+) ms +([\d.]+)%", section, re.M)}
+  assert {"convolution", "dot", "reduce", "elementwise"} <= set(classes), section
+  # Every instruction's time goes to one class: with the idle time, the shares make the span.
+  assert abs(sum(s for _, s in classes.values()) + idle - 100) < 0.5, section
+  shapes = out.split("convolutions and dots by shape")[1].split("the rest by role")[0]
+  assert re.search(r"conv 7x7/2 3->32 out 16x16 .* x1$", shapes, re.M), shapes  # the root, read from HLO
+  convs = re.findall(r"conv \S+ \d+->\d+ out \S+ .* x(\d+)$", shapes, re.M)
+  assert sum(int(c) for c in convs) == 5, shapes  # the root and one 3x3 per stage
