@@ -60,19 +60,52 @@ def _gram_and_mean(x: jax.Array, mask: jax.Array | None, precision: Precision = 
   return gram, mean
 
 
+CACHE_SLICE_BYTES = 2 ** 20  # CPU: a slice of every row's features that stays in cache
+
+
 def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """`_gram_and_mean` and, per row, its centred features' projection on the mean
   and the mean over its features: with them the uncentred Gram and the Gram of
-  rows centred on their own mean follow from the centred one (`Layer`)."""
+  rows centred on their own mean follow from the centred one (`Layer`).
+
+  On CPU, a layer is read from memory twice (its mean, then everything else a
+  slice of features at a time, centred in cache): a centred copy of a large
+  layer and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x the time there
+  (ResNet stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the
+  centred copy keeps the matmul units busy."""
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
-  mean = jnp.matmul(m[None, :], x, precision=HIGHEST) / jnp.maximum(m.sum(), 1.0)
-  c = (x - mean) * m[:, None] if mask is not None else x - mean
-  proj = jnp.matmul(c, mean[0], precision=HIGHEST)
-  rowmean = (c.mean(axis=1) + mean.mean()) * m
-  return jnp.matmul(c, c.T, precision=precision), mean[0], proj, rowmean
+  mean = jnp.matmul(m[None, :], x, precision=HIGHEST)[0] / jnp.maximum(m.sum(), 1.0)
+  if jax.default_backend() == "cpu":
+    gram, proj, rowsum = _sliced_parts(x, m, mean, precision)
+  else:
+    c = (x - mean) * m[:, None] if mask is not None else x - mean
+    gram, proj, rowsum = jnp.matmul(c, c.T, precision=precision), jnp.matmul(c, mean, precision=HIGHEST), c.sum(1)
+  rowmean = (rowsum / x.shape[1] + mean.mean()) * m
+  return gram, mean, proj, rowmean
+
+
+def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precision
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(Gram, projection on the mean, feature sum) of the rows of `x` centred on
+  `mean` and masked by `m`, accumulated over slices of `CACHE_SLICE_BYTES`."""
+  rows, features = x.shape
+  width = min(features, max(1, CACHE_SLICE_BYTES // (4 * rows)))
+
+  def add(sums, start, size):
+    mu = jax.lax.dynamic_slice_in_dim(mean, start, size)
+    c = (jax.lax.dynamic_slice_in_dim(x, start, size, 1) - mu) * m[:, None]
+    gram, proj, rowsum = sums
+    return (gram + jnp.matmul(c, c.T, precision=precision),
+            proj + jnp.matmul(c, mu, precision=HIGHEST), rowsum + c.sum(1))
+
+  slices, tail = divmod(features, width)
+  zeros = lambda *shape: jnp.zeros_like(x, shape=shape)  # varying as `x` is, in shard_map
+  sums = (zeros(rows, rows), zeros(rows), zeros(rows))
+  sums = jax.lax.fori_loop(0, slices, lambda i, sums: add(sums, i * width, width), sums)
+  return add(sums, slices * width, tail) if tail else sums
 
 
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:
