@@ -148,11 +148,17 @@ class Unit(nn.Module):
     return capture.put(out, "out", y + shortcut)
 
 
-ROOT_POOL_PADS = {"zero": 0.0, "-inf": -jnp.inf}
+ROOT_POOL_PADS = ("zero", "-inf")
 
 
 class Root(nn.Module):
-  """7x7/2 conv (no norm, no ReLU), then a 3x3/2 max-pool padded by `pad`."""
+  """7x7/2 conv (no norm, no ReLU), then a 3x3/2 max-pool padded by `pad`.
+
+  The pool pads inside the reduction (-inf), and for zero padding the windows
+  that reach into the padding take the max with 0 too: the same values as
+  pooling a zero-padded copy, without writing that copy of the largest
+  activation (XLA:CPU did not fuse the pad into the pool: 47 of 3,650 ms of a
+  R50 forward at batch 32)."""
   features: int
   pad: str = "zero"
   standardized: bool = False
@@ -160,8 +166,13 @@ class Root(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     x = capture.put(out, "conv", StdConv(self.features, 7, 2, self.standardized, name="conv_root")(x))
-    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=ROOT_POOL_PADS[self.pad])
-    return capture.put(out, "pool", nn.max_pool(x, (3, 3), (2, 2), "VALID"))
+    y = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
+    if self.pad == "zero":
+      # Output i pools input rows 2i - 1 .. 2i + 1: the padding is row -1 or row h.
+      edge = lambda size, n: (2 * jnp.arange(n) - 1 < 0) | (2 * jnp.arange(n) + 1 >= size)
+      border = edge(x.shape[1], y.shape[1])[:, None] | edge(x.shape[2], y.shape[2])[None, :]
+      y = jnp.where(border[None, :, :, None], jnp.maximum(y, 0.0), y)
+    return capture.put(out, "pool", y)
 
 
 class Stage(nn.Module):
