@@ -128,6 +128,22 @@ def forward(model, params, images, capture=None) -> dict:
   return {k: out[k] for k in order}
 
 
+@pytest.fixture(params=["cache-sized slices", "slices of a few features", "one dot"])
+def gram_path(request, monkeypatch):
+  """Each way a layer's Gram is made (`hsic._gram_parts`): the CPU's slices as
+  configured (one slice for these small layers), slices of 2-5 features (the
+  loop and its tail), and one dot over the centred copy (GPU and TPU)."""
+  import jax
+  from vitcnn_jax import hsic
+  if request.param == "slices of a few features":
+    monkeypatch.setattr(hsic, "CACHE_SLICE_BYTES", 4 * 16 * 3)  # 16 rows: 3 features a slice
+  if request.param == "one dot":
+    monkeypatch.setattr(hsic, "SLICED_BACKENDS", ())
+  jax.clear_caches()  # programs traced with the other path
+  yield request.param
+  jax.clear_caches()
+
+
 @pytest.fixture(scope="module")
 def tiny_vit_bit(tmp_path_factory) -> tuple[str, str]:
   """A tiny ViT (vision_transformer format, 32 px, patch 8) and BiT (big_transfer

@@ -105,7 +105,7 @@ def _layers(rng, n):
   }
 
 
-def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches():
+def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches(gram_path):
   rng = np.random.default_rng(0)
   sizes = [16, 16, 9, 23]  # unequal minibatches need the per-batch 1/(n(n-3))
   batches_x = [_layers(rng, n) for n in sizes]
@@ -126,7 +126,7 @@ def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches():
       assert_close(r.xy[i, j], ref, bound, f"xy {a} {b}")
 
 
-def test_masked_padding_equals_the_unpadded_batch():
+def test_masked_padding_equals_the_unpadded_batch(gram_path):
   rng = np.random.default_rng(1)
   acts = [rng.standard_normal((11, 7)).astype(np.float32), rng.standard_normal((11, 3, 2)).astype(np.float32)]
   padded = [np.concatenate([a, rng.standard_normal((5,) + a.shape[1:]).astype(np.float32)]) for a in acts]
@@ -190,7 +190,7 @@ def test_errors_name_the_layer_and_the_batch():
     hsic.linear_cka(np.ones((3, 2)), np.ones((3, 2)), debiased=True)
 
 
-def test_float32_accuracy_with_a_large_feature_offset():
+def test_float32_accuracy_with_a_large_feature_offset(gram_path):
   """Features with a large common offset (like post-residual activations): a plain
   float32 Gram loses most of the CKA to cancellation; centring features first
   keeps the error within the float32 bound of the centred problem."""

@@ -111,7 +111,7 @@ def _normalised(s: np.ndarray) -> np.ndarray:
   return s / np.sqrt(np.outer(d, d))
 
 
-def test_biased_linear_and_rbf_cka_equal_their_definitions():
+def test_biased_linear_and_rbf_cka_equal_their_definitions(gram_path):
   acts = _data()
   for estimator, ref in (("biased", np_hsic0), ("unbiased", np_hsic1)):
     spec = measures.Spec(("linear_cka", "rbf_cka"), estimator=estimator, rbf_sigma=0.8)
@@ -182,7 +182,7 @@ def test_mutual_knn_and_cknna_equal_their_definitions():
 
 
 @pytest.mark.parametrize("method", measures.RSA_METHODS)
-def test_rsa_equals_the_correlation_of_dissimilarity_matrices(method):
+def test_rsa_equals_the_correlation_of_dissimilarity_matrices(method, gram_path):
   acts = _data(2)
   got = _sums(acts, SIZES, measures.Spec(("rsa",), rsa_method=method))
   ref = np.zeros((3, 3))

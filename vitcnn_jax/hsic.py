@@ -60,7 +60,8 @@ def _gram_and_mean(x: jax.Array, mask: jax.Array | None, precision: Precision = 
   return gram, mean
 
 
-CACHE_SLICE_BYTES = 2 ** 20  # CPU: a slice of every row's features that stays in cache
+CACHE_SLICE_BYTES = 2 ** 20  # a slice of every row's features that stays in cache
+SLICED_BACKENDS = ("cpu",)  # where a layer's Gram is made by such slices (`_gram_parts`)
 
 
 def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST
@@ -78,7 +79,7 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
   mean = jnp.matmul(m[None, :], x, precision=HIGHEST)[0] / jnp.maximum(m.sum(), 1.0)
-  if jax.default_backend() == "cpu":
+  if jax.default_backend() in SLICED_BACKENDS:
     gram, proj, rowsum = _sliced_parts(x, m, mean, precision)
   else:
     c = (x - mean) * m[:, None] if mask is not None else x - mean
