@@ -18,7 +18,8 @@ representation captured) for minibatches of 32, 256 and 1,024 on one device
 each group size and prints `GROUP ... peak_gib=X compile_s=T`, with the peak of one
 device holding the same rows (`one_device_same_rows_gib`) and their ratio. XLA's CPU compiler fuses and
 schedules differently from the GPU and TPU ones, so the figures are estimates
-of what the planner will read on those devices, where it plans before the run.
+of what the planner will read on those devices, where it plans before the run;
+the Grams are compiled as those devices make them (`hsic.SLICED_BACKENDS`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,10 @@ def table() -> None:
 
 
 def main():
+  from vitcnn_jax import hsic
+  # Plans are for GPUs and TPUs: compile their formulation of a layer's Gram (one
+  # dot over a centred copy), not the CPU's cache-sized slices.
+  hsic.SLICED_BACKENDS = ()
   ap = argparse.ArgumentParser()
   ap.add_argument("--pairs", default=",".join(PAIRS))
   ap.add_argument("--device_gib", default="16,80")
