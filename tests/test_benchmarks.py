@@ -1,5 +1,6 @@
-"""benchmarks/accelerator.py at a small scale on CPU: it runs the job once per
-Gram precision and prints the table a GPU or TPU session records."""
+"""The benchmark scripts at a small scale on CPU: accelerator.py runs the job once
+per Gram precision and prints the table a GPU or TPU session records;
+forward_profile.py accounts for a forward's time by op class."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import sys
 from conftest import ROOT, device_env
 
 
-def test_accelerator_benchmark_runs_and_reports_each_precision():
-  r = subprocess.run([sys.executable, f"{ROOT}/benchmarks/accelerator.py", "--pair", "tiny",
-                      "--examples", "64", "--batch", "32", "--precisions", "bf16_6x,highest"],
+def run_benchmark(script: str, *args: str) -> str:
+  """The stdout of benchmarks/`script` run on one CPU device, which must succeed."""
+  r = subprocess.run([sys.executable, f"{ROOT}/benchmarks/{script}", *args],
                      cwd=ROOT, env=device_env(1), capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  out = r.stdout
+  return r.stdout
+
+
+def test_accelerator_benchmark_runs_and_reports_each_precision():
+  out = run_benchmark("accelerator.py", "--pair", "tiny", "--examples", "64", "--batch", "32",
+                      "--precisions", "bf16_6x,highest")
   assert re.search(r"device: 1 x \S+ \(cpu\); pair tiny, 64 examples in minibatches of 32", out)
   bound = re.search(r"FLOP bound: ([\d.]+) s = \(([\d.]+) forward \+ ([\d.]+) Gram TFLOP\) / "
                     r"([\d.]+) TFLOP/s", out)
@@ -29,11 +35,8 @@ def test_accelerator_benchmark_runs_and_reports_each_precision():
 
 
 def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
-  r = subprocess.run([sys.executable, f"{ROOT}/benchmarks/forward_profile.py", "--model", "tiny_bit",
-                      "--batch", "4", "--size", "32", "--runs", "2"],
-                     cwd=ROOT, env=device_env(1), capture_output=True, text=True, timeout=600)
-  assert r.returncode == 0, r.stderr[-3000:]
-  out = r.stdout
+  out = run_benchmark("forward_profile.py", "--model", "tiny_bit", "--batch", "4", "--size", "32",
+                      "--runs", "2")
   head = re.search(r"tiny_bit forward, batch 4 at 32 px on cpu: ([\d.]+) s, ([\d.]+) GFLOP -> "
                    r"([\d.]+) GFLOP/s = ([\d.]+) of the fp32 matmul rate \(([\d.]+) GFLOP/s", out)
   assert head, out
