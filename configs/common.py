@@ -81,13 +81,18 @@ def model(checkpoint: str, capture, label: str, **given) -> ml_collections.Confi
   capture = (capture,) if isinstance(capture, str) else tuple(capture)
   return ml_collections.ConfigDict(dict(
       checkpoint=checkpoint, label=label, capture=capture, policy="",
+      label_of=(checkpoint, label),  # the label names this checkpoint: it follows an override
       overrides=overrides(**given)))
+
+
+TRAINED = "trained"  # `label_of` of a model this tool trains: `demos.resolve` gives its file
 
 
 def trained(train: ml_collections.ConfigDict, capture, label: str) -> ml_collections.ConfigDict:
   """A model this tool trains on first use (cached by its training config)."""
   spec = model("", capture, label, resolution=train.model.image_size)  # npz files of BiT
   spec.train = train  # models do not record their input size: run at the training one
+  spec.label_of = (TRAINED, label)  # names the trained file, not one passed instead
   return spec
 
 

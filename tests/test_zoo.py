@@ -131,3 +131,39 @@ def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
   assert s["file"] == path and s["architecture"]["num_registers"] == 4
   assert s["architecture"]["num_heads"] == 6 and s["policy"] == "bicubic_crop1_imagenet"
   assert "preprocessing        bicubic_crop1_imagenet" in r.stdout and "its zoo entry" in r.stdout
+
+
+@pytest.mark.parametrize("checkpoint,label,want", [
+    ("ViT-B/16", "ViT-B/16", ("ViT-B/16", "config")),  # as the config wrote it
+    ("ViT-L/16", "ViT-B/16", ("ViT-L/16", "the checkpoint's zoo name")),
+    ("gs://vit_models/imagenet21k/ViT-L_16.npz", "ViT-B/16", ("ViT-L/16", "the checkpoint's zoo name")),
+    ("/data/ViT-L_16.npz", "ViT-B/16", ("ViT-L/16", "the checkpoint's zoo name")),  # a local copy
+    ("/data/ViT-B_32.npz", "ViT-B/16", ("ViT-B_32", "the checkpoint's file name")),  # two zoo files
+    ("/data/mine.npz", "ViT-B/16", ("mine", "the checkpoint's file name")),
+    ("/data/two.npz:img", "ViT-B/16", ("two:img", "the checkpoint's file name")),
+    ("/data/mine.npz", "My ViT", ("My ViT", "config")),  # both overridden
+])
+def test_the_label_follows_an_overridden_checkpoint(checkpoint, label, want):
+  from configs import cka_vit_resnet  # noqa: PLC0415
+  spec = cka_vit_resnet.get_config().models.vit
+  spec.checkpoint, spec.label = checkpoint, label
+  assert loading.label_of(spec, "vit") == want
+
+
+def test_a_demo_model_given_another_file_is_labelled_by_it(tmp_path, tiny_vit_bit):
+  """Through demos.resolve (which trains nothing: both files are given) and
+  load_model: the json's "models loaded" records the label and where it came
+  from; the trained file itself keeps the config's label."""
+  import shutil  # noqa: PLC0415
+  from configs import cka_vit_resnet  # noqa: PLC0415
+  from vitcnn_jax import demos  # noqa: PLC0415
+  config = cka_vit_resnet.get_config("demo")
+  config.models.vit.checkpoint = str(shutil.copy(tiny_vit_bit[0], tmp_path / "ViT-L_16.npz"))
+  config.models.resnet.checkpoint = tiny_vit_bit[1]
+  config = demos.resolve(config)
+  vit = loading.load_model(config, "vit")
+  bit = loading.load_model(config, "resnet")
+  assert (vit.label, vit.setup["label from"]) == ("ViT-L/16", "the checkpoint's zoo name")
+  assert (bit.label, bit.setup["label from"]) == ("bit", "the checkpoint's file name")
+  config.models.vit.label_of = (config.models.vit.checkpoint, "ViT (demo)")  # as resolve
+  assert loading.load_model(config, "vit").label == "ViT (demo)"  # leaves the trained file

@@ -25,6 +25,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for name in todo:
     spec = out.models[name]
     spec.checkpoint = train.cached(spec.train, control.cache_dir(config))
+    if spec.get("label_of"):  # the label names the trained file
+      spec.label_of = (spec.checkpoint, spec.label_of[1])
     no_skip = spec.train.model.get("no_skip")  # an npz does not record a missing skip
     if no_skip and spec.overrides.get("no_skip") is None:
       spec.overrides.no_skip = tuple(no_skip)

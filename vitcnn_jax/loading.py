@@ -6,6 +6,7 @@ be, by `demos.resolve` before a job starts."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import ml_collections
@@ -14,6 +15,7 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax import preprocess
 from vitcnn_jax import representations
+from vitcnn_jax import zoo
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
@@ -95,18 +97,45 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
   if not spec.get("policy") and not spec.get("train"):
     io.log.warning("config.%s: preprocessing %s (%s), from %s; set --config.%s.policy=... if "
                    "it was trained otherwise.", key, policy, preprocess.describe(policy), source, key)
+  label, label_from = label_of(spec, c.model.family)
+  if label_from.startswith("the checkpoint"):
+    io.log.warning("config.%s: labelled %r, %s; set --config.%s.label=... to name it otherwise.",
+                   key, label, label_from, key)
   try:
-    out = loaded(name, c.path, spec.get("label") or c.model.family, c.model, c.params,
-                 spec.capture, policy)
+    out = loaded(name, c.path, label, c.model, c.params, spec.capture, policy)
   except ValueError as e:
     raise ValueError(f"config.{key}.{e}") from e
   size = c.model.image_size
-  out.setup = {"checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
+  out.setup = {"label": label, "label from": label_from, "checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
                "image_size": size if isinstance(size, int) else list(size),
                "assumed": {k: v if isinstance(v, (int, float, str)) else str(v)
                            for k, v in c.assumed.items()}, "policy": policy,
                "preprocessing": preprocess.describe(policy), "policy from": source}
   return out
+
+
+def label_of(spec: ml_collections.ConfigDict, family: str) -> tuple[str, str]:
+  """The model's label and where it came from. A config writes a label with the
+  checkpoint it names (`label_of`: that checkpoint and label); once the checkpoint
+  is overridden, that label would name a model that never ran, so the label
+  follows the new checkpoint (its zoo name, else its file's name) unless the
+  label was overridden too."""
+  path, label = spec.checkpoint, spec.get("label") or ""
+  written = tuple(spec.get("label_of") or ("", ""))
+  if label and (not written[0] or written[0] == path or written[1] != label):
+    return label, "config"
+  if path.startswith(io.IN_MEMORY):
+    return label or family, "config" if label else "the model's family"
+  if name := zoo.name_of(path):
+    return name, "the checkpoint's zoo name"
+  return _file_label(path), "the checkpoint's file name"
+
+
+def _file_label(path: str) -> str:
+  """'dir/ViT-L_16.npz' -> 'ViT-L_16'; 'f.npz:img' -> 'f:img'; 'hf-hub:org/repo' -> 'repo'."""
+  file, tower = io.split_tower(path)
+  stem = os.path.splitext(os.path.basename(file.rstrip("/")))[0]
+  return f"{stem}:{tower}" if tower else stem
 
 
 def loaded(name: str, path: str, label: str, model, params, capture: str | Sequence[str],

@@ -87,6 +87,20 @@ ZOO = {
                         policy="bicubic_crop0.875_imagenet"),
 }
 
+
+def name_of(path: str) -> str | None:
+  """The zoo name of a checkpoint: itself, its location, or a local copy of one
+  file of the zoo (the same file name, found once); None for other files."""
+  if path in ZOO:
+    return path
+  named = [n for n, e in ZOO.items() if e.location == path]
+  if not named and not path.startswith(HF_HUB):
+    base = path.rstrip("/").rsplit("/", 1)[-1]
+    named = [n for n, e in ZOO.items()
+             if not e.location.startswith(HF_HUB) and e.location.rsplit("/", 1)[-1] == base]
+  return named[0] if len(named) == 1 else None
+
+
 DEMO_ARCHITECTURES = {
     "vit_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4, mlp_dim=128,
                      num_heads=4, pool="token"),
