@@ -7,11 +7,13 @@ Compile-only (any machine, no accelerator): the CKA step of each model pair,
 with the paper's layer sets at 224 px and the paper's minibatch of 1,024, is
 compiled for `--devices` fake CPU devices and XLA's memory analysis of one
 device's program is read. For each pair and device memory, the planner picks
-the smallest group of devices sharing a minibatch whose step fits, printed as
+the smallest group of devices sharing a minibatch whose step fits in the limit
+the job itself would use (`memory.device_limit`: 90% of the memory), printed as
 
-  PLAN pair=b16_r50 device_gib=16 minibatch=1024 devices_per_minibatch=K micro_batch=M peak_gib=X fits=yes
+  PLAN pair=b16_r50 device_gib=16 limit_gib=14.40 minibatch=1024 devices_per_minibatch=K
+       micro_batch=M peak_gib=X fits=yes
 
-(micro_batch: rows per device; the forward is not split further). `--table`
+(one line; micro_batch: rows per device; the forward is not split further). `--table`
 also prints the peak of the whole step and of the forward alone (logits, no
 representation captured) for minibatches of 32, 256 and 1,024 on one device
 (b16_r50). `--groups 1,2,4,8,16` instead compiles the first pair's step over
@@ -88,12 +90,21 @@ def plan_lines(pair: str, gibs: list[float]) -> None:
 
   for gib in gibs:
     try:
-      plan = memory.choose(MINIBATCH, jax.device_count(), peak, int(gib * memory.GIB))
-      print(f"PLAN pair={pair} device_gib={gib:g} minibatch={plan.minibatch} "
-            f"devices_per_minibatch={plan.devices_per_minibatch} micro_batch={plan.rows} "
-            f"peak_gib={plan.peak_bytes / memory.GIB:.2f} fits=yes", flush=True)
+      plan = plan_for(gib, peak)
+      print(f"PLAN pair={pair} device_gib={gib:g} limit_gib={plan.limit_bytes / memory.GIB:.2f} "
+            f"minibatch={plan.minibatch} devices_per_minibatch={plan.devices_per_minibatch} "
+            f"micro_batch={plan.rows} peak_gib={plan.peak_bytes / memory.GIB:.2f} fits=yes",
+            flush=True)
     except MemoryError as e:
       print(f"PLAN pair={pair} device_gib={gib:g} minibatch={MINIBATCH} fits=no ({e})", flush=True)
+
+
+def plan_for(gib: float, peak):
+  """The planner's choice on `gib` GiB devices: the limit the job itself uses
+  (`memory.device_limit`, with its headroom), not the full figure."""
+  import jax
+  from vitcnn_jax import memory
+  return memory.choose(MINIBATCH, jax.device_count(), peak, memory.device_limit(gib))
 
 
 def groups(pair: str, sizes: list[int]) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from conftest import ROOT
 from numerics import assert_close, cka_bound, likely, worst
 from test_cka import np_hsic1
 from vitcnn_jax import hsic, memory, parallel
@@ -107,6 +108,26 @@ def test_the_planner_takes_the_smallest_group_that_fits():
     memory.choose(1024, 8, peak, 1)
   with pytest.raises(ValueError, match="devices_per_minibatch=3 must divide both the 8 devices"):
     memory.choose(1024, 8, peak, 16 * memory.GIB, fixed=3)
+
+
+def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatch):
+  """A 16 GiB device's own figure, config.device_memory_gib=16 and paper_scale's
+  PLAN for 16 GiB give one limit, with the planner's headroom: a step of 14.5 GiB
+  does not fit (it did in the benchmark's plans, compared with the full 16)."""
+  monkeypatch.syspath_prepend(f"{ROOT}/benchmarks")
+  import paper_scale  # noqa: PLC0415
+
+  class Device:
+    def memory_stats(self):
+      return {"bytes_limit": 16 * memory.GIB}
+
+  limit = memory.device_limit(16)
+  assert limit == int(16 * memory.GIB * memory.HEADROOM) < 14.5 * memory.GIB
+  monkeypatch.setattr(jax, "local_devices", lambda: [Device()])
+  assert memory.device_limit() == limit
+  peak = lambda minibatch, group: int(14.5 / group * memory.GIB)  # noqa: E731
+  plan = paper_scale.plan_for(16, peak)
+  assert (plan.limit_bytes, plan.devices_per_minibatch) == (limit, 2)
 
 
 # --- Gram precisions ------------------------------------------------------------------

@@ -106,7 +106,8 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
   except ValueError as e:
     raise ValueError(f"config.{key}.{e}") from e
   size = c.model.image_size
-  out.setup = {"label": label, "label from": label_from, "checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
+  out.setup = {"label": label, "label from": label_from,
+               "checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
                "image_size": size if isinstance(size, int) else list(size),
                "assumed": {k: v if isinstance(v, (int, float, str)) else str(v)
                            for k, v in c.assumed.items()}, "policy": policy,

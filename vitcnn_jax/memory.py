@@ -18,10 +18,12 @@ HEADROOM = 0.9  # of the device's memory: allocator fragmentation, runtime buffe
 
 
 def device_limit(gib: float = 0.0) -> int | None:
-  """Bytes a step may use on each device: `gib` if given, else what the device
-  reports (GPU, TPU); None where it reports nothing (CPU)."""
+  """Bytes a step may use on each device: HEADROOM of its memory, `gib` GiB if
+  given (config.device_memory_gib, the benchmarks' plans), else what the device
+  reports (GPU, TPU); None where it reports nothing (CPU). One limit, so that a
+  plan printed for a 16 GiB device is the plan that device would choose."""
   if gib:
-    return int(gib * GIB)
+    return int(gib * GIB * HEADROOM)
   stats = jax.local_devices()[0].memory_stats() or {}
   return int(stats["bytes_limit"] * HEADROOM) if "bytes_limit" in stats else None
 
