@@ -84,3 +84,31 @@ def test_report_in_a_headless_browser(report, tmp_path):
     assert "(4 figures, 1 missing)" in dom.stdout and "missing: cka_vit_vit.png" in dom.stdout
   finally:
     os.rename(tmp_path / "moved.png", report / "cka" / "cka_vit_vit.png")
+
+
+def test_the_paper_report_lists_every_missing_input_before_any_work(tmp_path, tiny_vit_bit):
+  """`configs/report.py:paper` without its inputs: one flag per missing checkpoint
+  and data split, every section's, and nothing run; with them given, nothing is
+  missing (the demo report, trained models and Fashion-MNIST, needs none)."""
+  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  config = report_config.get_config("paper,only=cka+skip_ablation+layerwise_probe")
+  with config.unlocked():
+    config.runs.cka.models.vit.checkpoint = str(tmp_path / "no_such.npz")
+    for sub in config.runs.values():
+      sub.data.data_dir = str(tmp_path / "tfds")  # no dataset prepared there
+  with pytest.raises(ValueError, match="The report cannot run") as e:
+    jobs.run(config, str(tmp_path / "wd"))
+  flags = re.findall(r"^  (--config\.\S+)", str(e.value), re.M)
+  assert "--config.runs.cka.models.vit.checkpoint=FILE" in flags
+  assert "--config.runs.skip_ablation.models.no_skip05.checkpoint=FILE" in flags
+  for section in ("cka", "skip_ablation", "layerwise_probe"):
+    assert f"--config.runs.{section}.data.data_dir=DIR" in flags
+  assert "no_such.npz: no such file" in str(e.value) and "configs/train.py" in str(e.value)
+  assert len(flags) == len(set(flags)) and os.listdir(tmp_path / "wd") == []  # nothing ran
+  with config.unlocked():
+    for sub in config.runs.values():
+      sub.data.source, sub.data.num_examples = "synthetic", 64
+      for spec in sub.models.values():
+        spec.checkpoint = tiny_vit_bit[0]
+  assert jobs.missing_inputs(dict(config.runs)) == []
+  assert jobs.missing_inputs(dict(report_config.get_config("demo").runs)) == []

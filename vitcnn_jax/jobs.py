@@ -121,6 +121,41 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
   return None if done is None else Result(declared.name, *done, workdir, analysis.plot)
 
 
+DATA_FLAGS = {"tfds": "data_dir=DIR", "folder": "path=DIR", "idx": "path=DIR", "synthetic": "num_examples=N"}
+
+
+def missing_inputs(sections: dict[str, ml_collections.ConfigDict]) -> list[str]:
+  """The flag to pass for each checkpoint and data split the report's sections
+  lack (e.g. the paper setting's ImageNet and ablation models), checked before
+  any section runs: a long report must not stop at its ninth section."""
+  flags = []
+  for name, sub in sections.items():
+    key = f"--config.runs.{name}"
+    for m, spec in (sub.get("models") or {}).items():
+      path = spec.get("checkpoint") or ""
+      why = "" if spec.get("train") else ("empty" if not path else loading.unreachable(path))
+      if why:
+        why = why if not path or path in why else f"{path}: {why}"
+        flags.append(f"{key}.models.{m}.checkpoint=FILE  ({_short(why)})")
+    if "data" not in sub:
+      continue
+    splits = [None] + ([sub.data.test_split] if analyses.get(sub.analysis).test_split else [])
+    for split in splits:
+      try:
+        pipeline.make_source(sub.data, split)
+      except (OSError, ValueError, KeyError, ImportError) as e:
+        flag = f"{key}.data.{DATA_FLAGS.get(sub.data.get('source'), 'source=...')}"
+        flags.append(f"{flag}  ({_short(str(e).split('): ', 1)[-1])})")
+        break
+  return flags
+
+
+def _short(why: str, width: int = 110) -> str:
+  """The first clause of a reason, for one line per missing input."""
+  why = why.splitlines()[0].split("; ")[0].removeprefix("FileNotFoundError: ")
+  return why if len(why) <= width else why[:width].rsplit(" ", 1)[0] + " ..."
+
+
 def run_report(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or reuses) each analysis of `config.runs` in WORKDIR/<section>, then the page."""
   order = list(config.get("order") or ())
@@ -130,6 +165,12 @@ def run_report(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sections = {n: config.runs[n] for n in order + sorted(set(config.runs) - set(order))}
   if not sections:
     raise ValueError("config.runs is empty; give the report the analyses to run (configs/report.py).")
+  if jax.process_index() == 0 and (flags := missing_inputs(sections)):
+    raise ValueError(f"The report cannot run: {len(flags)} of its sections' inputs are missing or "
+                     "unreachable. Nothing was run; pass each of these (then run the same command "
+                     "again):\n  " + "\n  ".join(flags)
+                     + ("\nAn empty checkpoint is a model to train first (configs/train.py; the "
+                        "section's config says which)." if any("(empty)" in f for f in flags) else ""))
   for i, (name, sub) in enumerate(sections.items(), 1):
     if jax.process_index() == 0:
       print(f"[{i}/{len(sections)}] {name} ({sub.analysis}) in {os.path.join(workdir, name)}")
