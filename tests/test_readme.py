@@ -52,3 +52,68 @@ def test_every_python_block_of_the_readme_runs(tmp_path, monkeypatch):
       raise AssertionError(f"README.md python block {i + 1} fails:\n{code}") from e
   assert namespace["p"].names["vit"] and namespace["logits"].shape == (2, 7)
   assert len(namespace["figures"]) == 3 and namespace["r"].xy.shape == (1, 1)
+
+
+# --- the README's commands ------------------------------------------------------------
+
+
+def _readme() -> str:
+  with open(os.path.join(ROOT, "README.md")) as f:
+    return f.read()
+
+
+def _fields(config, prefix: str = "") -> set[str]:
+  """Every dotted field path of a ConfigDict."""
+  out = set()
+  for k, v in config.items():
+    out.add(prefix + k)
+    if hasattr(v, "items"):
+      out |= _fields(v, f"{prefix}{k}.")
+  return out
+
+
+def _known(path: str, fields: set[str]) -> bool:
+  """A flag's field path is some config's field; an upper-case segment (NAME, FIELD) is a
+  placeholder for any name."""
+  pattern = re.compile(r"\.".join("[^.]+" if p.isupper() else re.escape(p) for p in path.split(".")))
+  return any(pattern.fullmatch(f) for f in fields)
+
+
+def test_every_config_variant_and_flag_the_readme_names_exists():
+  """Each `configs/NAME.py:ARG` of the README parses, each `--config.FIELD` is a field
+  of some config it names, each other flag of main.py and of a benchmark exists,
+  each `make` target too: a renamed variant, field or flag fails here."""
+  import importlib  # noqa: PLC0415
+  text = _readme()
+  configs = {f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py")}
+  used = set(re.findall(r"configs/(\w+)\.py(?::([\w,=.+/-]*\w))?", text))
+  used |= {(n, a) for n, a in re.findall(r"\b(\w+)\.py:(\w+)", text) if n in configs}
+  for name, listed in re.findall(r"configs/(\w+)\.py\[:([^\]]+)\]", text):  # the configs table
+    used |= {(name, a) for a in re.split(r", | or ", listed)  # PAIR: a placeholder
+             if re.fullmatch(r"\w+", a) and a.lower() == a}
+  used = sorted(used)
+  assert len(used) > 60, used
+  fields: set[str] = set()
+  for name, arg in used:
+    module = importlib.import_module(f"configs.{name}")
+    try:
+      fields |= _fields(module.get_config(arg or None))
+    except Exception as e:  # pylint: disable=broad-except
+      raise AssertionError(f"README names configs/{name}.py:{arg}, which does not parse") from e
+  flags = sorted(set(re.findall(r"--config\.([\w.]+)", text)))
+  assert flags and not [f for f in flags if not _known(f, fields)], flags
+  with open(os.path.join(ROOT, "main.py")) as f:
+    main_py = f.read()
+  for line in re.findall(r"python main\.py[^`\n]*", text):
+    for flag in re.findall(r"--(\w+)", line):
+      assert flag == "config" or f'"{flag}"' in main_py, (flag, line)
+  for script, rest in re.findall(r"benchmarks/(\w+\.py)([^`\n]*)", text):
+    with open(os.path.join(ROOT, "benchmarks", script)) as f:
+      source = f.read()
+    for flag in re.findall(r"(?<![\w-])--(\w+)", rest.split("benchmarks/")[0]):
+      assert f'"--{flag}"' in source, (script, flag)
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    targets = set(re.findall(r"^([\w-]+):", f.read(), re.M))
+  for target in re.findall(r"`make (\w[\w-]*)", text):
+    assert target in targets, target
+
