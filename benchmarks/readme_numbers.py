@@ -1,0 +1,290 @@
+r"""The README's measured demo numbers, regenerated from runs at one commit.
+
+  .venv/bin/python benchmarks/readme_numbers.py run WORKDIR   # the runs, then collect (~30 min fresh)
+  .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
+  .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
+  .venv/bin/python benchmarks/readme_numbers.py write             # RESULTS -> README blocks
+  .venv/bin/python benchmarks/readme_numbers.py check             # exit 1 if the README drifted
+
+`run` runs the demo report (`configs/report.py:demo`) and the demo variants the
+README quotes beside it (EXTRAS) into WORKDIR, timing each; `collect` reads
+their json files and writes RESULTS (`benchmarks/readme_numbers.json`, committed:
+the commit, machine and date they were measured on, each section's findings
+with this run's verdict and numbers, key numbers, and the tables' rows);
+`bench` runs `benchmarks/SCRIPT ARGS` and records its output the same way, for
+the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
+`write` rewrites every block of the README between `<!-- numbers:NAME -->` and
+`<!-- /numbers:NAME -->` from RESULTS alone. `tests/test_readme.py` runs `check`,
+so a change to a marked block without RESULTS (or the reverse) fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+README = os.path.join(ROOT, "README.md")
+RESULTS = os.path.join(ROOT, "benchmarks", "readme_numbers.json")
+REPORT = "report"
+# Demo variants the README quotes that the report does not run: (config, variant).
+EXTRAS = (("localization", "demo_gap"), ("cka_vit_resnet", "demo_mixer"),
+          ("linear_probe", "demo_mixer"), ("data_scale", "demo_finetune"))
+CODE = ("vitcnn_jax", "configs", "main.py", "requirements.txt")  # what the numbers depend on
+BLOCK = re.compile(r"(<!-- numbers:(\w[\w-]*) -->\n)(.*?)(<!-- /numbers:\2 -->)", re.S)
+
+
+# --- run and collect ------------------------------------------------------------------
+
+
+def _main_py(config: str, workdir: str) -> float:
+  """Seconds of one `main.py` run, which must succeed."""
+  t = time.perf_counter()
+  subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), f"--config={config}",
+                  f"--workdir={workdir}"], cwd=ROOT, check=True)
+  return time.perf_counter() - t
+
+
+def run(workdir: str) -> None:
+  """The report and the extras, timed; a second report run times the reuse."""
+  from vitcnn_jax import control
+  cache = os.path.expanduser(control.CACHE_DIR)
+  cached = sorted(f for f in os.listdir(cache) if f.endswith(".npz")) if os.path.isdir(cache) else []
+  measured = _measured()  # before the runs: the code they ran
+  times = {"report": _main_py("configs/report.py:demo", os.path.join(workdir, REPORT)),
+           "report again (every section reused)":
+               _main_py("configs/report.py:demo", os.path.join(workdir, REPORT))}
+  times["make demo's job, models cached"] = _main_py("configs/cka_vit_resnet.py:demo",
+                                                     os.path.join(workdir, "cka_demo"))
+  for config, variant in EXTRAS:
+    times[f"{config}:{variant}"] = _main_py(f"configs/{config}.py:{variant}",
+                                            os.path.join(workdir, f"{config}_{variant}"))
+  with open(os.path.join(workdir, "times.json"), "w") as f:
+    json.dump({"seconds": times, "demo models cached before": cached, "measured": measured}, f,
+              indent=1)
+  collect(workdir)
+
+
+def _machine() -> str:
+  model = ""
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+  import jax
+  return (f"{len(os.sched_getaffinity(0))} CPU cores ({model or platform.processor() or platform.machine()}), "
+          f"jax {jax.__version__}, Python {platform.python_version()}")
+
+
+def _summary(folder: str) -> tuple[str, dict]:
+  """The analysis of a run's folder and its json summary."""
+  from vitcnn_jax import analyses
+  for name in analyses.names():
+    path = os.path.join(folder, f"{name}.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        return name, json.load(f)
+  raise FileNotFoundError(f"{folder} holds no analysis json: run `{sys.argv[0]} run` first.")
+
+
+def _section(folder: str) -> dict:
+  """What the README shows of one run: findings with verdicts, key numbers."""
+  from vitcnn_jax import analyses
+  name, s = _summary(folder)
+  declared = analyses.get(name)
+  findings = [{"text": f.text, "verdict": None if v is None else ("shown" if v[0] else "not shown"),
+               "numbers": "" if v is None else v[1]} for f, v in declared.verdicts(s)]
+  return {"analysis": name, "figures": declared.figures, "findings": findings,
+          "key_numbers": declared.key_numbers(s), "tables": tables(name, s)}
+
+
+def _measured(*paths: str) -> dict:
+  """Where and when: the commit, marked "+changes" if the code that makes the
+  numbers (`CODE` and `paths`) differed from it, the date and the machine."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+  dirty = subprocess.run(["git", "status", "--porcelain", "--", *CODE, *paths], cwd=ROOT,
+                         capture_output=True, text=True).stdout.strip()
+  return {"commit": commit + ("+changes" if dirty else ""), "date": datetime.date.today().isoformat(),
+          "machine": _machine()}
+
+
+def _record(part: str, value: dict) -> None:
+  """RESULTS with `part` replaced (the others kept), written atomically."""
+  out = {}
+  if os.path.exists(RESULTS):
+    with open(RESULTS) as f:
+      out = json.load(f)
+  out[part] = value
+  with open(RESULTS + ".tmp", "w") as f:
+    json.dump(out, f, indent=1)
+  os.replace(RESULTS + ".tmp", RESULTS)
+  print(f"Wrote {part} to {RESULTS}")
+
+
+def collect(workdir: str) -> None:
+  from configs import report as report_config
+  with open(os.path.join(workdir, "times.json")) as f:
+    times = json.load(f)
+  from vitcnn_jax import control
+  cache = os.path.expanduser(control.CACHE_DIR)
+  trained = {}
+  for f in sorted(os.listdir(cache)):
+    if f.endswith(".json"):  # a demo training's record, beside its npz
+      with open(os.path.join(cache, f)) as g:
+        t = json.load(g)
+      if "test_accuracy" in t:
+        trained[f.rsplit("-", 1)[0]] = {k: t.get(k) for k in ("test_accuracy", "steps", "test_data")}
+  _record("demo", {**(times.pop("measured", None) or _measured()), "times": times, "trained": trained,
+                   "report": {sec: _section(os.path.join(workdir, REPORT, sec))
+                              for sec in report_config.sections()},
+                   "extras": {f"{c}:{v}": _section(os.path.join(workdir, f"{c}_{v}"))
+                              for c, v in EXTRAS}})
+
+
+def bench(args: list[str]) -> None:
+  """A benchmark script's output (`benchmarks/SCRIPT ARGS`), timed, into RESULTS."""
+  measured, t = _measured(os.path.join("benchmarks", args[0])), time.perf_counter()
+  lines = []
+  with subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", args[0]), *args[1:]],
+                        cwd=ROOT, stdout=subprocess.PIPE, text=True) as p:
+    for line in p.stdout:  # shown as it comes: these run for minutes
+      print(line, end="", flush=True)
+      lines.append(line.rstrip("\n"))
+  if p.returncode:
+    raise SystemExit(f"benchmarks/{args[0]} failed (exit {p.returncode}); nothing recorded.")
+  _record(bench_key(args), {**measured, "command": " ".join(["benchmarks/" + args[0], *args[1:]]),
+                            "seconds": time.perf_counter() - t, "lines": lines})
+
+
+def bench_key(args: list[str]) -> str:
+  """`paper_scale.py --groups 1,4` -> "bench-paper-scale-groups-1-4": its block's name."""
+  return "bench-" + re.sub(r"[^a-z0-9]+", "-", " ".join([args[0].removesuffix(".py"), *args[1:]]).lower()).strip("-")
+
+
+# --- the analyses' tables -------------------------------------------------------------
+
+
+def tables(name: str, s: dict) -> dict[str, list[list[str]]]:
+  """Rows (header first) of the README's tables of one analysis's summary."""
+  if name == "linear_probe":
+    rows = [[f"{k}: {how}", *(f"{100 * a:.1f}" for a in v["accuracy"])]
+            for k, hows in s["models"].items() for how, v in hows.items() if "accuracy" in v]
+    width = max(len(r) for r in rows) - 1
+    return {"accuracy (%) per captured point": [["model: features", *map(str, range(1, width + 1))],
+                                                *rows]}
+  if name == "reference_cka":
+    ref, acc = s["models"][s["reference"]]["label"], s.get("accuracy", {})
+    head = ["model", *(["top-1 (%)", f"drop from {ref} (points)"] if acc else []),
+            f"CKA with {ref}, block outputs"]
+    rows = []
+    for k, m in s["models"].items():
+      same = s["same_layer_cka"].get(k, {})
+      outs = [v for layer, v in same.items() if re.fullmatch(r"block\d+/out", layer)] or list(same.values())
+      rows.append([m["label"], *([f"{100 * acc[k]:.2f}", f"{s['accuracy_drop_points'][k]:.2f}"] if acc else []),
+                   ", ".join(f"{v:.2f}" for v in outs)])
+    return {"per model": [head, *rows]}
+  return {}
+
+
+# --- write and check ------------------------------------------------------------------
+
+
+def _md_table(rows: list[list[str]]) -> str:
+  head, *body = rows
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+
+
+def _stamp(r: dict) -> str:
+  return f"Measured at commit `{r['commit']}` on {r['date']}, {r['machine']}"
+
+
+def _demo_blocks(r: dict) -> dict[str, str]:
+  findings = [["section", "paper", "the paper's finding (our words)", "this run", "numbers"]]
+  for sec, e in r["report"].items():
+    for f in e["findings"]:
+      findings.append([sec, e["figures"], f["text"].replace("|", "/"),
+                       f["verdict"] or "does not apply", f["numbers"].replace("|", "/") or "-"])
+  keys = [f"- `{sec}` ({e['analysis']}): " + "; ".join(f"{k} {v}" for k, v in e["key_numbers"])
+          for part in ("report", "extras") for sec, e in r[part].items()]
+  cached = r["times"]["demo models cached before"]
+  times = [f"- `{k}`: {v:.0f} s" for k, v in r["times"]["seconds"].items()]
+  trained = [f"- `{k}`: {100 * t['test_accuracy']:.1f}% test accuracy after {t['steps']} steps"
+             for k, t in r["trained"].items()]
+  out = {
+      "demo-findings": f"*{_stamp(r)}:*\n\n" + _md_table(findings),
+      "demo-key-numbers": f"*{_stamp(r)}:*\n\n" + "\n".join(keys),
+      "demo-times": f"*{_stamp(r)}" + (
+          f"; demo models already in the cache: {', '.join(cached)}*" if cached else
+          "; the model cache was empty, so the first report run trained every demo model*")
+      + "\n\n" + "\n".join(times),
+      "demo-models": f"*{_stamp(r)}:*\n\n" + "\n".join(trained),
+  }
+  for part in ("report", "extras"):
+    for sec, e in r[part].items():
+      for title, rows in e["tables"].items():
+        out[f"table-{re.sub(r'[^a-z0-9]+', '-', sec)}"] = (
+            f"*{_stamp(r)}; `{sec}`, {title}:*\n\n{_md_table(rows)}")
+  return out
+
+
+def blocks(r: dict) -> dict[str, str]:
+  """The text of each marked block, from RESULTS."""
+  out = _demo_blocks(r["demo"]) if "demo" in r else {}
+  for key, e in r.items():
+    if key.startswith("bench-"):
+      out[key] = (f"*{_stamp(e)}; `{e['command']}` took {e['seconds'] / 60:.1f} min:*\n\n```\n"
+                  + "\n".join(e["lines"]) + "\n```")
+  return out
+
+
+def rewrite(text: str, made: dict[str, str]) -> str:
+  """`text` with each marked block's body replaced; a marker RESULTS cannot fill is an error."""
+  unknown = [m[2] for m in BLOCK.finditer(text) if m[2] not in made]
+  if unknown:
+    raise KeyError(f"README blocks {unknown} have no numbers in {RESULTS}; blocks: {sorted(made)}.")
+  return BLOCK.sub(lambda m: f"{m[1]}{made[m[2]]}\n{m[4]}", text)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("command", choices=("run", "collect", "bench", "write", "check"))
+  parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
+                      help="run, collect: the runs' folder; bench: the script")
+  parser.add_argument("script_args", nargs=argparse.REMAINDER, help="bench: the script's arguments")
+  args = parser.parse_args()
+  if args.command == "run":
+    run(args.workdir)
+  elif args.command == "collect":
+    collect(args.workdir)
+  elif args.command == "bench":
+    bench([args.workdir, *args.script_args])
+  with open(RESULTS) as f:
+    made = blocks(json.load(f))
+  with open(README) as f:
+    text = f.read()
+  new = rewrite(text, made)
+  if args.command == "check":
+    if new != text:
+      print(f"README.md's marked blocks differ from {RESULTS}: run "
+            "`benchmarks/readme_numbers.py write` (or `run` to measure again).")
+      return 1
+    print("README.md's marked blocks match", RESULTS)
+    return 0
+  with open(README + ".tmp", "w") as f:
+    f.write(new)
+  os.replace(README + ".tmp", README)
+  print(f"Rewrote {len(BLOCK.findall(new))} blocks of {README}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
