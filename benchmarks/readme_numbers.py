@@ -1,5 +1,6 @@
 r"""The README's measured demo numbers, regenerated from runs at one commit.
 
+  .venv/bin/python benchmarks/readme_numbers.py all WORKDIR   # run, every bench recorded, write
   .venv/bin/python benchmarks/readme_numbers.py run WORKDIR   # the runs, then collect (~30 min fresh)
   .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
@@ -13,7 +14,8 @@ the commit, machine and date they were measured on, each section's findings
 with this run's verdict and numbers, key numbers, and the tables' rows);
 `bench` runs `benchmarks/SCRIPT ARGS` and records its output the same way, for
 the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
-`write` rewrites every block of the README between `<!-- numbers:NAME -->` and
+`all` does `run`, then `bench` again for every benchmark RESULTS holds, then
+`write`. `write` rewrites every block of the README between `<!-- numbers:NAME -->` and
 `<!-- /numbers:NAME -->` from RESULTS alone. `tests/test_readme.py` runs `check`,
 so a change to a marked block without RESULTS (or the reverse) fails.
 """
@@ -256,12 +258,18 @@ def rewrite(text: str, made: dict[str, str]) -> str:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=("run", "collect", "bench", "write", "check"))
+  parser.add_argument("command", choices=("all", "run", "collect", "bench", "write", "check"))
   parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
                       help="run, collect: the runs' folder; bench: the script")
   parser.add_argument("script_args", nargs=argparse.REMAINDER, help="bench: the script's arguments")
   args = parser.parse_args()
-  if args.command == "run":
+  if args.command == "all":
+    with open(RESULTS) as f:
+      commands = [e["command"].split() for k, e in json.load(f).items() if k.startswith("bench-")]
+    run(args.workdir)
+    for command in commands:
+      bench([command[0].removeprefix("benchmarks/"), *command[1:]])
+  elif args.command == "run":
     run(args.workdir)
   elif args.command == "collect":
     collect(args.workdir)

@@ -117,3 +117,14 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
   for target in re.findall(r"`make (\w[\w-]*)", text):
     assert target in targets, target
 
+
+
+def test_the_measured_blocks_match_their_results_file():
+  """`benchmarks/readme_numbers.py check`: the README's marked numbers are what the
+  committed results file gives."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "readme_numbers.py"), "check"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert len(re.findall(r"<!-- numbers:", _readme())) >= 4
