@@ -123,7 +123,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tm
   assert peaks[8] < peaks[1], peaks
   with config.unlocked():
     config.devices_per_minibatch = 0
-    config.device_memory_gib = (peaks[1] + peaks[8]) / 2 / memory.GIB
+    config.device_memory_gib = (peaks[1] + peaks[8]) / 2 / memory.GIB / memory.HEADROOM
   plan, compiled = driver.plan_devices(config, job, models, jax.lax.Precision.HIGHEST)
   assert plan.devices_per_minibatch > 1
   assert plan.peak_bytes <= memory.device_limit(config.device_memory_gib)
