@@ -141,6 +141,8 @@ def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
     ("/data/ViT-B_32.npz", "ViT-B/16", ("ViT-B_32", "the checkpoint's file name")),  # two zoo files
     ("/data/mine.npz", "ViT-B/16", ("mine", "the checkpoint's file name")),
     ("/data/two.npz:img", "ViT-B/16", ("two:img", "the checkpoint's file name")),
+    ("hf-hub:org/vit_b16.in1k", "ViT-B/16", ("vit_b16.in1k", "the checkpoint's file name")),
+    ("/data/m.safetensors", "ViT-B/16", ("m", "the checkpoint's file name")),
     ("/data/mine.npz", "My ViT", ("My ViT", "config")),  # both overridden
 ])
 def test_the_label_follows_an_overridden_checkpoint(checkpoint, label, want):

@@ -133,9 +133,10 @@ def label_of(spec: ml_collections.ConfigDict, family: str) -> tuple[str, str]:
 
 
 def _file_label(path: str) -> str:
-  """'dir/ViT-L_16.npz' -> 'ViT-L_16'; 'f.npz:img' -> 'f:img'; 'hf-hub:org/repo' -> 'repo'."""
+  """'dir/ViT-L_16.npz' -> 'ViT-L_16'; 'f.npz:img' -> 'f:img'; 'hf-hub:org/m.v1' -> 'm.v1'
+  (only a checkpoint's own extension is dropped: hub names have dots)."""
   file, tower = io.split_tower(path)
-  stem = os.path.splitext(os.path.basename(file.rstrip("/")))[0]
+  stem = os.path.basename(file.rstrip("/")).removesuffix(".npz").removesuffix(".safetensors")
   return f"{stem}:{tower}" if tower else stem
 
 
