@@ -105,13 +105,15 @@ def test_minibatches_spread_over_devices_equal_one_device(one_device, tiny_vit_b
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tmp_path):
   """A fake device memory (config.device_memory_gib) between the step's compiled
   peak on one device and on 8 makes the planner spread each minibatch; one too
-  small for any group names the largest minibatch that fits."""
+  small for any group names the largest minibatch that fits. Each block's output
+  only: the planner compiles a step per group it tries, so the smallest step."""
   from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
   from vitcnn_jax import driver, loading, memory  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
   config = cka_vit_resnet.get_config(f"examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = tiny_vit_bit
   config.models.resnet.overrides.resolution = 32
+  config.models.vit.capture = config.models.resnet.capture = ("blocks",)
   models = loading.load_models(config)
   job = cka_job.CKA(config, models)
   peaks = {}
@@ -131,7 +133,8 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tm
   # The run as main.py runs it, in a fresh process that reads the steps the planner
   # wrote to the suite's persistent compilation cache (steps with collectives in a
   # loop came back broken from it: why hsic's group rings are unrolled).
-  r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}"),
+  r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}",
+                  "--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)"),
            devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
   assert np.load(tmp_path / "cka.npz")["per_repeat"].shape[0] == REPEATS
@@ -221,16 +224,24 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
 
 
 MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa')",
-            "--config.null=True", "--config.knn_k=3")
+            "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
 
 
-def test_every_measure_and_its_null_on_eight_devices_equal_one_device(tiny_vit_bit, tmp_path):
+@pytest.fixture(scope="module")
+def measured(tiny_vit_bit, tmp_path_factory):
+  """Every measure, its null and its bootstrap intervals from one pass, on one device
+  (a child process) and on eight (this process): the runs the two tests below read."""
+  d = tmp_path_factory.mktemp("measures")
+  _run(_flags(tiny_vit_bit, d / "one", *MEASURES), devices=1)
+  _run(_flags(tiny_vit_bit, d / "eight", *MEASURES))
+  return d / "one", d / "eight"
+
+
+def test_every_measure_and_its_null_on_eight_devices_equal_one_device(measured):
   """Each measure and its null from the one sharded pass: 8 devices as 1 (the same
   minibatches, the same permutations: a minibatch's key does not depend on the
   device count), every array of every measure and the side-by-side figures."""
-  one, eight = tmp_path / "one", tmp_path / "eight"
-  _run(_flags(tiny_vit_bit, one, *MEASURES), devices=1)
-  _run(_flags(tiny_vit_bit, eight, *MEASURES))
+  one, eight = measured
   a, b = np.load(one / "cka.npz"), np.load(eight / "cka.npz")
   for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa"):
     per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
@@ -249,17 +260,13 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(tiny_vit_b
     assert (eight / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(tiny_vit_bit, tmp_path):
+def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(measured, tiny_vit_bit, tmp_path):
   """The Poisson weights belong to minibatches, not devices: 1 device, 8 devices
   and a run stopped and resumed give the same intervals; each holds its estimate."""
-  flags = ("--config.measures=('linear_cka','rbf_cka','rsa')", "--config.null=True",
-           "--config.bootstrap=16")
-  one, eight, resumed = tmp_path / "one", tmp_path / "eight", tmp_path / "resumed"
-  _run(_flags(tiny_vit_bit, one, *flags), devices=1)
-  _run(_flags(tiny_vit_bit, eight, *flags))
-  assert "Stopped after 3 steps" in _run(_flags(tiny_vit_bit, resumed, *flags, "--config.stop_after=3"),
+  (one, eight), resumed = measured, tmp_path / "resumed"
+  assert "Stopped after 3 steps" in _run(_flags(tiny_vit_bit, resumed, *MEASURES, "--config.stop_after=3"),
                                           devices=1).stdout
-  _run(_flags(tiny_vit_bit, resumed, *flags), devices=1)
+  _run(_flags(tiny_vit_bit, resumed, *MEASURES), devices=1)
   a = np.load(one / "cka.npz")
   for other in (eight, resumed):
     b = np.load(other / "cka.npz")

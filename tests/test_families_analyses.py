@@ -106,13 +106,14 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
            uf.save(tmp_path / "bit.npz", uf.bt_bit(0)), uf.save(tmp_path / "mixer.npz", uf.mixer(0))]
   code = textwrap.dedent("""
       import sys
+      import jax
       import numpy as np
       from vitcnn_jax import checkpoints
       for path in sys.argv[1:]:
         model, params = checkpoints.load_model(path, **({"num_heads": 3} if "safetensors" in path
                                                         and "cnx" not in path else {}))
         size = model.image_size if isinstance(model.image_size, int) else 64
-        out, _ = model.apply({"params": params}, np.zeros((1, size, size, 3), np.float32))
+        out, _ = jax.jit(model.apply)({"params": params}, np.zeros((1, size, size, 3), np.float32))
         assert np.isfinite(out).all(), path
       loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm"))
       print("IMPORTED", loaded)

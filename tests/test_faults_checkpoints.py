@@ -82,16 +82,17 @@ def test_a_member_that_is_not_an_array_is_named(tmp_path):
     checkpoints.load_model(path)
 
 
-def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path):
+def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path, monkeypatch):
   from configs import cka_vit_resnet
   from vitcnn_jax import demos, loading, train
   config = cka_vit_resnet.get_config("demo")
   config.cache_dir = str(tmp_path)
-  spec = config.models.vit
-  cached = train.cache_path(spec.train, str(tmp_path))
-  with open(cached, "wb") as f:
-    f.write(b"PK\x03\x04 half a file")
-  resolved = demos.resolve(config)  # the file is there: nothing is trained
+  for spec in config.models.values():  # both demo models' files are there (the BiT's is not read)
+    with open(train.cache_path(spec.train, str(tmp_path)), "wb") as f:
+      f.write(b"PK\x03\x04 half a file")
+  cached = train.cache_path(config.models.vit.train, str(tmp_path))
+  monkeypatch.setattr(train, "train", lambda *a: pytest.fail(f"trained {a[1]}: the cache has it"))
+  resolved = demos.resolve(config)  # the files are there: nothing is trained
   assert resolved.models.vit.checkpoint == cached and not config.models.vit.checkpoint
   with pytest.raises(CheckpointError, match=r"config.models.vit: the cached trained model .* "
                                             r"Delete it to train it again"):

@@ -1,20 +1,22 @@
 """Every Python block of the README runs, in order, in one namespace: an import or
 a call that goes stale fails here. Tiny stand-ins replace what needs a download
 or minutes of training: a 224-px ViT file under the name the README loads, and
-random-init demo models in the demo cache."""
+tiny random models in the demo cache, all run in a fresh one-device Python."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
+import textwrap
 
-import jax
-import numpy as np
 import pytest
 
 import upstream_files as uf
-from conftest import ROOT
-from vitcnn_jax import checkpoints, data, train, zoo
+from conftest import ROOT, device_env
+from vitcnn_jax import data, train, zoo
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -25,33 +27,44 @@ def _blocks() -> list[str]:
 
 
 def _demo_cache(home: str) -> None:
-  """Random-init demo models where `demos.checkpoint` looks for the trained ones."""
-  for variant in ("vit_demo", "bit_demo"):
-    config = zoo.demo_training(variant)
-    model = train.build_model(config, 10)
-    params = jax.jit(model.init)(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))["params"]
-    path = train.cache_path(config, os.path.join(home, ".cache", "vitcnn_jax"))
+  """Tiny random models (upstream files, nothing to compile) where `demos.checkpoint`
+  looks for the trained demo models."""
+  files = {"vit_demo": uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8, num_classes=10),
+           "bit_demo": uf.bt_bit(0, depth=(1, 1, 1, 1), num_classes=10)}
+  for variant, arrays in files.items():
+    path = train.cache_path(zoo.demo_training(variant), os.path.join(home, ".cache", "vitcnn_jax"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    checkpoints.save(path, model, params)
+    uf.save(path, arrays)
 
 
-def test_every_python_block_of_the_readme_runs(tmp_path, monkeypatch):
+# The README's Python blocks in order, in one namespace, as a user runs them: a fresh
+# Python on one CPU device. Prints the block that fails.
+RUN_BLOCKS = textwrap.dedent("""
+    import json, sys
+    namespace = {}
+    for i, code in enumerate(json.loads(sys.argv[1])):
+      try:
+        exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+      except Exception:
+        print(f"README.md python block {i + 1} fails:\\n{code}", file=sys.stderr)
+        raise
+    print("RESULT", json.dumps([bool(namespace["p"].names["vit"]), namespace["logits"].shape,
+                                len(namespace["figures"]), namespace["r"].xy.shape]))
+""")
+
+
+def test_every_python_block_of_the_readme_runs(tmp_path):
   if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
     pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
   blocks = _blocks()
   assert len(blocks) >= 5, "the README's Python blocks were not found"
-  monkeypatch.setenv("HOME", str(tmp_path / "home"))
   _demo_cache(str(tmp_path / "home"))
-  monkeypatch.chdir(tmp_path)
   uf.save(tmp_path / "ViT-B_16-224.npz", uf.vt_vit(0, patch=16, grid=14))
-  namespace: dict = {}
-  for i, code in enumerate(blocks):
-    try:
-      exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)  # pylint: disable=exec-used
-    except Exception as e:  # pylint: disable=broad-except
-      raise AssertionError(f"README.md python block {i + 1} fails:\n{code}") from e
-  assert namespace["p"].names["vit"] and namespace["logits"].shape == (2, 7)
-  assert len(namespace["figures"]) == 3 and namespace["r"].xy.shape == (1, 1)
+  env = dict(device_env(1), HOME=str(tmp_path / "home"), PYTHONPATH=ROOT, MPLBACKEND="Agg")
+  r = subprocess.run([sys.executable, "-c", RUN_BLOCKS, json.dumps(blocks)], cwd=tmp_path, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.loads(r.stdout.split("RESULT ")[-1]) == [True, [2, 7], 3, [1, 1]], r.stdout[-2000:]
 
 
 # --- the README's commands ------------------------------------------------------------

@@ -99,9 +99,9 @@ def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
   flags = [f"--config={ROOT}/configs/cka_vit_resnet.py:demo,examples=64,batch=16,repeats=1",
            f"--workdir={tmp_path / 'wd'}", f"--config.cache_dir={tmp_path / 'cache'}",
            f"--config.data.path={idx_dir}"]
-  for key in ("models.vit", "models.resnet"):
+  for key in ("models.vit", "models.resnet"):  # trained for 4 steps; CKA of each block's output
     flags += [f"--config.{key}.train.steps=4", f"--config.{key}.train.data.path={idx_dir}",
-              f"--config.{key}.train.warmup_steps=1"]
+              f"--config.{key}.train.warmup_steps=1", f"--config.{key}.capture=('blocks',)"]
   r = run_main(*flags)
   assert "test accuracy" in r.stdout
   wd = tmp_path / "wd"

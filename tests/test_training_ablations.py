@@ -74,18 +74,19 @@ def _train(idx_dir, tmp_path, name="m", steps=4, **changes):
 
 def test_data_fraction_trains_on_exactly_its_seeded_subset(idx_dir, tmp_path, monkeypatch):
   rec = Recording(monkeypatch)
-  _, out = _train(idx_dir, tmp_path, "a", steps=20, data_fraction=0.25)  # 320 reads of 100
+  steps = 26  # 416 reads: each of a subset of 100 read, and all 400 (one epoch); one compiled step
+  _, out = _train(idx_dir, tmp_path, "a", steps=steps, data_fraction=0.25)
   want = train.subset(400, 0.25, 0)
   assert len(want) == 100 and out["train_examples"] == 100
   assert set(rec.read) == set(want.tolist())  # every read is in it, and each was read
   other = train.subset(400, 0.25, 1)
   assert len(other) == 100 and set(other.tolist()) != set(want.tolist())
   rec.read.clear()
-  _, out = _train(idx_dir, tmp_path, "b", steps=4, data_fraction=0.25, subset_seed=1)
+  _, out = _train(idx_dir, tmp_path, "b", steps=steps, data_fraction=0.25, subset_seed=1)
   assert set(rec.read) <= set(other.tolist())
   np.testing.assert_array_equal(train.subset(400, 1.0, 5), np.arange(400))
   rec.read.clear()
-  _, out = _train(idx_dir, tmp_path, "c", steps=26)  # 416 reads >= one epoch of 400
+  _, out = _train(idx_dir, tmp_path, "c", steps=steps)
   assert set(rec.read) == set(range(400)) and out["train_examples"] == 400
   for bad in (0.0, 1.5, 0.001):
     with pytest.raises(ValueError, match="data_fraction"):
@@ -120,7 +121,7 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
   _, pre = checkpoints.load_model(str(tmp_path / "pre.npz"))
   tuned = train_configs.changed(c, "tuned", classes=(3, 4, 5, 6), init=str(tmp_path / "pre.npz"))
   model = train.build_model(tuned, 4)
-  params = model.init(jax.random.PRNGKey(1), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), np.zeros((1, 16, 16, 3), np.float32))["params"]
   start = common.flatten(train._initial_params(tuned, model, params, str(tmp_path)))
   pre = common.flatten(pre)
   assert start["head/kernel"].shape == (16, 4) and not start["head/kernel"].any()
@@ -149,9 +150,11 @@ def test_a_class_subset_keeps_and_renumbers_those_classes(idx_dir):
 
 
 def _tiny_job(config, idx_dir: str, cache: str):
+  """The job at tiny size, each block's output only (one compile of a small step)."""
   for spec in config.models.values():
     _tiny(spec.train, idx_dir)
     spec.overrides.resolution = 16
+    spec.capture = ("blocks",)
   config.data.path = idx_dir
   config.cache_dir = cache
   return config

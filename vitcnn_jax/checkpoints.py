@@ -11,6 +11,7 @@ the result against the model it describes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -96,15 +97,33 @@ def _file_key(model, key: str, value, fmt: str | None) -> str:
     return key
 
 
+def _param_shapes(model) -> dict[str, tuple[int, ...]]:
+  """The shape of each parameter `model` needs: its init traced (the whole forward)."""
+  size = common.to_pair(model.image_size)
+  images = jax.ShapeDtypeStruct((1, *size, 3), np.float32)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
+  return {k: tuple(v.shape) for k, v in common.flatten(shapes).items()}
+
+
+_cached_param_shapes = functools.lru_cache(maxsize=64)(_param_shapes)
+
+
+def _needed_shapes(model) -> dict[str, tuple[int, ...]]:
+  """`_param_shapes`, traced once per architecture: a sweep or a notebook loads many
+  files of one architecture. A model with a list field (unhashable) is traced each time."""
+  try:
+    hash(model)
+  except TypeError:
+    return _param_shapes(model)
+  return _cached_param_shapes(model)
+
+
 def check_params(model, params: Params, path: str = "<params>",
                  reading: io.Reading | None = None) -> None:
   """Every parameter present with the shape the model needs, and nothing else.
   Given the `reading` of a file, errors name the file's keys and say which
   tensors the architecture was read from."""
-  size = common.to_pair(model.image_size)
-  images = jax.ShapeDtypeStruct((1, *size, 3), np.float32)
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
-  want = {k: tuple(v.shape) for k, v in common.flatten(shapes).items()}
+  want = _needed_shapes(model)
   flat = common.flatten(params)
   have = {k: tuple(np.shape(v)) for k, v in flat.items()}
   fmt = reading.fmt if reading else None
