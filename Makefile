@@ -3,8 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# --no-compile: modules are byte-compiled when first imported, not all at install (a third of its time).
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check --no-compile
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 WORKDIR ?= workdir/cka_demo
 # Test processes: one per core, at most 4 (each holds 8 fake devices and its compiles).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")

@@ -105,7 +105,10 @@ def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precis
   slices, tail = divmod(features, width)
   zeros = lambda *shape: jnp.zeros_like(x, shape=shape)  # varying as `x` is, in shard_map
   sums = (zeros(rows, rows), zeros(rows), zeros(rows))
-  sums = jax.lax.fori_loop(0, slices, lambda i, sums: add(sums, i * width, width), sums)
+  if slices > 1:
+    sums = jax.lax.fori_loop(0, slices, lambda i, sums: add(sums, i * width, width), sums)
+  else:  # a layer in one slice: no loop for XLA to compile
+    sums = add(sums, 0, width)
   return add(sums, slices * width, tail) if tail else sums
 
 
