@@ -173,7 +173,10 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
   local = b // jax.process_count()
   tx = _optimizer(config)
-  params = jax.jit(model.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
+  # Without a block's skips a model has the same parameters, drawn the same way: a
+  # skip-ablation sweep compiles one init, the full model's.
+  full = model.clone(no_skip=()) if getattr(model, "no_skip", ()) else model
+  params = jax.jit(full.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
   params = _initial_params(config, model, params, workdir)
   examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
   state = {"params": params, "opt_state": tx.init(params), "step": 0}
