@@ -35,11 +35,49 @@ def _run(args, devices=None, check=True):
   return run_main(*args, devices=devices, check=check)
 
 
+# Every similarity measure, its null and bootstrap intervals, from one pass.
+MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa')",
+            "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
+# Each block's output only: for the runs that test how the work is spread, not the layers.
+BLOCKS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)")
+
+
 @pytest.fixture(scope="module")
 def one_device(tiny_vit_bit, tmp_path_factory):
+  """Every layer and every measure on one device (a child process): the reference."""
   wd = tmp_path_factory.mktemp("one")
-  _run(_flags(tiny_vit_bit, wd), devices=1)
+  _run(_flags(tiny_vit_bit, wd, *MEASURES), devices=1)
   return wd
+
+
+@pytest.fixture(scope="module")
+def eight_devices(tiny_vit_bit, tmp_path_factory):
+  """The same job on this process's eight devices."""
+  wd = tmp_path_factory.mktemp("eight")
+  _run(_flags(tiny_vit_bit, wd, *MEASURES))
+  return wd
+
+
+@pytest.fixture(scope="module")
+def blocks_one_device(tiny_vit_bit, tmp_path_factory):
+  """Each block's output, linear CKA, on one device (a child process): the reference
+  for the runs that spread minibatches over devices and processes."""
+  wd = tmp_path_factory.mktemp("blocks")
+  _run(_flags(tiny_vit_bit, wd, *BLOCKS), devices=1)
+  return wd
+
+
+@pytest.fixture(scope="module")
+def resumed(tiny_vit_bit, tmp_path_factory):
+  """`one_device`'s job stopped after 4 steps, then resumed (child processes each):
+  (its workdir, what the stopped run printed and left)."""
+  wd = tmp_path_factory.mktemp("resumed")
+  r = _run(_flags(tiny_vit_bit, wd, *MEASURES, "--config.stop_after=4"), devices=1)
+  state = wd / "cka_state.npz"
+  stopped = dict(stdout=r.stdout, state=state.exists(), result=(wd / "cka.npz").exists(),
+                 position=tuple(np.load(state)["position"]) if state.exists() else None)
+  _run(_flags(tiny_vit_bit, wd, *MEASURES), devices=1)
+  return wd, stopped
 
 
 def test_writes_results_and_figures(one_device):
@@ -86,23 +124,22 @@ def test_matches_an_independent_float64_computation(one_device, tiny_vit_bit):
       assert_close(ours, ref, RUNS_BOUND, f"repeat {repeat}: {a} x {b}")
 
 
-def test_eight_devices_equal_one_device(one_device, tiny_vit_bit, tmp_path):
-  _run(_flags(tiny_vit_bit, tmp_path))
-  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+def test_eight_devices_equal_one_device(one_device, eight_devices):
+  a, b = np.load(one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "8 devices vs 1")
-  assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
+  assert json.loads((eight_devices / "cka.json").read_text())["devices"] == 8
 
 
 @pytest.mark.parametrize("group", [2, 8])
-def test_minibatches_spread_over_devices_equal_one_device(one_device, tiny_vit_bit, tmp_path, group):
+def test_minibatches_spread_over_devices_equal_one_device(blocks_one_device, tiny_vit_bit, tmp_path, group):
   """Each minibatch of 8 over `group` of the 8 devices (rows of 4 or 1; the last
   minibatch of 4 leaves devices with padding only)."""
-  _run(_flags(tiny_vit_bit, tmp_path, f"--config.devices_per_minibatch={group}"))
-  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+  _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, f"--config.devices_per_minibatch={group}"))
+  a, b = np.load(blocks_one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, f"{group} devices per minibatch vs 1")
 
 
-def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tmp_path):
+def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path):
   """A fake device memory (config.device_memory_gib) between the step's compiled
   peak on one device and on 8 makes the planner spread each minibatch; one too
   small for any group names the largest minibatch that fits. Each block's output
@@ -134,10 +171,11 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tm
   # wrote to the suite's persistent compilation cache (steps with collectives in a
   # loop came back broken from it: why hsic's group rings are unrolled).
   r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}",
-                  "--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)"),
-           devices=8)
+                  *BLOCKS), devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
-  assert np.load(tmp_path / "cka.npz")["per_repeat"].shape[0] == REPEATS
+  got = np.load(tmp_path / "cka.npz")["per_repeat"]
+  assert got.shape[0] == REPEATS
+  assert_close(got, np.load(blocks_one_device / "cka.npz")["per_repeat"], RUNS_BOUND, "planned vs 1 device")
   with config.unlocked():
     config.device_memory_gib = peaks[8] / 4 / memory.GIB
   with pytest.raises(MemoryError, match="does not fit in device memory: minibatch 8 over 8 devices"):
@@ -145,7 +183,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(tiny_vit_bit, tm
 
 
 @pytest.mark.parametrize("group", [1, 8])
-def test_two_processes_equal_one_process(one_device, tiny_vit_bit, tmp_path, group):
+def test_two_processes_equal_one_process(blocks_one_device, tiny_vit_bit, tmp_path, group):
   """Two processes x 4 CPU devices over loopback (gloo), each loading its own rows;
   with group 8, each minibatch spans both processes."""
   with socket.socket() as s:
@@ -153,7 +191,7 @@ def test_two_processes_equal_one_process(one_device, tiny_vit_bit, tmp_path, gro
     port = s.getsockname()[1]
   env = device_env(4)
   procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(tiny_vit_bit, tmp_path),
+      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(tiny_vit_bit, tmp_path, *BLOCKS),
        f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}",
        "--num_processes=2",
        f"--process_id={i}", "--cpu_collectives=gloo"],
@@ -161,19 +199,17 @@ def test_two_processes_equal_one_process(one_device, tiny_vit_bit, tmp_path, gro
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
-  a, b = np.load(one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
+  a, b = np.load(blocks_one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "2 processes vs 1")
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
 
 
-def test_interrupted_run_resumes_to_the_same_result(one_device, tiny_vit_bit, tmp_path):
-  r = _run(_flags(tiny_vit_bit, tmp_path, "--config.stop_after=4"), devices=1)
-  assert "Stopped after 4 steps" in r.stdout
-  assert (tmp_path / "cka_state.npz").exists() and not (tmp_path / "cka.npz").exists()
-  state = np.load(tmp_path / "cka_state.npz")
-  assert tuple(state["position"]) == (0, 0, 4)  # pass 0, repeat 0, after step 4
-  _run(_flags(tiny_vit_bit, tmp_path), devices=1)
-  np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"],
+def test_interrupted_run_resumes_to_the_same_result(one_device, resumed):
+  wd, stopped = resumed
+  assert "Stopped after 4 steps" in stopped["stdout"]
+  assert stopped["state"] and not stopped["result"]
+  assert stopped["position"] == (0, 0, 4)  # pass 0, repeat 0, after step 4
+  np.testing.assert_array_equal(np.load(wd / "cka.npz")["per_repeat"],
                                 np.load(one_device / "cka.npz")["per_repeat"])
 
 
@@ -223,25 +259,11 @@ def test_three_models_as_a_mapping(tiny_vit_bit, one_device, tmp_path):
   assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")
 
 
-MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa')",
-            "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
-
-
-@pytest.fixture(scope="module")
-def measured(tiny_vit_bit, tmp_path_factory):
-  """Every measure, its null and its bootstrap intervals from one pass, on one device
-  (a child process) and on eight (this process): the runs the two tests below read."""
-  d = tmp_path_factory.mktemp("measures")
-  _run(_flags(tiny_vit_bit, d / "one", *MEASURES), devices=1)
-  _run(_flags(tiny_vit_bit, d / "eight", *MEASURES))
-  return d / "one", d / "eight"
-
-
-def test_every_measure_and_its_null_on_eight_devices_equal_one_device(measured):
+def test_every_measure_and_its_null_on_eight_devices_equal_one_device(one_device, eight_devices):
   """Each measure and its null from the one sharded pass: 8 devices as 1 (the same
   minibatches, the same permutations: a minibatch's key does not depend on the
   device count), every array of every measure and the side-by-side figures."""
-  one, eight = measured
+  one, eight = one_device, eight_devices
   a, b = np.load(one / "cka.npz"), np.load(eight / "cka.npz")
   for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa"):
     per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
@@ -260,15 +282,12 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(measured):
     assert (eight / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(measured, tiny_vit_bit, tmp_path):
+def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device, eight_devices, resumed):
   """The Poisson weights belong to minibatches, not devices: 1 device, 8 devices
   and a run stopped and resumed give the same intervals; each holds its estimate."""
-  (one, eight), resumed = measured, tmp_path / "resumed"
-  assert "Stopped after 3 steps" in _run(_flags(tiny_vit_bit, resumed, *MEASURES, "--config.stop_after=3"),
-                                          devices=1).stdout
-  _run(_flags(tiny_vit_bit, resumed, *MEASURES), devices=1)
+  one, eight = one_device, eight_devices
   a = np.load(one / "cka.npz")
-  for other in (eight, resumed):
+  for other in (eight, resumed[0]):
     b = np.load(other / "cka.npz")
     for key in ("rbf_cka_ci_low_resnet_vit", "cka_ci_high_vit_vit", "rsa_ci_low_resnet_resnet"):
       assert_close(b[key], a[key], RUNS_BOUND, f"{key}: {other.name}")
