@@ -38,8 +38,7 @@ PAIRS = {  # name -> (ViT fields, BiT fields, input size)
 
 def _models(pair: str) -> dict:
   """name -> (model, params) at random init."""
-  import jax
-  from vitcnn_jax.models import BiT, ViT, vit
+  from vitcnn_jax.models import BiT, ViT, common, vit
   vit_fields, bit_fields, size = PAIRS[pair]
   if "variant" in vit_fields:
     vit_fields = vit.decode_variant(vit_fields["variant"])
@@ -48,7 +47,7 @@ def _models(pair: str) -> dict:
       ("vit", ViT(num_classes=1000, image_size=size, **vit_fields)),
       ("resnet", BiT(num_classes=1000, image_size=size, **bit_fields)))):
     x = np.zeros((1, size, size, 3), np.float32)
-    out[name] = (model, jax.jit(model.init)(jax.random.PRNGKey(i), x)["params"])
+    out[name] = (model, common.random_params(model, x, seed=i))
   return out
 
 

@@ -47,13 +47,12 @@ def _images(n: int) -> np.ndarray:
 
 
 def _jax_models():
-  import jax
   from vitcnn_jax import loading
-  from vitcnn_jax.models import BiT, ViT, vit
+  from vitcnn_jax.models import BiT, ViT, common, vit
   out = []
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16"))),
                       ("resnet", BiT(num_classes=1000, width=1, depth=50))):
-    params = jax.jit(model.init)(jax.random.PRNGKey(len(out)), np.zeros((1, 224, 224, 3), np.float32))["params"]
+    params = common.random_params(model, np.zeros((1, 224, 224, 3), np.float32), seed=len(out))
     out.append(loading.loaded(name, "<random init>", name, model, params, "paper"))
   return out
 

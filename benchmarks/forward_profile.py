@@ -58,14 +58,13 @@ class Op:
 
 
 def _model(name: str, size: int):
-  import jax
-  from vitcnn_jax.models import BiT, ViT, vit
+  from vitcnn_jax.models import BiT, ViT, common, vit
   family, fields = MODELS[name]
   if "variant" in fields:
     fields = vit.decode_variant(fields["variant"])
   model = (BiT if family == "bit" else ViT)(num_classes=1000, image_size=size, **fields)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), np.zeros((1, size, size, 3), np.float32))
-  return model.for_inference(params["params"])  # as the driver runs it
+  params = common.random_params(model, np.zeros((1, size, size, 3), np.float32))
+  return model.for_inference(params)  # as the driver runs it
 
 
 def _dims(shape: str) -> list[int]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -58,11 +57,7 @@ def test_vt_cls_row_is_folded_into_cls(tmp_path):
 
 
 def _random_params(model, size):
-  """Random float32 values in the model's parameter tree (shapes traced, not run)."""
-  x = np.zeros((1, size, size, 3), np.float32)
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
-  rng = np.random.default_rng(1)
-  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  return common.random_params(model, np.zeros((1, size, size, 3), np.float32), seed=1)
 
 
 ROUND_TRIP = [

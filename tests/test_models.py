@@ -10,7 +10,7 @@ import pytest
 from conftest import forward
 from numerics import assert_close, likely, worst
 from vitcnn_jax.models import BiT, Mixer, ViT, bit, get_model, vit
-from vitcnn_jax.models.common import Capture
+from vitcnn_jax.models.common import Capture, random_params
 
 TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
 
@@ -22,8 +22,9 @@ def _added(out, total: str, a: str, b: str) -> None:
 
 
 def _init(model, size=32):
-  x = jax.random.normal(jax.random.PRNGKey(1), (2, size, size, 3))
-  return jax.jit(model.init)(jax.random.PRNGKey(0), x)["params"], x
+  """NumPy parameters (`random_params`) and two images of normal noise."""
+  x = np.random.default_rng(1).standard_normal((2, size, size, 3)).astype(np.float32)
+  return random_params(model, x), x
 
 
 def test_vit_names_in_network_order_and_shapes():

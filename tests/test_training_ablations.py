@@ -121,7 +121,7 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
   _, pre = checkpoints.load_model(str(tmp_path / "pre.npz"))
   tuned = train_configs.changed(c, "tuned", classes=(3, 4, 5, 6), init=str(tmp_path / "pre.npz"))
   model = train.build_model(tuned, 4)
-  params = jax.jit(model.init)(jax.random.PRNGKey(1), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  params = common.random_params(model, np.zeros((1, 16, 16, 3), np.float32))
   start = common.flatten(train._initial_params(tuned, model, params, str(tmp_path)))
   pre = common.flatten(pre)
   assert start["head/kernel"].shape == (16, 4) and not start["head/kernel"].any()
