@@ -139,7 +139,8 @@ def test_minibatches_spread_over_devices_equal_one_device(blocks_one_device, tin
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, f"{group} devices per minibatch vs 1")
 
 
-def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path):
+def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,
+                                                                monkeypatch):
   """A fake device memory (config.device_memory_gib) between the step's compiled
   peak on one device and on 8 makes the planner spread each minibatch; one too
   small for any group names the largest minibatch that fits. Each block's output
@@ -170,9 +171,13 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   # The run as main.py runs it, in a fresh process that reads the steps the planner
   # wrote to the suite's persistent compilation cache (steps with collectives in a
   # loop came back broken from it: why hsic's group rings are unrolled).
+  monkeypatch.setenv("JAX_LOG_COMPILES", "1")
   r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}",
                   *BLOCKS), devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
+  # The run steps with the last step the planner compiled: one compile per group tried.
+  tried = memory.groups(BATCH, 8).index(plan.devices_per_minibatch) + 1
+  assert r.stderr.count("Finished XLA compilation of jit(local)") == tried, r.stderr[-3000:]
   got = np.load(tmp_path / "cka.npz")["per_repeat"]
   assert got.shape[0] == REPEATS
   assert_close(got, np.load(blocks_one_device / "cka.npz")["per_repeat"], RUNS_BOUND, "planned vs 1 device")

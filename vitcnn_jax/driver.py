@@ -148,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
     precision = hsic.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
-  layout, _ = plan_devices(config, passes[0], models, precision)
+  layout, planned = plan_devices(config, passes[0], models, precision)
   mesh = parallel.mesh(layout.devices_per_minibatch)
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   plan = runstate.examples(config, passes, sources)
@@ -165,7 +165,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
     for pi in range(state.position[0], len(passes)):
       p = passes[pi]
       p.setup(state.done[:pi])
-      step_fn = compile_pass(p, models, mesh, precision)
+      # The first pass runs the step the planner compiled, where it compiled one
+      # (not again: a paper-scale step takes minutes to compile on a TPU).
+      step_fn = planned.get((layout.minibatch, layout.devices_per_minibatch)) if (
+          pi == 0 and p.constants is None) else None
+      step_fn = step_fn or compile_pass(p, models, mesh, precision)
       args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
       for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
         start, sums = state.start(pi, repeat)
