@@ -148,28 +148,23 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
     precision = hsic.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
-  layout, planned = plan_devices(config, passes[0], models, precision)
+  layout, compiled = plan_devices(config, passes[0], models, precision)
+  planned = compiled.get((layout.minibatch, layout.devices_per_minibatch))  # run, not compiled again
   mesh = parallel.mesh(layout.devices_per_minibatch)
   params = {k: parallel.replicate(mesh, m.params) for k, m in models.items()}
   plan = runstate.examples(config, passes, sources)
   counts = [[pipeline.num_steps(len(idx), layout.rows) for _, idx in reps] for reps in plan]
   bar = progress.Bar(sum(map(sum, counts)), name.replace("_", " "),
                      enabled=jax.process_index() == 0, initial=_done(counts, state.position))
-  if state.position[0] >= len(passes) and jax.process_index() == 0:
-    print(f"{workdir} holds a finished {name} run of this config ({state.path}); writing its "
-          f"results again from the saved sums. To recompute, delete "
-          f"{os.path.basename(state.path)} or pass another --workdir.")
+  _say_if_finished(state, len(passes), workdir, name)
   ran, last_save = 0, time.time()
   boot = runstate.Bootstrap(config.get("seed", 0), config.get("bootstrap", 0), state.pooled)
   with bar, parallel.uncached(mesh):  # a grouped step stays out of the CPU persistent cache
     for pi in range(state.position[0], len(passes)):
       p = passes[pi]
       p.setup(state.done[:pi])
-      # The first pass runs the step the planner compiled, where it compiled one
-      # (not again: a paper-scale step takes minutes to compile on a TPU).
-      step_fn = planned.get((layout.minibatch, layout.devices_per_minibatch)) if (
-          pi == 0 and p.constants is None) else None
-      step_fn = step_fn or compile_pass(p, models, mesh, precision)
+      step_fn = (planned if pi == 0 and planned and p.constants is None
+                 else compile_pass(p, models, mesh, precision))
       args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
       for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
         start, sums = state.start(pi, repeat)
@@ -198,6 +193,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
   summary["models loaded"] = {k: m.setup for k, m in models.items()}
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary
+
+
+def _say_if_finished(state: runstate.State, passes: int, workdir: str, name: str) -> None:
+  if state.position[0] >= passes and jax.process_index() == 0:
+    print(f"{workdir} holds a finished {name} run of this config ({state.path}); writing its "
+          f"results again from the saved sums. To recompute, delete "
+          f"{os.path.basename(state.path)} or pass another --workdir.")
 
 
 def _done(counts: list[list[int]], position: tuple[int, int, int]) -> int:
