@@ -64,11 +64,12 @@ CACHE_SLICE_BYTES = 2 ** 20  # a slice of every row's features that stays in cac
 SLICED_BACKENDS = ("cpu",)  # where a layer's Gram is made by such slices (`_gram_parts`)
 
 
-def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST
-                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIGHEST,
+                scale: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """`_gram_and_mean` and, per row, its centred features' projection on the mean
   and the mean over its features: with them the uncentred Gram and the Gram of
-  rows centred on their own mean follow from the centred one (`Layer`).
+  rows centred on their own mean follow from the centred one (`Layer`). With
+  `scale` (a power of two), those of `x * scale`, with no scaled copy of `x`.
 
   On CPU, a layer is read from memory twice (its mean, then everything else a
   slice of features at a time, centred in cache): a centred copy of a large
@@ -77,27 +78,28 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   centred copy keeps the matmul units busy."""
   x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
+  scale = jnp.ones((), jnp.float32) if scale is None else scale
   # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
-  mean = jnp.matmul(m[None, :], x, precision=HIGHEST)[0] / jnp.maximum(m.sum(), 1.0)
+  mean = jnp.matmul((m * scale)[None, :], x, precision=HIGHEST)[0] / jnp.maximum(m.sum(), 1.0)
   if jax.default_backend() in SLICED_BACKENDS:
-    gram, proj, rowsum = _sliced_parts(x, m, mean, precision)
+    gram, proj, rowsum = _sliced_parts(x, m, mean, precision, scale)
   else:
-    c = (x - mean) * m[:, None] if mask is not None else x - mean
+    c = (x * scale - mean) * m[:, None] if mask is not None else x * scale - mean
     gram, proj, rowsum = jnp.matmul(c, c.T, precision=precision), jnp.matmul(c, mean, precision=HIGHEST), c.sum(1)
   rowmean = (rowsum / x.shape[1] + mean.mean()) * m
   return gram, mean, proj, rowmean
 
 
-def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precision
-                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(Gram, projection on the mean, feature sum) of the rows of `x` centred on
-  `mean` and masked by `m`, accumulated over slices of `CACHE_SLICE_BYTES`."""
+def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precision,
+                  scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(Gram, projection on the mean, feature sum) of the rows of `x * scale`
+  centred on `mean` and masked by `m`, accumulated over slices of `CACHE_SLICE_BYTES`."""
   rows, features = x.shape
   width = min(features, max(1, CACHE_SLICE_BYTES // (4 * rows)))
 
   def add(sums, start, size):
     mu = jax.lax.dynamic_slice_in_dim(mean, start, size)
-    c = (jax.lax.dynamic_slice_in_dim(x, start, size, 1) - mu) * m[:, None]
+    c = (jax.lax.dynamic_slice_in_dim(x, start, size, 1) * scale - mu) * m[:, None]
     gram, proj, rowsum = sums
     return (gram + jnp.matmul(c, c.T, precision=precision),
             proj + jnp.matmul(c, mu, precision=HIGHEST), rowsum + c.sum(1))
@@ -215,24 +217,34 @@ def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precisi
   float32's range whatever the features' scale.
 
   The Gram is made once from the features as they are; only where it (or the
-  mean) is out of range, e.g. features of 1e20, is it made again from a copy
-  scaled by the largest |x| (`lax.cond` runs just one branch).
+  mean) is out of range, e.g. features of 1e20, is it made again from the
+  features scaled by their largest |x|: a loop of one or two turns over one
+  copy of the code (a second copy under `lax.cond` made every layer's part of
+  the program, and its compile time, half as large again).
   """
-  gram, mean, proj, rowmean = _gram_parts(a, mask, precision)
-  top = jnp.max(jnp.diagonal(gram))
-  e = (_exponent(top) + 1) // 2
-  top_mean = jnp.max(jnp.abs(mean))
-  fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
-          & (top_mean <= MEAN_RANGE * pow2(e)))
+  # Every value in the loop varies as `a` does (in shard_map, over the devices).
+  zeros = lambda dtype, *shape: jnp.zeros_like(a, dtype, shape=shape)
 
-  def as_made(_):
-    return gram * pow2(-2 * e), mean * pow2(-e), proj * pow2(-2 * e), rowmean * pow2(-e), e
+  def turn(state):
+    first = state[0]
+    f = jax.lax.cond(first, lambda: zeros(jnp.int32), lambda: log2_scales([a], mask)[0])
+    gram, mean, proj, rowmean = _gram_parts(a, mask, precision, pow2(-f))
+    top = jnp.max(jnp.diagonal(gram))
+    e = (_exponent(top) + 1) // 2
+    fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
+            & (jnp.max(jnp.abs(mean)) <= MEAN_RANGE * pow2(e)))
+    # As made (first turn): brought below 1 by 2^-e; rescaled (second): as they are.
+    e = jnp.where(first, e, f)
+    g = jnp.where(first, pow2(-2 * e), 1.0)
+    h = jnp.where(first, pow2(-e), 1.0)
+    return first & False, fits | ~first, gram * g, mean * h, proj * g, rowmean * h, e
 
-  def rescaled(_):
-    f = log2_scales([a], mask)[0]
-    return (*_gram_parts(a.astype(jnp.float32) * pow2(-f), mask, precision), f)
-
-  return Layer(*jax.lax.cond(fits, as_made, rescaled, None), features=int(np.prod(a.shape[1:])))
+  rows, features = a.shape[0], int(np.prod(a.shape[1:]))
+  no = zeros(jnp.bool_)
+  start = (~no, no, zeros(jnp.float32, rows, rows), zeros(jnp.float32, features),
+           zeros(jnp.float32, rows), zeros(jnp.float32, rows), zeros(jnp.int32))
+  out = jax.lax.while_loop(lambda state: ~state[1], turn, start)
+  return Layer(*out[2:], features=features)
 
 
 def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
