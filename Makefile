@@ -1,5 +1,6 @@
 # `make demo`: set up .venv (runtime deps) and the offline dataset, then run the main job.
-# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then ruff and the tests.
+# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then ruff and the
+# tests, printing the 20 slowest (a slow addition shows at once).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -41,4 +42,4 @@ demo: install dataset
 
 test: install-test dataset browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)

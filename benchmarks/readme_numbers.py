@@ -4,6 +4,7 @@ r"""The README's measured demo numbers, regenerated from runs at one commit.
   .venv/bin/python benchmarks/readme_numbers.py run WORKDIR   # the runs, then collect (~30 min fresh)
   .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
+  .venv/bin/python benchmarks/readme_numbers.py suite             # `make test`, timed -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py write             # RESULTS -> README blocks
   .venv/bin/python benchmarks/readme_numbers.py check             # exit 1 if the README drifted
 
@@ -14,6 +15,8 @@ the commit, machine and date they were measured on, each section's findings
 with this run's verdict and numbers, key numbers, and the tables' rows);
 `bench` runs `benchmarks/SCRIPT ARGS` and records its output the same way, for
 the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
+`suite` runs `make test` (run it alone on the machine, on a fresh clone) and
+records its time, pytest's own and the slowest tests, for the block `test-suite`;
 `all` does `run`, then `bench` again for every benchmark RESULTS holds, then
 `write`. `write` rewrites every block of the README between `<!-- numbers:NAME -->` and
 `<!-- /numbers:NAME -->` from RESULTS alone. `tests/test_readme.py` runs `check`,
@@ -166,6 +169,24 @@ def bench(args: list[str]) -> None:
                             "seconds": time.perf_counter() - t, "lines": lines})
 
 
+def suite() -> None:
+  """`make test` timed: the whole command, and pytest's summary and slowest tests
+  (`--durations` in the Makefile), into RESULTS. Reported, never asserted."""
+  measured, t = _measured("tests", "Makefile"), time.perf_counter()
+  lines = []
+  with subprocess.Popen(["make", "test"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True) as p:
+    for line in p.stdout:
+      print(line, end="", flush=True)
+      lines.append(line.rstrip("\n"))
+  if p.returncode:
+    raise SystemExit(f"make test failed (exit {p.returncode}); nothing recorded.")
+  summary = next(line for line in reversed(lines) if re.search(r"\d+ passed.* in [\d.]+s", line))
+  slowest = [line for line in lines if re.match(r"[\d.]+s (setup|call|teardown) ", line)]
+  _record("suite", {**measured, "command": "make test", "seconds": time.perf_counter() - t,
+                    "pytest": summary.strip("= "), "slowest": slowest})
+
+
 def bench_key(args: list[str]) -> str:
   """`paper_scale.py --groups 1,4` -> "bench-paper-scale-groups-1-4": its block's name."""
   return "bench-" + re.sub(r"[^a-z0-9]+", "-", " ".join([args[0].removesuffix(".py"), *args[1:]]).lower()).strip("-")
@@ -245,6 +266,11 @@ def blocks(r: dict) -> dict[str, str]:
     if key.startswith("bench-"):
       out[key] = (f"*{_stamp(e)}; `{e['command']}` took {e['seconds'] / 60:.1f} min:*\n\n```\n"
                   + "\n".join(e["lines"]) + "\n```")
+  if "suite" in r:
+    e = r["suite"]
+    out["test-suite"] = (f"*{_stamp(e)}, alone on the machine: `{e['command']}` took "
+                         f"{e['seconds'] / 60:.1f} min in all; pytest: {e['pytest']}. Its slowest "
+                         f"tests:*\n\n```\n" + "\n".join(e["slowest"]) + "\n```")
   return out
 
 
@@ -258,7 +284,7 @@ def rewrite(text: str, made: dict[str, str]) -> str:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=("all", "run", "collect", "bench", "write", "check"))
+  parser.add_argument("command", choices=("all", "run", "collect", "bench", "suite", "write", "check"))
   parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
                       help="run, collect: the runs' folder; bench: the script")
   parser.add_argument("script_args", nargs=argparse.REMAINDER, help="bench: the script's arguments")
@@ -275,6 +301,8 @@ def main() -> int:
     collect(args.workdir)
   elif args.command == "bench":
     bench([args.workdir, *args.script_args])
+  elif args.command == "suite":
+    suite()
   with open(RESULTS) as f:
     made = blocks(json.load(f))
   with open(README) as f:
