@@ -102,6 +102,7 @@ def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
   for key in ("models.vit", "models.resnet"):  # trained for 4 steps; CKA of each block's output
     flags += [f"--config.{key}.train.steps=4", f"--config.{key}.train.data.path={idx_dir}",
               f"--config.{key}.train.warmup_steps=1", f"--config.{key}.capture=('blocks',)"]
+  flags.append("--config.models.vit.train.model.depth=2")  # the ViT in 2 blocks: half the program
   r = run_main(*flags)
   assert "test accuracy" in r.stdout
   wd = tmp_path / "wd"
@@ -110,6 +111,6 @@ def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
   cached = sorted(os.listdir(tmp_path / "cache"))
   assert any(f.startswith("vit_demo-") and f.endswith(".npz") for f in cached)
   assert any(f.startswith("bit_demo-") and f.endswith(".npz") for f in cached)
-  # Second run reuses the cached models: no training output.
-  r = run_main(*flags[:1], f"--workdir={tmp_path / 'wd2'}", *flags[2:])
-  assert "test accuracy" not in r.stdout
+  # Second run reuses the cached models: no training output (one step shows it).
+  r = run_main(*flags[:1], f"--workdir={tmp_path / 'wd2'}", *flags[2:], "--config.stop_after=1")
+  assert "test accuracy" not in r.stdout and "Stopped after 1 steps" in r.stdout
