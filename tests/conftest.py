@@ -132,7 +132,8 @@ def forward(model, params, images, capture=None) -> dict:
 def gram_path(request, monkeypatch):
   """Each way a layer's Gram is made (`hsic._gram_parts`): the CPU's slices as
   configured (one slice for these small layers), slices of 2-5 features (the
-  loop and its tail), and one dot over the centred copy (GPU and TPU)."""
+  loop and its tail; each layer larger than a slice, so `scaled_layer` makes
+  it as it is first), and one dot over the centred copy (GPU and TPU)."""
   import jax
   from vitcnn_jax import hsic
   if request.param == "slices of a few features":

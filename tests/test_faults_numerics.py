@@ -73,9 +73,11 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
   assert abs(big.result().xx[0, 1] - ref.result().xx[0, 1]) <= tol + 1e-12
 
 
-def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly():
-  """Features in range take the one-pass branch; times 2^100 they take the rescaled
-  one. Power-of-two scaling is exact, so both give the same bits once unscaled."""
+def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_path):
+  """The same features times 2^100 (whose Gram, made as they are, would overflow),
+  along each way a layer is scaled (`hsic.scaled_layer`: scaled first when it
+  fits a cache slice, else made as it is and remade): power-of-two scaling is
+  exact, so both give the same bits once unscaled."""
   import jax
   x = np.random.default_rng(5).standard_normal((12, 3, 7)).astype(np.float32) * 3 + 1
   mask = np.ones(12, np.float32)
@@ -94,10 +96,15 @@ def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly():
   assert not np.any(g0[9:]) and not np.any(g0[:, 9:])  # padding rows
 
 
-def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite():
+@pytest.mark.parametrize("slice_bytes", [None, 4], ids=["scaled first", "made as it is, remade"])
+def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite(slice_bytes, monkeypatch):
   """A feature constant at 2^60 (its mean exact, so it centres to zero) beside one
   that varies by 1: scaled by the Gram alone the mean's fourth power would
-  overflow float32, so this layer is rescaled by its largest |x| instead."""
+  overflow float32, so this layer is rescaled by its largest |x| instead: first,
+  as a layer that fits a cache slice, or after its Gram made as it is (any
+  larger layer)."""
+  if slice_bytes:
+    monkeypatch.setattr(hsic, "CACHE_SLICE_BYTES", slice_bytes)
   x = np.stack([np.full(8, 2.0 ** 60), np.arange(8) % 3], axis=1).astype(np.float32)
   got = hsic.unscale({k: np.asarray(v) for k, v in hsic.minibatch_sums([x]).items()})
   want = 8 * np.sum(x.astype(np.float64).mean(0) ** 4)

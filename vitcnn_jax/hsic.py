@@ -210,34 +210,45 @@ class Layer(NamedTuple):
   features: int
 
 
+def _parts_at(a: jax.Array, mask: jax.Array | None, precision: Precision, f: jax.Array
+              ) -> tuple[Layer, jax.Array]:
+  """(`Layer` of the features times 2^-f, brought below 1 by the Gram's largest
+  diagonal entry where that entry and the mean are in range; whether they were)."""
+  gram, mean, proj, rowmean = _gram_parts(a, mask, precision, pow2(-f))
+  top = jnp.max(jnp.diagonal(gram))
+  e = (_exponent(top) + 1) // 2
+  fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
+          & (jnp.max(jnp.abs(mean)) <= MEAN_RANGE * pow2(e)))
+  e = jnp.where(fits, e, 0)
+  g, h = pow2(-2 * e), pow2(-e)
+  layer = Layer(gram * g, mean * h, proj * g, rowmean * h, f + e, int(np.prod(a.shape[1:])))
+  return layer, fits
+
+
 def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
                  ) -> Layer:
   """One layer's `Layer`, e an int32 exponent with the largest diagonal entry of
   the centred Gram below 1, so that HSIC products and fourth moments stay in
   float32's range whatever the features' scale.
 
-  The Gram is made once from the features as they are; only where it (or the
-  mean) is out of range, e.g. features of 1e20, is it made again from the
-  features scaled by their largest |x|: a loop of one or two turns over one
-  copy of the code (a second copy under `lax.cond` made every layer's part of
-  the program, and its compile time, half as large again).
+  A layer larger than a cache slice is read once: its Gram made from the
+  features as they are, and only where it (or the mean) is out of range, e.g.
+  features of 1e20, made again from the features scaled by their largest |x|
+  (a loop of one or two turns over one copy of the code). A smaller layer,
+  read again from cache at no cost, is scaled by its largest |x| first:
+  straight-line code, a third less to compile than the loop. Power-of-two
+  scaling is exact, so both give the same bits.
   """
+  if a.size * 4 <= CACHE_SLICE_BYTES:
+    return _parts_at(a, mask, precision, log2_scales([a], mask)[0])[0]
   # Every value in the loop varies as `a` does (in shard_map, over the devices).
   zeros = lambda dtype, *shape: jnp.zeros_like(a, dtype, shape=shape)
 
   def turn(state):
     first = state[0]
     f = jax.lax.cond(first, lambda: zeros(jnp.int32), lambda: log2_scales([a], mask)[0])
-    gram, mean, proj, rowmean = _gram_parts(a, mask, precision, pow2(-f))
-    top = jnp.max(jnp.diagonal(gram))
-    e = (_exponent(top) + 1) // 2
-    fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
-            & (jnp.max(jnp.abs(mean)) <= MEAN_RANGE * pow2(e)))
-    # As made (first turn): brought below 1 by 2^-e; rescaled (second): as they are.
-    e = jnp.where(first, e, f)
-    g = jnp.where(first, pow2(-2 * e), 1.0)
-    h = jnp.where(first, pow2(-e), 1.0)
-    return first & False, fits | ~first, gram * g, mean * h, proj * g, rowmean * h, e
+    layer, fits = _parts_at(a, mask, precision, f)
+    return first & False, fits | ~first, *layer[:5]
 
   rows, features = a.shape[0], int(np.prod(a.shape[1:]))
   no = zeros(jnp.bool_)
