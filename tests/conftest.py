@@ -128,6 +128,13 @@ def forward(model, params, images, capture=None) -> dict:
   return {k: out[k] for k in order}
 
 
+def compiled(model, params, images, **kw):
+  """`model.apply` as one compiled program: (logits, points). Eager Flax compiles
+  each op of each shape apart, several times the time for a parity check."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.jit(lambda p, x: model.apply({"params": p}, x, **kw))(params, images)
+
+
 @pytest.fixture(params=["cache-sized slices", "slices of a few features", "one dot"])
 def gram_path(request, monkeypatch):
   """Each way a layer's Gram is made (`hsic._gram_parts`): the CPU's slices as

@@ -10,6 +10,7 @@ import pytest
 
 import numpy_ref
 import upstream_files as uf
+from conftest import compiled
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 
@@ -41,10 +42,10 @@ def test_a_sincos2d_file_runs_at_any_input_size_without_resolution(tmp_path):
   assert c.assumed == {"image_size": 224, "pool": "gap"}  # 224: only the size data is resized to
   for size in (32, 56, 24):  # the embedding is computed for each grid, as upstream
     x = _images(size)
-    _check(c.model.apply({"params": c.params}, x)[0], numpy_ref.bv_vit(_unprefixed(w), x, pool="gap")[1],
+    _check(compiled(c.model, c.params, x)[0], numpy_ref.bv_vit(_unprefixed(w), x, pool="gap")[1],
            f"sincos2d at {size} px")
   with pytest.raises(ValueError, match=r"\(30, 30\) is not a multiple of patch_size \(8, 8\)"):
-    c.model.apply({"params": c.params}, _images(30))
+    compiled(c.model, c.params, _images(30))
 
 
 def _tf_bilinear(n_in: int, n_out: int) -> np.ndarray:
@@ -85,7 +86,7 @@ def test_flexivit_patch_size_is_chosen_at_load(tmp_path, patch, size):
   ref["pos_embedding"] = np.asarray(jax.image.resize(pe, (1, grid, grid, 48), "linear")
                                     ).reshape(1, grid * grid, 48)
   x = _images(size, seed=patch)
-  _check(c.model.apply({"params": c.params}, x)[0], numpy_ref.bv_vit(ref, x, pool="tok")[1],
+  _check(compiled(c.model, c.params, x)[0], numpy_ref.bv_vit(ref, x, pool="tok")[1],
          f"FlexiViT at patch {patch}, {size} px")
 
 
@@ -114,5 +115,5 @@ def test_a_siglip_so400m_tower_has_its_shape_read_from_the_file(tmp_path):
       1152, 1, 4304, 16, 14, "map", 28)
   assert c.policy == "resize" and not c.assumed
   x = _images(28, n=1)
-  _check(m.apply({"params": c.params}, x)[0], numpy_ref.bv_vit(tower, x, pool="map")[1],
+  _check(compiled(m, c.params, x)[0], numpy_ref.bv_vit(tower, x, pool="map")[1],
          "So400m-shaped SigLIP tower", SO400M_TOL)

@@ -7,6 +7,7 @@ import pytest
 
 import timm_ref
 import upstream_files as uf
+from conftest import compiled
 from numerics import BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
@@ -25,7 +26,7 @@ def _images(n: int = 4, size: int = 32, seed: int = 0) -> np.ndarray:
 
 def _ours(path: str, images: np.ndarray, **overrides) -> tuple[np.ndarray, dict]:
   model, params = checkpoints.load_model(path, **overrides)
-  logits, out = model.apply({"params": params}, images)
+  logits, out = compiled(model, params, images)
   return np.asarray(logits), out
 
 

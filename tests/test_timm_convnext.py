@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import timm_ref
+from conftest import compiled
 from numerics import assert_close, network
 from vitcnn_jax import checkpoints
 
@@ -29,7 +30,7 @@ def test_timm_convnext_matches_timm(tmp_path, version):
   model, params = checkpoints.load_model(str(path))
   assert (model.depths, model.widths, model.grn) == ((1, 1, 2, 1), (16, 24, 32, 40),
                                                      version == "v2")
-  out, _ = model.apply({"params": params}, x)
+  out, _ = compiled(model, params, x)
   scale = float(np.abs(ref).max())
   assert scale > 1e-2
   assert_close(out, ref, TOL * scale, version)

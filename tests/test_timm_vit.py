@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import timm_ref
+from conftest import compiled
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 
@@ -52,7 +53,7 @@ def test_timm_file_matches_timm(tmp_path, family):
   model, params = checkpoints.load_model(str(path), num_heads=3, **overrides)
   for field, value in shows.items():
     assert getattr(model, field) == value, (family, field, getattr(model, field))
-  out, _ = model.apply({"params": params}, x)
+  out, _ = compiled(model, params, x)
   scale = float(np.abs(ref).max())
   assert scale > 1e-2
   assert_close(out, ref, TOL * scale, family)
@@ -73,7 +74,7 @@ def test_other_resolution_resamples_as_timm(tmp_path):
     with torch.no_grad():
       ref = ref_model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
     model, params = checkpoints.load_model(str(path), num_heads=3, resolution=size)
-    out, _ = model.apply({"params": params}, x)
+    out, _ = compiled(model, params, x)
     assert_close(out, ref, TOL * float(np.abs(ref).max()), f"resolution {size}")
 
 
@@ -97,7 +98,7 @@ def test_saved_timm_file_loads_in_timm(tmp_path, family):
   if family == "siglip":  # nothing beyond Google's options: big_vision's npz holds it
     checkpoints.save(str(tmp_path / "c.npz"), model, params)
     model, params = checkpoints.load_model(str(tmp_path / "c.npz"))
-    out, _ = model.apply({"params": params}, x, capture="head_input")
+    out, _ = compiled(model, params, x, capture="head_input")
     assert_close(out, ref, TOL * float(np.abs(ref).max()), "siglip via big_vision npz")
   else:
     with pytest.raises(ValueError, match="save as .safetensors"):

@@ -11,7 +11,7 @@ import pytest
 
 import numpy_ref
 import upstream_files as uf
-from conftest import ROOT, run_main
+from conftest import compiled, ROOT, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints, loading
 from vitcnn_jax.models import common
@@ -51,7 +51,7 @@ def test_sincos2d_gap_rep_size(tmp_path, caplog):
     model, params = checkpoints.load_model(path, resolution=size)
     x = _images(size)
     _, ref = numpy_ref.bv_vit(_unprefixed(w), x, pool="gap")
-    _check(model.apply({"params": params}, x)[0], ref, VIT_TOL, f"sincos2d at {size} px")
+    _check(compiled(model, params, x)[0], ref, VIT_TOL, f"sincos2d at {size} px")
 
 
 def test_sincos2d_needs_an_otherwise_complete_file(tmp_path):
@@ -72,11 +72,11 @@ def test_pool_0_is_an_override_and_gap_is_said_to_be_assumed(tmp_path, caplog):
   _, ref = numpy_ref.bv_vit(_unprefixed(w), x, pool="0")
   model, params = checkpoints.load_model(path, pool="0")
   assert model.pool == "0" and model.num_prefix_tokens == 0
-  _check(model.apply({"params": params}, x)[0], ref, VIT_TOL, "pool 0")
+  _check(compiled(model, params, x)[0], ref, VIT_TOL, "pool 0")
   with caplog.at_level(logging.WARNING, logger="vitcnn_jax"):
     model, params = checkpoints.load_model(path)
   assert model.pool == "gap" and "pool" in caplog.text
-  gap = np.asarray(model.apply({"params": params}, x)[0])
+  gap = np.asarray(compiled(model, params, x)[0])
   assert np.abs(gap - ref).max() > 100 * VIT_TOL * np.abs(ref).max()  # the assumption matters
   with pytest.raises(CheckpointError, match="pool='0' contradicts.*cls"):
     checkpoints.load_model(uf.save(tmp_path / "tok.npz", uf.bv_vit(2, pool="tok", **VIT)), pool="0")
@@ -89,11 +89,11 @@ def test_bit_paper_pads_the_root_pool_with_minus_infinity(tmp_path):
   model, params = checkpoints.load_model(path)
   assert model.root_pool_pad == "-inf"
   ref = numpy_ref.bit_paper(_unprefixed(w), x, pool_pad=-np.inf)
-  _check(model.apply({"params": params}, x)[0], ref, BIT_TOL, "bit_paper")
+  _check(compiled(model, params, x)[0], ref, BIT_TOL, "bit_paper")
   zero = numpy_ref.bit_paper(_unprefixed(w), x, pool_pad=0.0)
   assert np.abs(zero - ref).max() > 100 * BIT_TOL * np.abs(ref).max()  # the padding matters
   model, params = checkpoints.load_model(path, root_pool_pad="zero")  # overridable
-  _check(model.apply({"params": params}, x)[0], zero, BIT_TOL, "bit_paper run with zero padding")
+  _check(compiled(model, params, x)[0], zero, BIT_TOL, "bit_paper run with zero padding")
 
 
 def test_bit_inference_form_standardises_once_and_computes_the_same(tmp_path):
@@ -109,7 +109,7 @@ def test_bit_inference_form_standardises_once_and_computes_the_same(tmp_path):
   assert_close(k.var(axis=(0, 1, 2)), 1.0, 4 * worst(k[..., 0].size), "variance")
   np.testing.assert_array_equal(m.params["head"]["kernel"], params["head"]["kernel"])  # not a conv
   ref = numpy_ref.bit_paper(_unprefixed(w), x, pool_pad=-np.inf)
-  _check(m.model.apply({"params": m.params}, x)[0], ref, BIT_TOL, "bit_paper, inference form")
+  _check(compiled(m.model, m.params, x)[0], ref, BIT_TOL, "bit_paper, inference form")
   again, same = m.model.for_inference(m.params)  # idempotent
   assert again is m.model and same is m.params
 
@@ -123,7 +123,7 @@ def test_big_transfer_pads_the_root_pool_with_zeros(tmp_path):
   assert model.root_pool_pad == "zero"
   x = _images(32)
   ref = numpy_ref.bit_paper(bp, x, pool_pad=0.0)
-  _check(model.apply({"params": params}, x)[0], ref, BIT_TOL, "big_transfer")
+  _check(compiled(model, params, x)[0], ref, BIT_TOL, "big_transfer")
   with pytest.raises(ValueError, match="padded by -inf.*Save as 'bit'"):
     checkpoints.to_upstream(model, params, "big_vision_bit")
 
@@ -136,7 +136,7 @@ def test_two_tower_image_tower(tmp_path, num_classes):
   assert model.pool == "map" and model.num_classes == num_classes
   x = _images()
   feats, ref = numpy_ref.bv_vit(tower, x, pool="map")
-  out, named = model.apply({"params": params}, x)
+  out, named = compiled(model, params, x)
   _check(named["head_input"], feats, VIT_TOL, "image tower features")
   _check(out, ref, VIT_TOL, "image tower output")
   assert ("logits" in named) == bool(num_classes)
