@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import forward
+from numerics import VIT_ROUNDINGS, assert_close, network
 from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, data, demos, jobs, loading, parallel, pipeline, train, zoo
 from vitcnn_jax.analyses import reference_cka
@@ -96,6 +97,9 @@ def test_data_fraction_trains_on_exactly_its_seeded_subset(idx_dir, tmp_path, mo
 def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp_path):
   c, out = _train(idx_dir, tmp_path, "noskip", no_skip=1)
   assert out["no_skip"] == [1]
+  # Trained through gates on the full model's step: without block 1's skips, its losses differ.
+  _, full = _train(idx_dir, tmp_path, "full")
+  assert full["losses"][0] == out["losses"][0] and full["losses"][-1] != out["losses"][-1]
   path = str(tmp_path / "noskip.npz")
   model, params = checkpoints.load_model(path, no_skip=(1,))
   plain, _ = checkpoints.load_model(path)
@@ -108,6 +112,14 @@ def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp
   np.testing.assert_array_equal(got["block01/out"], got["block01/mlp/out"])
   assert not np.array_equal(forward(plain, params, x, ["block01/out"])["block01/out"],
                             got["block01/out"])
+  # The step's form: the full model with block 1's skips gated off by an input, the
+  # same network (its fusions, so its rounding, differ).
+  gates = np.array([1, 0, 1, 1], np.float32)
+  gated = jax.jit(lambda p, x, g: plain.clone(skip_gates=g).apply(
+      {"params": p}, x, capture=["block01/out", "block02/out"])[1])(params, x, gates)
+  static = forward(model, params, x, ["block01/out", "block02/out"])
+  for k in static:
+    assert_close(gated[k], static[k], network(VIT_ROUNDINGS) * np.abs(static[k]).max(), k)
   # A config that trained it loads it with the ablation, without being told.
   spec = config_common.trained(c, "paper", "x")
   cfg = ml_collections.ConfigDict(dict(models=dict(m=spec), cache_dir=str(tmp_path)))

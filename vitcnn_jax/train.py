@@ -9,6 +9,7 @@ format so that `checkpoints.load_model` reads them like an official file.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import time
 from typing import Any
@@ -172,7 +173,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if b % jax.device_count():
     raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
   local = b // jax.process_count()
-  tx = _optimizer(config)
+  tx = _optimizer(*_optimizer_settings(config))
   # Without a block's skips a model has the same parameters, drawn the same way: a
   # skip-ablation sweep compiles one init, the full model's.
   full = model.clone(no_skip=()) if getattr(model, "no_skip", ()) else model
@@ -197,8 +198,8 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     idx = examples[_batch_indices(step, b, len(examples), config.seed, perms)]
     return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
 
-  state, losses, stopped = _steps(config, model.family, state, _step_function(model, tx, policy), rows,
-                                  mesh, save)
+  state, losses, stopped = _steps(config, model.family, state, _step_function(model, config, policy),
+                                  rows, mesh, save)
   if stopped:
     return {"stopped_at": stopped, "losses": losses}
   acc = evaluate(model, state["params"], test_src, policy, mesh)
@@ -245,25 +246,44 @@ def _steps(config: ml_collections.ConfigDict, label: str, state, train_step, row
   return state, losses, 0
 
 
-def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _optimizer_settings(config: ml_collections.ConfigDict) -> tuple[float, int, int, float]:
+  return config.lr, config.warmup_steps, config.steps, config.weight_decay
+
+
+def _optimizer(lr: float, warmup_steps: int, steps: int, weight_decay: float
+               ) -> optax.GradientTransformation:
   """AdamW, gradients clipped to norm 1, linear warmup then cosine decay to 1% of lr."""
-  if not 0 <= config.warmup_steps < config.steps:
-    raise ValueError(f"config.warmup_steps={config.warmup_steps} must be in [0, "
-                     f"config.steps={config.steps}).")
-  sched = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.steps,
-                                             config.lr * 0.01)
-  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=config.weight_decay))
+  if not 0 <= warmup_steps < steps:
+    raise ValueError(f"config.warmup_steps={warmup_steps} must be in [0, config.steps={steps}).")
+  sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup_steps, steps, lr * 0.01)
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
 
 
-def _step_function(model, tx: optax.GradientTransformation, policy: str):
-  """(state, images, labels) -> (state, loss): one jit-compiled step of cross-entropy."""
-  def loss_fn(params, images, labels):
-    logits, _ = model.apply({"params": params}, preprocess.normalize(images, policy), capture=(), train=True)
+def _step_function(model, config: ml_collections.ConfigDict, policy: str):
+  """(state, images, labels) -> (state, loss): one jit-compiled step of cross-entropy.
+  A ViT without some blocks' skips trains as the full model with those skips
+  gated off by an input (x * 0 + y = y): the copies of a skip sweep share one
+  compiled step (its fusions, so the gradients' rounding, differ from a static copy's)."""
+  skipless = tuple(getattr(model, "no_skip", ()))
+  gates = np.array([b not in skipless for b in range(model.depth)], np.float32) if skipless else None
+  full = model.clone(no_skip=()) if skipless else model
+  return functools.partial(_compiled_step(full, policy, *_optimizer_settings(config)), gates=gates)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_step(model, policy: str, *optimizer):
+  """The jit-compiled step of `model` with `_optimizer(*optimizer)`, made once a process."""
+  tx = _optimizer(*optimizer)
+
+  def loss_fn(params, images, labels, gates):
+    gated = model if gates is None else model.clone(skip_gates=gates)
+    logits, _ = gated.apply({"params": params}, preprocess.normalize(images, policy), capture=(),
+                            train=True)
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
   @jax.jit
-  def train_step(state, images, labels):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, labels)
+  def train_step(state, images, labels, gates):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, labels, gates)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
             "step": state["step"] + 1}, loss

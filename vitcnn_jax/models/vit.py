@@ -124,11 +124,17 @@ class BlockOptions:
 
 
 class EncoderBlock(nn.Module):
-  """Pre-LN transformer block; `skip=False` drops both residual connections."""
+  """Pre-LN transformer block; `skip=False` drops both residual connections, a
+  traced 0/1 `skip` gates them (`ViT.skip_gates`)."""
   mlp_dim: int
   num_heads: int
   options: BlockOptions = BlockOptions()
-  skip: bool = True
+  skip: bool | jax.Array = True
+
+  def _residual(self, x: jax.Array, y: jax.Array) -> jax.Array:
+    if isinstance(self.skip, bool):
+      return x + y if self.skip else y
+    return x * self.skip.astype(x.dtype) + y  # x * 1 + y = x + y, x * 0 + y = y (finite x)
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
@@ -140,13 +146,13 @@ class EncoderBlock(nn.Module):
     if o.layer_scale:
       y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
-    x = capture.put(out, "attn/residual", x + y if self.skip else y)
+    x = capture.put(out, "attn/residual", self._residual(x, y))
     y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1", o.ln_eps)(x))
     y = common.MlpBlock(self.mlp_dim, o.gelu, o.mlp, name="MlpBlock_0")(y, capture.child("mlp"), out)
     if o.layer_scale:
       y = y * self.param("ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "mlp/out", y)
-    return capture.put(out, "out", x + y if self.skip else y)
+    return capture.put(out, "out", self._residual(x, y))
 
 
 class Encoder(nn.Module):
@@ -156,12 +162,14 @@ class Encoder(nn.Module):
   options: BlockOptions = BlockOptions()
   no_skip: tuple[int, ...] = ()
   final_norm: bool = True  # False: the pooled features are normed instead (`fc_norm`)
+  skip_gates: jax.Array | None = None  # see ViT
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     for i in range(self.depth):
       x = EncoderBlock(self.mlp_dim, self.num_heads, self.options,
-                       skip=i not in self.no_skip, name=f"encoderblock_{i}")(
+                       skip=i not in self.no_skip if self.skip_gates is None else self.skip_gates[i],
+                       name=f"encoderblock_{i}")(
                            x, capture.child(f"block{i:02d}"), out)
     return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
@@ -200,6 +208,9 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   representation_size: int | None = None
   gelu: str = "tanh"  # "exact": PyTorch's (timm files); "quick": OpenAI CLIP's
   no_skip: tuple[int, ...] = ()  # blocks trained without residual connections
+  # Training only: (depth,) 0/1 gates of the blocks' residual connections, traced,
+  # so that the copies of a skip ablation (Fig 8) share one compiled step.
+  skip_gates: jax.Array | None = None
   # Options of later ViTs (timm-layout files); the defaults are Google's.
   class_token: bool | None = None  # None: with `token` pooling
   num_registers: int = 0  # register tokens after the class token (DINOv2 with registers)
@@ -297,7 +308,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     capture.put(out, "embedded", x)
 
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
-                final_norm=not self.fc_norm, name="Transformer")(x, capture, out)
+                final_norm=not self.fc_norm, skip_gates=self.skip_gates, name="Transformer")(
+                    x, capture, out)
     capture.put(out, "encoded", x)
     return self._head(x, capture, out), out
 
