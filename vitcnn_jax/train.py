@@ -173,10 +173,12 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if b % jax.device_count():
     raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
   local = b // jax.process_count()
-  tx = _optimizer(*_optimizer_settings(config))
-  # Without a block's skips a model has the same parameters, drawn the same way: a
-  # skip-ablation sweep compiles one init, the full model's.
-  full = model.clone(no_skip=()) if getattr(model, "no_skip", ()) else model
+  settings = (config.lr, config.warmup_steps, config.steps, config.weight_decay)
+  tx = _optimizer(*settings)
+  # Without a block's skips a model has the same parameters, drawn the same way,
+  # and trains as the full model with those skips gated off: a skip-ablation
+  # sweep compiles one init and one step, the full model's.
+  full, gates = _gated(model)
   params = jax.jit(full.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
   params = _initial_params(config, model, params, workdir)
   examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
@@ -198,8 +200,8 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
     idx = examples[_batch_indices(step, b, len(examples), config.seed, perms)]
     return _load_rows(train_src, idx[jax.process_index() * local:][:local], size, policy)
 
-  state, losses, stopped = _steps(config, model.family, state, _step_function(model, config, policy),
-                                  rows, mesh, save)
+  step = functools.partial(_compiled_step(full, policy, *settings), gates=gates)
+  state, losses, stopped = _steps(config, model.family, state, step, rows, mesh, save)
   if stopped:
     return {"stopped_at": stopped, "losses": losses}
   acc = evaluate(model, state["params"], test_src, policy, mesh)
@@ -246,10 +248,6 @@ def _steps(config: ml_collections.ConfigDict, label: str, state, train_step, row
   return state, losses, 0
 
 
-def _optimizer_settings(config: ml_collections.ConfigDict) -> tuple[float, int, int, float]:
-  return config.lr, config.warmup_steps, config.steps, config.weight_decay
-
-
 def _optimizer(lr: float, warmup_steps: int, steps: int, weight_decay: float
                ) -> optax.GradientTransformation:
   """AdamW, gradients clipped to norm 1, linear warmup then cosine decay to 1% of lr."""
@@ -259,20 +257,20 @@ def _optimizer(lr: float, warmup_steps: int, steps: int, weight_decay: float
   return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
 
 
-def _step_function(model, config: ml_collections.ConfigDict, policy: str):
-  """(state, images, labels) -> (state, loss): one jit-compiled step of cross-entropy.
-  A ViT without some blocks' skips trains as the full model with those skips
-  gated off by an input (x * 0 + y = y): the copies of a skip sweep share one
-  compiled step (its fusions, so the gradients' rounding, differ from a static copy's)."""
+def _gated(model) -> tuple[Any, np.ndarray | None]:
+  """(full model, (depth,) 0/1 gates of its blocks' skips) for a ViT without some
+  blocks' skips (x * 0 + y = y; the step's fusions, so its gradients' rounding,
+  differ from a static copy's); (model, None) for any other."""
   skipless = tuple(getattr(model, "no_skip", ()))
-  gates = np.array([b not in skipless for b in range(model.depth)], np.float32) if skipless else None
-  full = model.clone(no_skip=()) if skipless else model
-  return functools.partial(_compiled_step(full, policy, *_optimizer_settings(config)), gates=gates)
+  if not skipless:
+    return model, None
+  return model.clone(no_skip=()), np.array([b not in skipless for b in range(model.depth)], np.float32)
 
 
 @functools.lru_cache(maxsize=8)
 def _compiled_step(model, policy: str, *optimizer):
-  """The jit-compiled step of `model` with `_optimizer(*optimizer)`, made once a process."""
+  """(state, images, labels, gates) -> (state, loss): the jit-compiled step of
+  cross-entropy for `model` with `_optimizer(*optimizer)`, made once a process."""
   tx = _optimizer(*optimizer)
 
   def loss_fn(params, images, labels, gates):
