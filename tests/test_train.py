@@ -81,14 +81,17 @@ def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_pa
 
 
 def test_gap_and_noskip_variants_train(idx_dir, tmp_path):
-  """(The BiT trains in the demo test below.)"""
-  for variant in ("vit_gap_demo", "vit_noskip_demo"):
-    cfg = _config(idx_dir, variant, steps=3)
-    cfg.warmup_steps = 1
+  """(The BiT trains in the demo test below.) The no-skip copy has the settings of
+  `vit_run`, whose compiled step (the full model's, its skips gated) it steps with."""
+  for variant, steps in (("vit_gap_demo", 3), ("vit_noskip_demo", 40)):
+    cfg = _config(idx_dir, variant, steps=steps)
+    if steps == 3:
+      cfg.warmup_steps = 1
     out = train.train(cfg, str(tmp_path / f"{variant}.npz"), str(tmp_path))
     assert np.isfinite(out["losses"]).all()
   model, _ = checkpoints.load_model(str(tmp_path / "vit_gap_demo.npz"))
   assert model.pool == "gap"
+  cfg = _config(idx_dir, "vit_gap_demo", steps=3)
   cfg.warmup_steps = 3
   with pytest.raises(ValueError, match=r"config.warmup_steps=3 must be in \[0, config.steps=3\)"):
     train.train(cfg, str(tmp_path / "x.npz"), str(tmp_path))

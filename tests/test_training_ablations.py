@@ -4,6 +4,7 @@ fine-tuning, class subsets, and the reference_cka analysis over such a family.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -73,32 +74,39 @@ def _train(idx_dir, tmp_path, name="m", steps=4, **changes):
   return c, train.train(c, str(tmp_path / f"{name}.npz"), str(tmp_path))
 
 
-def test_data_fraction_trains_on_exactly_its_seeded_subset(idx_dir, tmp_path, monkeypatch):
+def test_data_fraction_trains_on_exactly_its_seeded_subset(tmp_path, monkeypatch):
+  # 64 examples: 4 steps of 16 (the module's step, compiled once) read a subset of 16
+  # through and all 64 (one epoch).
+  small = str(tmp_path / "idx")
+  write_idx(small, "train", *striped(64, seed=0))
+  write_idx(small, "t10k", *striped(16, seed=1))
   rec = Recording(monkeypatch)
-  steps = 26  # 416 reads: each of a subset of 100 read, and all 400 (one epoch); one compiled step
-  _, out = _train(idx_dir, tmp_path, "a", steps=steps, data_fraction=0.25)
-  want = train.subset(400, 0.25, 0)
-  assert len(want) == 100 and out["train_examples"] == 100
+  _, out = _train(small, tmp_path, "a", data_fraction=0.25)
+  want = train.subset(64, 0.25, 0)
+  assert len(want) == 16 and out["train_examples"] == 16
   assert set(rec.read) == set(want.tolist())  # every read is in it, and each was read
-  other = train.subset(400, 0.25, 1)
-  assert len(other) == 100 and set(other.tolist()) != set(want.tolist())
+  other = train.subset(64, 0.25, 1)
+  assert len(other) == 16 and set(other.tolist()) != set(want.tolist())
   rec.read.clear()
-  _, out = _train(idx_dir, tmp_path, "b", steps=steps, data_fraction=0.25, subset_seed=1)
+  _, out = _train(small, tmp_path, "b", data_fraction=0.25, subset_seed=1)
   assert set(rec.read) <= set(other.tolist())
   np.testing.assert_array_equal(train.subset(400, 1.0, 5), np.arange(400))
   rec.read.clear()
-  _, out = _train(idx_dir, tmp_path, "c", steps=steps)
-  assert set(rec.read) == set(range(400)) and out["train_examples"] == 400
+  _, out = _train(small, tmp_path, "c")
+  assert set(rec.read) == set(range(64)) and out["train_examples"] == 64
   for bad in (0.0, 1.5, 0.001):
     with pytest.raises(ValueError, match="data_fraction"):
       train.subset(400, bad, 0)
 
 
-def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp_path):
+def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp_path, caplog):
   c, out = _train(idx_dir, tmp_path, "noskip", no_skip=1)
   assert out["no_skip"] == [1]
-  # Trained through gates on the full model's step: without block 1's skips, its losses differ.
-  _, full = _train(idx_dir, tmp_path, "full")
+  # Trained through gates on the full model's step, which the full model then steps
+  # with (no step compiled for it): without block 1's skips, its losses differ.
+  with jax.log_compiles(), caplog.at_level(logging.WARNING):
+    _, full = _train(idx_dir, tmp_path, "full")
+  assert not [r for r in caplog.records if "train_step" in r.getMessage()], caplog.text[-2000:]
   assert full["losses"][0] == out["losses"][0] and full["losses"][-1] != out["losses"][-1]
   path = str(tmp_path / "noskip.npz")
   model, params = checkpoints.load_model(path, no_skip=(1,))

@@ -258,12 +258,14 @@ def _optimizer(lr: float, warmup_steps: int, steps: int, weight_decay: float
 
 
 def _gated(model) -> tuple[Any, np.ndarray | None]:
-  """(full model, (depth,) 0/1 gates of its blocks' skips) for a ViT without some
-  blocks' skips (x * 0 + y = y; the step's fusions, so its gradients' rounding,
-  differ from a static copy's); (model, None) for any other."""
-  skipless = tuple(getattr(model, "no_skip", ()))
-  if not skipless:
+  """(full model, (depth,) 0/1 gates of its blocks' skips) for a model that can go
+  without some blocks' skips, the full one included (all gates 1: x * 1 + y = x + y),
+  so that a skip sweep and its full model share one step (x * 0 + y = y; the step's
+  fusions, so its gradients' rounding, differ from a static copy's); (model, None)
+  for any other."""
+  if not hasattr(model, "skip_gates"):
     return model, None
+  skipless = tuple(model.no_skip)
   return model.clone(no_skip=()), np.array([b not in skipless for b in range(model.depth)], np.float32)
 
 
