@@ -47,3 +47,13 @@ def test_forward_wrapper_on_eight_devices():
     assert_close(v, want, (network(VIT_ROUNDINGS) + worst(16)) * scale, k)
   names = list(representations.point_shapes(model, params, "block01/**"))
   assert names[:3] == ["block01/in", "block01/ln1", "block01/attn/weights"], names
+  # Traced once per architecture and selection: asked again, the same; another selection,
+  # batch or parameter shape is traced anew.
+  shapes = representations.point_shapes(model, params, ["block01/**"])
+  assert list(shapes) == names and shapes["block01/out"].shape == (1, 17, 32)
+  shapes.clear()  # a caller's copy
+  assert list(representations.point_shapes(model, params, "block01/**")) == names
+  assert list(representations.point_shapes(model, params, "block00/out")) == ["block00/out"]
+  assert representations.point_shapes(model, params, "block01/out", batch=3)["block01/out"].shape[0] == 3
+  wider = {**params, "head": {"kernel": np.zeros((32, 7), np.float32), "bias": np.zeros(7, np.float32)}}
+  assert representations.point_shapes(model.clone(num_classes=7), wider, "logits")["logits"].shape == (1, 7)

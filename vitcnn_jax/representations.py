@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -14,9 +15,25 @@ def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
                  batch: int = 1) -> dict[str, jax.ShapeDtypeStruct]:
   """{name: shape} of every selected point, in the order the network makes them.
 
-  Abstract evaluation only (no FLOPs). jit and eval_shape sort dict keys, so the
-  order is read from the Python dict while it is traced.
+  Abstract evaluation only (no FLOPs), traced once per architecture, parameter
+  shapes, selection and batch: loading, then an analysis, then a notebook's next
+  call all ask again (a model with a list field, unhashable, is traced each time).
   """
+  signature = tuple((k, tuple(np.shape(v)), np.dtype(v.dtype).str)
+                    for k, v in common.flatten(params).items())
+  selection = capture if capture is None or isinstance(capture, str) else tuple(capture)
+  try:
+    hash(model)
+  except TypeError:
+    return _traced(model, signature, selection, batch)
+  return dict(_cached(model, signature, selection, batch))
+
+
+def _traced(model, signature: tuple, capture, batch: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """jit and eval_shape sort dict keys, so the order is read from the Python dict
+  while it is traced."""
+  params = common.unflatten({k: jax.ShapeDtypeStruct(shape, np.dtype(dtype))
+                             for k, shape, dtype in signature})
   size = common.to_pair(model.image_size)
   images = jax.ShapeDtypeStruct((batch, *size, 3), np.float32)
   order: list[str] = []
@@ -28,3 +45,6 @@ def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
 
   shapes = jax.eval_shape(forward, params, images)
   return {name: shapes[name] for name in order}
+
+
+_cached = functools.lru_cache(maxsize=64)(_traced)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 import ml_collections
 import numpy as np
-import scipy.stats
 
 from vitcnn_jax import declaration
 from vitcnn_jax import measures
@@ -166,6 +165,7 @@ def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs
     out["mean"][t] = float(arrays[f"null_{p}_{t}"].mean())
     out["cells"][t] = int(arrays[f"null_{p}_{t}"].size)
     if r > 1:
+      import scipy.stats  # pylint: disable=g-import-not-at-top  (here alone: 1 s of every job's start)
       d = diff[:, rows, cols]
       half = scipy.stats.t.ppf(0.975, r - 1) * d.std(axis=0, ddof=1) / np.sqrt(r)
       arrays[f"{p}_like_null_{t}"] = np.abs(d.mean(axis=0)) <= half

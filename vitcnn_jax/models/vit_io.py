@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import scipy.ndimage
 
 from vitcnn_jax import preprocess
 from vitcnn_jax.models import common
@@ -64,6 +63,7 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
   """Linear resampling of the grid, as both upstreams (scipy.ndimage.zoom, order=1)."""
   if tuple(old_grid) == tuple(new_grid):
     return pe
+  import scipy.ndimage  # pylint: disable=g-import-not-at-top  (only here: kept off every start)
   grid = pe.reshape(old_grid[0], old_grid[1], -1)
   zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
   grid = scipy.ndimage.zoom(grid, zoom, order=1)
