@@ -11,7 +11,6 @@ the result against the model it describes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -105,17 +104,8 @@ def _param_shapes(model) -> dict[str, tuple[int, ...]]:
   return {k: tuple(v.shape) for k, v in common.flatten(shapes).items()}
 
 
-_cached_param_shapes = functools.lru_cache(maxsize=64)(_param_shapes)
-
-
-def _needed_shapes(model) -> dict[str, tuple[int, ...]]:
-  """`_param_shapes`, traced once per architecture: a sweep or a notebook loads many
-  files of one architecture. A model with a list field (unhashable) is traced each time."""
-  try:
-    hash(model)
-  except TypeError:
-    return _param_shapes(model)
-  return _cached_param_shapes(model)
+# Traced once per architecture: a sweep or a notebook loads many files of one.
+_needed_shapes = common.per_architecture(_param_shapes)
 
 
 def check_params(model, params: Params, path: str = "<params>",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -22,13 +21,10 @@ def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
   signature = tuple((k, tuple(np.shape(v)), np.dtype(v.dtype).str)
                     for k, v in common.flatten(params).items())
   selection = capture if capture is None or isinstance(capture, str) else tuple(capture)
-  try:
-    hash(model)
-  except TypeError:
-    return _traced(model, signature, selection, batch)
-  return dict(_cached(model, signature, selection, batch))
+  return dict(_traced(model, signature, selection, batch))  # the caller's own copy
 
 
+@common.per_architecture
 def _traced(model, signature: tuple, capture, batch: int) -> dict[str, jax.ShapeDtypeStruct]:
   """jit and eval_shape sort dict keys, so the order is read from the Python dict
   while it is traced."""
@@ -46,5 +42,3 @@ def _traced(model, signature: tuple, capture, batch: int) -> dict[str, jax.Shape
   shapes = jax.eval_shape(forward, params, images)
   return {name: shapes[name] for name in order}
 
-
-_cached = functools.lru_cache(maxsize=64)(_traced)

@@ -32,6 +32,22 @@ def unflatten(flat: dict[str, Any]) -> dict:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def per_architecture(fn: Callable) -> Callable:
+  """`fn(model, *keys)` made once per distinct arguments, for what an architecture
+  alone decides and costs a trace (a sweep or a notebook asks many times); with a
+  model that does not hash (a list field) it runs each time."""
+  cached = functools.lru_cache(maxsize=64)(fn)
+
+  @functools.wraps(fn)
+  def call(*args):
+    try:
+      hash(args)
+    except TypeError:
+      return fn(*args)
+    return cached(*args)
+  return call
+
+
 def random_params(model: nn.Module, images, seed: int = 0) -> dict:
   """Parameters of `model` at the shapes its init gives for `images`, drawn with
   NumPy: normals over sqrt(fan-in), norm scales near one, biases near zero. For
