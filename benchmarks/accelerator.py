@@ -1,16 +1,20 @@
 r"""The paper's CKA protocol on whatever accelerator this is, in one command.
 
   .venv/bin/python benchmarks/accelerator.py [--pair b16_r50] [--examples 10240]
-      [--batch 1024] [--repeats 1] [--precisions highest,bf16_3x,bf16_6x,bf16_9x,tf32_3x]
+      [--batch 1024] [--repeats 1] [--precisions highest,bf16_6x,bf16_3x,tf32_3x,bf16_9x]
+      [--json PATH]
 
 ViT-B/16 and BiT-R50x1 at random init (the paper's layer sets, 224 px) on
 synthetic images, through the same job as `configs/cka_vit_resnet.py` (planning,
 pipeline, sharded step, resumable state), once per Gram precision. Prints per
-precision: the wall time of the whole run (compilation included), the FLOP bound
-(forward FLOPs from XLA's cost analysis plus the Gram and HSIC FLOPs, over the
+precision: the wall time of the whole run and the part of it spent tracing and
+compiling (JAX's monitoring events), the FLOP bound (forward FLOPs from XLA's
+cost analysis of the lowered HLO plus the Gram and HSIC FLOPs, over the
 device's fp32 matmul rate, the best of measurements taken before and after the
-runs) and their ratio; the memory plan's peak against the device's measured peak
-(where the device reports one); and the largest CKA difference from `highest`.
+runs) and the ratio of the rest of the time to it; the memory plan's peak
+against the device's measured peak (where the device reports one; the process's
+running peak); and the largest CKA difference from `highest`. `--json PATH` also writes the record (device, jax,
+settings, rows) there, for `benchmarks/readme_numbers.py device`.
 A precision the backend cannot run is reported as such. `--pair tiny` runs a
 small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
 """
@@ -18,6 +22,7 @@ small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -66,6 +71,29 @@ def matmul_rate(n: int, tries: int = 5) -> float:
   return best
 
 
+def matmul_flops(jaxpr) -> float:
+  """FLOPs of the dots and convolutions in `jaxpr` and the jaxprs inside it: the
+  backend-independent count (a GPU's compiled cost analysis leaves out the
+  cuBLAS and cuDNN calls, and its lowered one is not reported)."""
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    out = eqn.outvars[0].aval.shape
+    if eqn.primitive.name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * np.prod(out) * np.prod([lhs[d] for d in contract])
+    elif eqn.primitive.name == "conv_general_dilated":
+      rhs, spec = eqn.invars[1].aval.shape, eqn.params["dimension_numbers"].rhs_spec
+      total += 2 * np.prod(out) * np.prod([rhs[d] for d in spec[1:]])  # in-features x window
+    for sub in eqn.params.values():
+      for j in sub if isinstance(sub, (list, tuple)) else [sub]:
+        if hasattr(j, "jaxpr"):  # ClosedJaxpr
+          total += matmul_flops(j.jaxpr)
+        elif hasattr(j, "eqns"):
+          total += matmul_flops(j)
+  return float(total)
+
+
 def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
   """(forward FLOPs, Gram + HSIC FLOPs) of one minibatch of `batch` examples."""
   import jax
@@ -79,25 +107,24 @@ def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
 
   size = next(iter(loaded.values())).size
   x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8)
-  cost = jax.jit(forward).lower([m.params for m in loaded.values()], x).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
+  fwd = matmul_flops(jax.make_jaxpr(forward)([m.params for m in loaded.values()], x).jaxpr)
   dims = [int(np.prod(s.shape[1:])) for m in loaded.values()
           for s in representations.point_shapes(m.model, m.params, m.names, batch).values()]
   gram = sum(2 * batch * batch * d for d in dims) + 2 * len(dims) ** 2 * batch * batch
-  return float(cost["flops"]), float(gram)
+  return fwd, float(gram)
 
 
-def plan_peak(models: dict, examples: int, batch: int, precision: str) -> int:
-  """The memory plan's peak bytes per device for this job (as the driver plans it)."""
-  import ml_collections
-  from vitcnn_jax import driver, hsic, loading
-  from vitcnn_jax.analyses import cka
-  loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
-  config = ml_collections.ConfigDict(dict(num_examples=examples, batch_size=batch, repeats=1,
-                                          devices_per_minibatch=0, device_memory_gib=0.0))
-  plan, _ = driver.plan_devices(config, cka.CKA(config, loaded), loaded,
-                                hsic.gram_precision(precision))
-  return plan.peak_bytes
+class CompileClock:
+  """Seconds JAX spends tracing, lowering and compiling, from its monitoring events."""
+
+  def __init__(self):
+    import jax
+    self.seconds = 0.0
+    jax.monitoring.register_event_duration_secs_listener(self._add)
+
+  def _add(self, event: str, seconds: float, **_) -> None:
+    if event.startswith("/jax/core/compile/"):
+      self.seconds += seconds
 
 
 def device_peak() -> int | None:
@@ -115,16 +142,17 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
   rate = matmul_rate(4096 if jax.default_backend() != "cpu" else 1024)
   fwd, gram = flop_bound_parts(models, batch)
   steps = repeats * (examples // batch)
-  rows, reference = [], None
+  rows, reference, clock = [], None, CompileClock()
   for name in precisions:
     row = {"precision": name}
     rows.append(row)
     try:
       with tempfile.TemporaryDirectory() as wd:
-        t = time.perf_counter()
+        t, compiling = time.perf_counter(), clock.seconds
         r = vj.cka(models, images, layers="paper", num_examples=examples, batch_size=batch,
                    repeats=repeats, gram_precision=name, workdir=wd)
         row["seconds"] = time.perf_counter() - t
+        row["compile_seconds"] = clock.seconds - compiling
     except Exception as e:  # pylint: disable=broad-except  (a dot algorithm the backend lacks)
       row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
       continue
@@ -132,8 +160,9 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
     reference = reference or (cka if name == "highest" else None)
     row["max_diff"] = (max(float(np.abs(v - reference[k]).max()) for k, v in cka.items())
                        if reference else None)
-    row["plan_peak"] = plan_peak(models, examples, batch, name)
+    row["plan_peak"] = r.summary["memory_plan"]["peak_bytes"] or None  # 0: not planned (CPU)
     row["device_peak"] = device_peak()
+    print(f"  {name}: {row['seconds']:.1f} s, {row}", flush=True)  # a cut-off run still shows it
   rate = max(rate, matmul_rate(4096 if jax.default_backend() != "cpu" else 1024))
   bound = steps * (fwd + gram) / rate
   for row in rows:
@@ -141,26 +170,28 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
   return rows
 
 
-def report(rows: list[dict], pair: str, examples: int, batch: int, repeats: int) -> None:
-  import jax
-  d = jax.devices()[0]
-  r0 = rows[0]
-  print(f"device: {jax.device_count()} x {d.device_kind} ({jax.default_backend()}); pair {pair}, "
-        f"{examples:,} examples in minibatches of {batch:,}, {repeats} repeat(s)")
-  print(f"FLOP bound: {r0['bound']:.1f} s = ({r0['fwd_flops'] / 1e12:.2f} forward + "
-        f"{r0['gram_flops'] / 1e12:.2f} Gram TFLOP) / {r0['rate'] / 1e12:.2f} TFLOP/s (fp32 "
-        "matmul, best measured)")
-  gib = 2**30
-  print("precision | time (s, incl. compile) | time / bound | plan peak (GiB) | device peak "
-        "(GiB) | max |CKA - highest|")
+def report_lines(record: dict) -> list[str]:
+  """The table of a run's record (what `--json` writes), one line a row."""
+  rows, r0, gib = record["rows"], record["rows"][0], 2**30
+  lines = [f"device: {record['devices']} x {record['device']} ({record['backend']}), jax "
+           f"{record['jax']}; pair {record['pair']}, {record['examples']:,} examples in minibatches "
+           f"of {record['batch']:,}, {record['repeats']} repeat(s)",
+           f"FLOP bound: {r0['bound']:.1f} s = ({r0['fwd_flops'] / 1e12:.2f} forward + "
+           f"{r0['gram_flops'] / 1e12:.2f} Gram TFLOP) / {r0['rate'] / 1e12:.2f} TFLOP/s (fp32 "
+           "matmul, best measured)",
+           "precision | time (s, incl. compile) | of which compiling (s) | rest / bound | "
+           "plan peak (GiB) | device peak so far (GiB) | max |CKA - highest|"]
   for r in rows:
     if "error" in r:
-      print(f"{r['precision']} | not run here: {r['error']}")
+      lines.append(f"{r['precision']} | not run here: {r['error']}")
       continue
     dev = f"{r['device_peak'] / gib:.2f}" if r["device_peak"] else "n/a (not reported)"
+    plan = f"{r['plan_peak'] / gib:.2f}" if r["plan_peak"] else "n/a (not planned)"
     diff = f"{r['max_diff']:.2e}" if r["max_diff"] is not None else "n/a (no highest run)"
-    print(f"{r['precision']} | {r['seconds']:.1f} | {r['seconds'] / r['bound']:.2f}x | "
-          f"{r['plan_peak'] / gib:.2f} | {dev} | {diff}")
+    rest = r["seconds"] - r["compile_seconds"]
+    lines.append(f"{r['precision']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} | "
+                 f"{rest / r['bound']:.2f}x | {plan} | {dev} | {diff}")
+  return lines
 
 
 def main():
@@ -170,13 +201,21 @@ def main():
   ap.add_argument("--examples", type=int, default=10240)
   ap.add_argument("--batch", type=int, default=1024)
   ap.add_argument("--repeats", type=int, default=1)
-  ap.add_argument("--precisions", default="highest,bf16_3x,bf16_6x,bf16_9x,tf32_3x")
+  ap.add_argument("--precisions", default="highest,bf16_6x,bf16_3x,tf32_3x,bf16_9x")
+  ap.add_argument("--json", help="also write the rows, device and settings here")
   args = ap.parse_args()
   precisions = args.precisions.split(",")
   if "highest" in precisions:  # the reference runs first
     precisions = ["highest"] + [p for p in precisions if p != "highest"]
   rows = run(args.pair, args.examples, args.batch, args.repeats, precisions)
-  report(rows, args.pair, args.examples, args.batch, args.repeats)
+  import jax
+  record = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
+                devices=jax.device_count(), jax=jax.__version__, pair=args.pair,
+                examples=args.examples, batch=args.batch, repeats=args.repeats, rows=rows)
+  print("\n".join(report_lines(record)))
+  if args.json:  # for `benchmarks/readme_numbers.py device`, where the run was elsewhere
+    with open(args.json, "w") as f:
+      json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

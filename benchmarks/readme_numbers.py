@@ -5,6 +5,7 @@ r"""The README's measured demo numbers, regenerated from runs at one commit.
   .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py suite             # `make test`, timed -> RESULTS
+  .venv/bin/python benchmarks/readme_numbers.py device FILE COMMAND   # an accelerator run -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py write             # RESULTS -> README blocks
   .venv/bin/python benchmarks/readme_numbers.py check             # exit 1 if the README drifted
 
@@ -17,6 +18,9 @@ with this run's verdict and numbers, key numbers, and the tables' rows);
 the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
 `suite` runs `make test` (run it alone on the machine, on a fresh clone) and
 records its time, pytest's own and the slowest tests, for the block `test-suite`;
+`device` records the file `benchmarks/accelerator.py --json FILE` wrote on a
+machine with an accelerator (COMMAND: how it was run there), for the block
+`accelerator` (`all` leaves it as it is: this machine may have none);
 `all` does `run`, then `bench` again for every benchmark RESULTS holds, then
 `write`. `write` rewrites every block of the README between `<!-- numbers:NAME -->` and
 `<!-- /numbers:NAME -->` from RESULTS alone. `tests/test_readme.py` runs `check`,
@@ -187,6 +191,19 @@ def suite() -> None:
                     "pytest": summary.strip("= "), "slowest": slowest})
 
 
+def device(path: str, command: str) -> None:
+  """An accelerator run's record (`accelerator.py --json`), stamped with this
+  checkout's commit (the code the run was sent with) and its device, into RESULTS."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import accelerator  # pylint: disable=g-import-not-at-top
+  with open(path) as f:
+    record = json.load(f)
+  measured = _measured(os.path.join("benchmarks", "accelerator.py"))
+  measured["machine"] = f"{record['devices']} x {record['device']} ({record['backend']}), jax {record['jax']}"
+  _record("accelerator", {**measured, "command": command, "lines": accelerator.report_lines(record),
+                          "record": record})
+
+
 def bench_key(args: list[str]) -> str:
   """`paper_scale.py --groups 1,4` -> "bench-paper-scale-groups-1-4": its block's name."""
   return "bench-" + re.sub(r"[^a-z0-9]+", "-", " ".join([args[0].removesuffix(".py"), *args[1:]]).lower()).strip("-")
@@ -266,6 +283,9 @@ def blocks(r: dict) -> dict[str, str]:
     if key.startswith("bench-"):
       out[key] = (f"*{_stamp(e)}; `{e['command']}` took {e['seconds'] / 60:.1f} min:*\n\n```\n"
                   + "\n".join(e["lines"]) + "\n```")
+  if "accelerator" in r:
+    e = r["accelerator"]
+    out["accelerator"] = f"*{_stamp(e)}; `{e['command']}`:*\n\n```\n" + "\n".join(e["lines"]) + "\n```"
   if "suite" in r:
     e = r["suite"]
     out["test-suite"] = (f"*{_stamp(e)}, alone on the machine: `{e['command']}` took "
@@ -284,10 +304,12 @@ def rewrite(text: str, made: dict[str, str]) -> str:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=("all", "run", "collect", "bench", "suite", "write", "check"))
+  parser.add_argument("command", choices=("all", "run", "collect", "bench", "suite", "device",
+                                          "write", "check"))
   parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
-                      help="run, collect: the runs' folder; bench: the script")
-  parser.add_argument("script_args", nargs=argparse.REMAINDER, help="bench: the script's arguments")
+                      help="run, collect: the runs' folder; bench: the script; device: the record")
+  parser.add_argument("script_args", nargs=argparse.REMAINDER,
+                      help="bench: the script's arguments; device: the command that ran it")
   args = parser.parse_args()
   if args.command == "all":
     with open(RESULTS) as f:
@@ -303,6 +325,8 @@ def main() -> int:
     bench([args.workdir, *args.script_args])
   elif args.command == "suite":
     suite()
+  elif args.command == "device":
+    device(args.workdir, " ".join(args.script_args))
   with open(RESULTS) as f:
     made = blocks(json.load(f))
   with open(README) as f:

@@ -22,16 +22,17 @@ def run_benchmark(script: str, *args: str) -> str:
 def test_accelerator_benchmark_runs_and_reports_each_precision():
   out = run_benchmark("accelerator.py", "--pair", "tiny", "--examples", "64", "--batch", "32",
                       "--precisions", "bf16_6x,highest")
-  assert re.search(r"device: 1 x \S+ \(cpu\); pair tiny, 64 examples in minibatches of 32", out)
+  assert re.search(r"device: 1 x \S+ \(cpu\), jax \S+; pair tiny, 64 examples in minibatches of 32", out)
   bound = re.search(r"FLOP bound: ([\d.]+) s = \(([\d.]+) forward \+ ([\d.]+) Gram TFLOP\) / "
                     r"([\d.]+) TFLOP/s", out)
   assert bound and float(bound[4]) > 0, out
   rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("highest |", "bf16_6x |"))]
   assert [row[0] for row in rows] == ["highest", "bf16_6x"]  # the reference first
   highest = rows[0]
-  assert float(highest[1]) > 0 and highest[2].endswith("x") and highest[5] == "0.00e+00"
-  assert highest[4] == "n/a (not reported)"  # a CPU reports no device memory
-  assert rows[1][1].startswith("not run") or float(rows[1][5]) < 1e-3
+  assert float(highest[1]) > float(highest[2]) > 0 and highest[3].endswith("x")
+  assert highest[6] == "0.00e+00"
+  assert highest[4] == "n/a (not planned)" and highest[5] == "n/a (not reported)"  # a CPU: no memory
+  assert rows[1][1].startswith("not run") or float(rows[1][6]) < 1e-3
 
 
 def test_forward_profile_accounts_for_the_whole_forward_by_op_class():

@@ -11,6 +11,7 @@ the results atomically from process 0. It loads nothing and checks no config:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Callable
@@ -191,6 +192,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
   analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
   summary["models loaded"] = {k: m.setup for k, m in models.items()}
+  summary["memory_plan"] = dataclasses.asdict(layout)  # peak_bytes 0: not planned (no device memory known)
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary
 
