@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -63,14 +66,19 @@ def test_export_reloads_with_identical_logits(vit_run, idx_dir):
   assert acc == out["test_accuracy"]
 
 
-def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_path):
+def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_path, caplog):
   wd, _ = vit_run
   cfg = _config(idx_dir)
   cfg.stop_after = 15
   first = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
   assert first["stopped_at"] == 15 and not (tmp_path / "vit.npz").exists()
   cfg.stop_after = 0
-  rest = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
+  with jax.log_compiles(), caplog.at_level(logging.WARNING):
+    rest = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
+  # Evaluated with the accuracy step `vit_run` compiled for this architecture: not
+  # traced again (a sweep of one architecture compiles it once).
+  assert not [r for r in caplog.records if re.search(r"\blocal\b|jit_local", r.getMessage())], \
+      caplog.text[-2000:]
   assert len(rest["losses"]) == 25
   a = common.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
   b = common.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])

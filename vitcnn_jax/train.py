@@ -12,7 +12,7 @@ import concurrent.futures
 import functools
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax.serialization
 import jax
@@ -78,9 +78,7 @@ def _load_rows(source: data.Source, indices: np.ndarray, size: int, policy: str)
 def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int = 512) -> float:
   """Top-1 accuracy over the whole source: the `accuracy.Accuracy` pass, compiled
   and fed as the driver does (last batch padded and masked)."""
-  models = {"model": loading.Loaded("model", "", model.family, model, params, [], policy)}
-  p = accuracy.Accuracy(models)
-  step = driver.compile_pass(p, models, mesh)
+  models, step = _accuracy_step(model, policy, mesh)
   rows = -(-batch // jax.device_count())
   indices = np.arange(len(source))
   bar = progress.Bar(pipeline.num_steps(len(indices), rows), "evaluate",
@@ -92,6 +90,14 @@ def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int =
     bar.update(1, b.examples)
   bar.close()
   return accuracy.Accuracy.of(sums, "model")
+
+
+@functools.lru_cache(maxsize=8)
+def _accuracy_step(model, policy: str, mesh) -> tuple[dict, Callable]:
+  """The accuracy pass of `model`'s architecture (its models, its compiled step):
+  made once a process, as a data-scale sweep evaluates several such models."""
+  models = {"model": loading.Loaded("model", "", model.family, model, None, [], policy)}
+  return models, driver.compile_pass(accuracy.Accuracy(models), models, mesh)
 
 
 # Options added after models were first cached: at these values they leave a
