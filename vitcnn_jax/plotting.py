@@ -141,8 +141,8 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
   """Several similarity measures of one pair of models side by side (a panel each;
   the null's maps in a second row on the same scale; the widths of the 95%
   intervals in a last row), cells that cannot be told from the null (`flat`,
-  boolean) dotted. The scale is the CKA one (`vmin`, `vmax`), from -1 for a
-  measure that goes clearly negative."""
+  boolean) dotted; layer ticks and names on the outer panels only. The scale is
+  the CKA one (`vmin`, `vmax`), from -1 for a measure that goes clearly negative."""
   names = list(maps)
   nrows = 1 + bool(nulls) + bool(widths)
   fig, axes = plt.subplots(nrows, len(names), figsize=(4.1 * len(names), 3.9 * nrows + 0.6),
@@ -160,18 +160,21 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
         ax.plot(xs, ys, "o", color="#29d3f4", ms=max(2.5, 150 / max(matrix.shape)), mew=0,
                 label="cannot be told from the null")
         ax.legend(loc="upper left", fontsize=8, markerscale=3, frameon=True)
-      ax.set_xlabel(f"{col_label} ({_block_axis(ax, cols, 'x')})")
-      ax.set_ylabel(f"{row_label} ({_block_axis(ax, rows, 'y')})")
       ax.set_title(name + (" of the null (permuted)" if i else ""))
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     if widths:
       ax = axes[-1, j]
       im = ax.imshow(widths[name], origin="lower", cmap="viridis", vmin=0, aspect="auto",
                      interpolation="nearest")
-      ax.set_xlabel(f"{col_label} ({_block_axis(ax, cols, 'x')})")
-      ax.set_ylabel(f"{row_label} ({_block_axis(ax, rows, 'y')})")
       ax.set_title(f"{name}: 95% interval width")
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+  for (i, j), ax in np.ndenumerate(axes):  # the same layers in every panel: named at the edges
+    xs, ys = _block_axis(ax, cols, "x"), _block_axis(ax, rows, "y")
+    ax.tick_params(labelbottom=i == nrows - 1, labelleft=j == 0)
+    if i == nrows - 1:
+      ax.set_xlabel(f"{col_label} ({xs})")
+    if j == 0:
+      ax.set_ylabel(f"{row_label} ({ys})")
   fig.suptitle(title)
   save_figure(fig, path)
 
