@@ -189,3 +189,10 @@ def test_imports_follow_the_layers():
   assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models")
   assert not _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.anatomy")
   assert _forbidden("vitcnn_jax.driver", "vitcnn_jax.analyses.cka")
+
+
+def test_the_modules_scheduled_first_exist():
+  """conftest.FIRST names test modules; a renamed one would quietly lose its place."""
+  from conftest import FIRST  # pylint: disable=g-import-not-at-top
+  missing = [m for m in FIRST if not os.path.exists(os.path.join(ROOT, "tests", f"{m}.py"))]
+  assert not missing, f"conftest.FIRST names modules that are gone: {missing}"
