@@ -84,6 +84,8 @@ def test_writes_results_and_figures(one_device):
   wd = one_device
   summary = json.loads((wd / "cka.json").read_text())
   assert summary["num_examples"] == EXAMPLES and summary["repeats"] == REPEATS
+  assert summary["memory_plan"] == {"minibatch": BATCH, "devices_per_minibatch": 1, "peak_bytes": 0,
+                                    "limit_bytes": None}  # a CPU: nothing to plan against
   z = np.load(wd / "cka.npz")
   nv, nr = len(z["names_vit"]), len(z["names_resnet"])
   assert nv == 12 and nr == 31  # 6 per ViT block; root 2 + 4 units x 7 + head
@@ -179,6 +181,9 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   # The run steps with the last step the planner compiled: one compile per group tried.
   tried = memory.groups(BATCH, 8).index(plan.devices_per_minibatch) + 1
   assert r.stderr.count("Finished XLA compilation of jit(local)") == tried, r.stderr[-3000:]
+  assert json.loads((tmp_path / "cka.json").read_text())["memory_plan"] == {
+      "minibatch": BATCH, "devices_per_minibatch": plan.devices_per_minibatch,
+      "peak_bytes": plan.peak_bytes, "limit_bytes": plan.limit_bytes}  # the plan it ran with
   got = np.load(tmp_path / "cka.npz")["per_repeat"]
   assert got.shape[0] == REPEATS
   assert_close(got, np.load(blocks_one_device / "cka.npz")["per_repeat"], RUNS_BOUND, "planned vs 1 device")
