@@ -52,13 +52,12 @@ def device_env(devices: int) -> dict[str, str]:
 def run_main(*args: str, devices: int | None = None, check: bool = True, timeout: int = 300):
   """`python main.py ARGS`: main.py's own `main()` in this process when `devices`
   is None (its exit status and output, a bug's traceback as exit status 1), or in
-  a fresh process with `devices` fake CPU devices."""
-  import subprocess  # pylint: disable=g-import-not-at-top
+  a new process with `devices` fake CPU devices (`forked`: one that skips the imports)."""
   if devices is None:
     r = _in_process(args)
   else:
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"), *args], cwd=ROOT,
-                       env=device_env(devices), capture_output=True, text=True, timeout=timeout)
+    import forked  # pylint: disable=g-import-not-at-top
+    r = forked.run(list(args), device_env(devices), ROOT, timeout)
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
   return r
