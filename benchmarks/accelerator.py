@@ -8,13 +8,14 @@ ViT-B/16 and BiT-R50x1 at random init (the paper's layer sets, 224 px) on
 synthetic images, through the same job as `configs/cka_vit_resnet.py` (planning,
 pipeline, sharded step, resumable state), once per Gram precision. Prints per
 precision: the wall time of the whole run and the part of it spent tracing and
-compiling (JAX's monitoring events), the FLOP bound (forward FLOPs from XLA's
-cost analysis of the lowered HLO plus the Gram and HSIC FLOPs, over the
+compiling (JAX's monitoring events), the FLOP bound (the forward's dot and
+convolution FLOPs counted from its jaxpr plus the Gram and HSIC FLOPs, over the
 device's fp32 matmul rate, the best of measurements taken before and after the
 runs) and the ratio of the rest of the time to it; the memory plan's peak
 against the device's measured peak (where the device reports one; the process's
-running peak); and the largest CKA difference from `highest`. `--json PATH` also writes the record (device, jax,
-settings, rows) there, for `benchmarks/readme_numbers.py device`.
+running peak); and the largest CKA difference from `highest`. `--json PATH`
+also writes the record (device, jax, settings, rows) there, for
+`benchmarks/readme_numbers.py device`.
 A precision the backend cannot run is reported as such. `--pair tiny` runs a
 small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
 """

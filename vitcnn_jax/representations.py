@@ -41,4 +41,3 @@ def _traced(model, signature: tuple, capture, batch: int) -> dict[str, jax.Shape
 
   shapes = jax.eval_shape(forward, params, images)
   return {name: shapes[name] for name in order}
-

@@ -92,7 +92,7 @@ def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int =
   return accuracy.Accuracy.of(sums, "model")
 
 
-@functools.lru_cache(maxsize=8)
+@common.per_architecture
 def _accuracy_step(model, policy: str, mesh) -> tuple[dict, Callable]:
   """The accuracy pass of `model`'s architecture (its models, its compiled step):
   made once a process, as a data-scale sweep evaluates several such models."""
