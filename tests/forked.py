@@ -1,13 +1,17 @@
-"""`python main.py ARGS` in a new process that skips the imports: each run is forked
-from a server that has imported what main.py imports (multiprocessing's
-"forkserver"), and sets its environment (the device count above all) before its
-JAX backend starts, as a new interpreter would. A new interpreter spends about
-3.5 s importing; a forked one starts in a few hundredths of a second."""
+"""Python runs in new processes that skip the imports: each is forked from a server
+that has imported what main.py imports (multiprocessing's "forkserver"), and sets
+its environment (the device count above all) before its JAX backend starts, as a
+new interpreter would. A new interpreter spends about 3.5 s importing; a forked one
+starts in a few hundredths of a second. `run` is `python main.py ARGS`; `start`
+runs main.py, a script or `-c` code and returns at once (concurrent runs, kills)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import runpy
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,9 +39,25 @@ def _config_from_env(env: dict[str, str]) -> None:
       jax.config.update(key, value)
 
 
-def _child(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
-  """main.main(ARGS) with `env`, its output written where file descriptors 1 and 2 point,
-  its exit status the process's."""
+def _execute(kind: str, what: str, args: list[str]) -> int:
+  """`python main.py ARGS`, `python SCRIPT ARGS` or `python -c CODE ARGS` in this
+  process: its exit status."""
+  if kind == "main":
+    import main  # pylint: disable=g-import-not-at-top
+    return main.main(["main.py", *args])
+  sys.argv = [what if kind == "script" else "-c", *args]
+  sys.path[0] = os.path.dirname(os.path.abspath(what)) if kind == "script" else ""
+  if kind == "script":
+    runpy.run_path(what, run_name="__main__")
+  else:
+    exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+  return 0
+
+
+def _child(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str, out_path: str,
+           err_path: str) -> None:
+  """`_execute` with `env` and `cwd`, its output written where file descriptors 1 and 2
+  point, its exit status the process's."""
   os.environ.clear()
   os.environ.update(env)
   os.chdir(cwd)
@@ -48,8 +68,7 @@ def _child(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_pa
   code = 1
   try:
     _config_from_env(env)
-    import main  # pylint: disable=g-import-not-at-top
-    code = main.main(["main.py", *args])
+    code = _execute(kind, what, args)
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else int(e.code is not None)
   except BaseException:  # pylint: disable=broad-except  (a bug: Python would print it, status 1)
@@ -61,23 +80,53 @@ def _child(args: list[str], env: dict[str, str], cwd: str, out_path: str, err_pa
     os._exit(code)  # pylint: disable=protected-access  (no clean-up the server's modules did not ask for)
 
 
+class Child:
+  """A forked run, like subprocess.Popen with captured text output."""
+
+  def __init__(self, kind: str, what: str, args: list[str], env: dict[str, str], cwd: str):
+    global _context
+    if _context is None:
+      _context = multiprocessing.get_context("forkserver")
+      _context.set_forkserver_preload(list(PRELOAD))
+    self.args = [what, *args]
+    self._dir = tempfile.mkdtemp(prefix="forked_")
+    self._out, self._err = os.path.join(self._dir, "out"), os.path.join(self._dir, "err")
+    for path in (self._out, self._err):
+      open(path, "w").close()
+    self._process = _context.Process(target=_child, args=(kind, what, list(args), dict(env), cwd,
+                                                          self._out, self._err))
+    self._process.start()
+    self.pid = self._process.pid
+
+  def poll(self) -> int | None:
+    return self._process.exitcode
+
+  def send_signal(self, sig: int) -> None:
+    os.kill(self.pid, sig)
+
+  def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """The finished run's exit status and output; killed after `timeout` seconds."""
+    self._process.join(timeout)
+    if self._process.is_alive():
+      self.send_signal(signal.SIGKILL)
+      self._process.join()
+      shutil.rmtree(self._dir, ignore_errors=True)
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    with open(self._out) as f, open(self._err) as g:
+      out, err = f.read(), g.read()
+    shutil.rmtree(self._dir, ignore_errors=True)
+    return subprocess.CompletedProcess(self.args, self._process.exitcode, out, err)
+
+
+def start(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str) -> Child:
+  """Starts `python main.py ARGS` (kind "main", `what` unused), `python SCRIPT ARGS`
+  ("script") or `python -c CODE ARGS` ("code") in a forked process."""
+  if kind not in ("main", "script", "code"):
+    raise ValueError(f"kind={kind!r} is not one of main, script, code")
+  return Child(kind, what, args, env, cwd)
+
+
 def run(args: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
   """Like subprocess.run([python, main.py, *args], env=env, cwd=cwd, capture_output=True,
   text=True, timeout=timeout)."""
-  global _context
-  if _context is None:
-    _context = multiprocessing.get_context("forkserver")
-    _context.set_forkserver_preload(list(PRELOAD))
-  with tempfile.TemporaryDirectory() as d:
-    out, err = os.path.join(d, "out"), os.path.join(d, "err")
-    for path in (out, err):
-      open(path, "w").close()
-    p = _context.Process(target=_child, args=(list(args), dict(env), cwd, out, err))
-    p.start()
-    p.join(timeout)
-    if p.is_alive():
-      p.kill()
-      p.join()
-      raise subprocess.TimeoutExpired(["main.py", *args], timeout)
-    with open(out) as f, open(err) as g:
-      return subprocess.CompletedProcess(args, p.exitcode, f.read(), g.read())
+  return start("main", "main.py", args, env, cwd).wait(timeout)

@@ -81,9 +81,8 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
 def test_killed_run_resumes_to_the_same_result(tmp_path):
   """kill -9 mid-run (state saved after every step), then the same command again."""
   import signal
-  import subprocess
-  import sys
   import time
+  import forked
   from conftest import device_env
   ckpt = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   # 256 steps, the state written after each: the kill lands long before the end.
@@ -92,8 +91,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
           "--config.data.num_examples=1024", "--config.save_every_seconds=0"]
   run_main(*args, f"--workdir={tmp_path / 'whole'}", devices=1)
   wd = tmp_path / "killed"
-  proc = subprocess.Popen([sys.executable, f"{ROOT}/main.py", *args, f"--workdir={wd}"], cwd=ROOT,
-                          env=device_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = forked.start("main", "main.py", [*args, f"--workdir={wd}"], device_env(1), ROOT)
   state = wd / "attention_distance_state.npz"
   deadline = time.time() + 120
   while time.time() < deadline and proc.poll() is None:
@@ -101,7 +99,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
       break
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
-  proc.wait()
+  assert proc.wait().returncode == -signal.SIGKILL
   assert not (wd / "attention_distance.npz").exists(), "finished before it could be killed"
   # A copy whose saved partial sums are shifted by 1024 px per head: a resume that
   # really continues from the state ends 1 px (1024 / 1024 examples) higher.

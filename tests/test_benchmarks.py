@@ -5,16 +5,14 @@ forward_profile.py accounts for a forward's time by op class."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
+import forked
 from conftest import ROOT, device_env
 
 
 def run_benchmark(script: str, *args: str) -> str:
   """The stdout of benchmarks/`script` run on one CPU device, which must succeed."""
-  r = subprocess.run([sys.executable, f"{ROOT}/benchmarks/{script}", *args],
-                     cwd=ROOT, env=device_env(1), capture_output=True, text=True, timeout=600)
+  r = forked.start("script", f"{ROOT}/benchmarks/{script}", list(args), device_env(1), ROOT).wait(600)
   assert r.returncode == 0, r.stderr[-3000:]
   return r.stdout
 

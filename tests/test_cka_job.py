@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+import forked
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from numerics import assert_close, job_runs_bound
@@ -200,16 +198,13 @@ def test_two_processes_equal_one_process(blocks_one_device, tiny_vit_bit, tmp_pa
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  env = device_env(4)
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "main.py"), *_flags(tiny_vit_bit, tmp_path, *BLOCKS),
-       f"--config.devices_per_minibatch={group}", "--distributed", f"--coordinator=127.0.0.1:{port}",
-       "--num_processes=2",
-       f"--process_id={i}", "--cpu_collectives=gloo"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outs = [p.communicate(timeout=300) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
+  procs = [forked.start("main", "main.py", [*_flags(tiny_vit_bit, tmp_path, *BLOCKS),
+                                             f"--config.devices_per_minibatch={group}", "--distributed",
+                                             f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+                                             f"--process_id={i}", "--cpu_collectives=gloo"],
+                         device_env(4), ROOT) for i in range(2)]
+  for r in [p.wait(timeout=300) for p in procs]:
+    assert r.returncode == 0, r.stderr[-3000:]
   a, b = np.load(blocks_one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "2 processes vs 1")
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8

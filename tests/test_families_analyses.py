@@ -4,13 +4,13 @@ refusal where it does not."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 import textwrap
 
 import numpy as np
 import pytest
 
+import forked
 import timm_ref
 import upstream_files as uf
 from conftest import ROOT
@@ -99,8 +99,9 @@ def test_analyses_that_do_not_apply_refuse(files, images, analysis, models):
 
 def test_loading_every_family_imports_no_torch(files, tmp_path):
   """Published formats are read without torch (safetensors' NumPy interface): a
-  fresh process loads and runs one file of each family and format, then checks
-  that neither torch nor timm (installed here, for the tests) was imported."""
+  new process (forked from one that has imported main.py's modules, not torch)
+  loads and runs one file of each family and format, then checks that neither
+  torch nor timm (installed here, for the tests) was imported."""
   paths = [files["reg"]["checkpoint"], files["deit"]["checkpoint"], files["cnx"]["checkpoint"],
            uf.save(tmp_path / "vit.npz", uf.vt_vit(0)), uf.save(tmp_path / "bv.npz", uf.bv_vit(0)),
            uf.save(tmp_path / "bit.npz", uf.bt_bit(0)), uf.save(tmp_path / "mixer.npz", uf.mixer(0))]
@@ -118,8 +119,7 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
       loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm"))
       print("IMPORTED", loaded)
   """)
-  done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
-                        cwd=ROOT, check=False)
+  done = forked.start("code", code, paths, dict(os.environ), ROOT).wait(300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "IMPORTED []" in done.stdout, done.stdout
 

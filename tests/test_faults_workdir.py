@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
+import forked
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from test_data import striped, write_idx
@@ -68,15 +68,13 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path, ckpt):
   args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=1024,batch=4",
           f"--config.models.vit.checkpoint={ckpt}", "--config.data.source=synthetic",
           "--config.data.num_examples=1024", f"--workdir={wd}"]
-  child = subprocess.Popen([sys.executable, f"{ROOT}/main.py", *args], cwd=ROOT,
-                           env=device_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+  child = forked.start("main", "main.py", args, device_env(1), ROOT)
   deadline = time.time() + 120
   while not (wd / workdir.LOCK).exists() and child.poll() is None and time.time() < deadline:
     time.sleep(0.05)
   r = run_main(*args, check=False)
-  _, err = child.communicate(timeout=300)
-  assert child.returncode == 0, err[-3000:]
+  done = child.wait(timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
   assert r.returncode != 0 and f"--workdir={wd} is in use by another run" in r.stderr
   assert (wd / "attention_distance.npz").exists() and not (wd / workdir.LOCK).exists()
 

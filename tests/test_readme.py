@@ -1,19 +1,18 @@
 """Every Python block of the README runs, in order, in one namespace: an import or
 a call that goes stale fails here. Tiny stand-ins replace what needs a download
 or minutes of training: a 224-px ViT file under the name the README loads, and
-tiny random models in the demo cache, all run in a fresh one-device Python."""
+tiny random models in the demo cache, all run in a new one-device Python process."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+import forked
 import upstream_files as uf
 from conftest import ROOT, device_env
 from vitcnn_jax import data, train, zoo
@@ -37,7 +36,7 @@ def _demo_cache(home: str) -> None:
     uf.save(path, arrays)
 
 
-# The README's Python blocks in order, in one namespace, as a user runs them: a fresh
+# The README's Python blocks in order, in one namespace, as a user runs them: a new
 # Python on one CPU device. Prints the block that fails.
 RUN_BLOCKS = textwrap.dedent("""
     import json, sys
@@ -61,8 +60,7 @@ def test_every_python_block_of_the_readme_runs(tmp_path):
   _demo_cache(str(tmp_path / "home"))
   uf.save(tmp_path / "ViT-B_16-224.npz", uf.vt_vit(0, patch=16, grid=14))
   env = dict(device_env(1), HOME=str(tmp_path / "home"), PYTHONPATH=ROOT, MPLBACKEND="Agg")
-  r = subprocess.run([sys.executable, "-c", RUN_BLOCKS, json.dumps(blocks)], cwd=tmp_path, env=env,
-                     capture_output=True, text=True, timeout=600)
+  r = forked.start("code", RUN_BLOCKS, [json.dumps(blocks)], env, str(tmp_path)).wait(600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert json.loads(r.stdout.split("RESULT ")[-1]) == [True, [2, 7], 3, [1, 1]], r.stdout[-2000:]
 

@@ -111,10 +111,10 @@ def test_todays_config_variants_name_zoo_models(config_file, variant, names):
 
 def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
   """The user's route: HF_HUB_CACHE (or HF_HOME) and HF_HUB_OFFLINE in the
-  environment, a zoo name on the command line; a fresh process."""
+  environment, a zoo name on the command line; a process of its own, forked before
+  huggingface_hub (which reads them at import) is imported."""
   import json  # noqa: PLC0415
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
+  import forked  # noqa: PLC0415
   from conftest import ROOT, device_env  # noqa: PLC0415
   repo = zoo.ZOO["DINOv2-S/14 reg"].location[len(zoo.HF_HUB):]
   path = _cache(tmp_path / "hub", repo)
@@ -123,9 +123,8 @@ def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
                          num_heads=6, mlp_ratio=2.0, num_classes=0, init_values=1e-5,
                          reg_tokens=4, no_embed_class=True)
   env = {**device_env(1), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-  r = subprocess.run([sys.executable, f"{ROOT}/main.py", f"--config={ROOT}/configs/inspect.py",
-                      "--config.checkpoint=DINOv2-S/14 reg", f"--workdir={tmp_path / 'wd'}"],
-                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  r = forked.run([f"--config={ROOT}/configs/inspect.py", "--config.checkpoint=DINOv2-S/14 reg",
+                  f"--workdir={tmp_path / 'wd'}"], env, ROOT, 300)
   assert r.returncode == 0, r.stderr[-3000:]
   s = json.loads((tmp_path / "wd" / "inspect.json").read_text())
   assert s["file"] == path and s["architecture"]["num_registers"] == 4
