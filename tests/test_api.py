@@ -79,14 +79,16 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
 def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
   vit, bit = tiny_vit_bit
   r = vj.cka({"ViT": vit, "BiT": {"checkpoint": bit, "resolution": 32}}, images[0][:32],
-             batch_size=BATCH, repeats=1, workdir=str(tmp_path))
+             batch_size=BATCH, repeats=1, workdir=str(tmp_path), plot={"format": "none"})
+  assert not list(tmp_path.glob("*.png"))  # results only, until asked
   figs = r.plot(format="pdf", vmin=0.2)
   assert len(figs) == 3 and all(isinstance(f, matplotlib.figure.Figure) for f in figs)
   assert {f.axes[0].get_title().split("\n")[0] for f in figs} == {
       "CKA within ViT", "CKA within BiT", "CKA: BiT vs ViT"}
   assert figs[0].axes[0].images[0].get_clim() == (0.2, 1.0)
-  assert sorted(p.name for p in tmp_path.glob("cka_*.pdf")) == [
-      "cka_bit_bit.pdf", "cka_bit_vit.pdf", "cka_vit_vit.pdf"]
+  for suffix in ("pdf", "png"):
+    assert sorted(p.name for p in tmp_path.glob(f"cka_*.{suffix}")) == [
+        f"cka_bit_bit.{suffix}", f"cka_bit_vit.{suffix}", f"cka_vit_vit.{suffix}"]
   assert "cka_bit_vit[" in repr(r)
 
 

@@ -38,19 +38,22 @@ MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa
             "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
 # Each block's output only: for the runs that test how the work is spread, not the layers.
 BLOCKS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)")
+# Results only, for the runs whose figures (the same as `eight_devices`') are not under test.
+NO_FIGURES = ("--config.plot.format=none",)
 
 
 @pytest.fixture(scope="module")
 def one_device(tiny_vit_bit, tmp_path_factory):
-  """Every layer and every measure on one device (a child process): the reference."""
+  """Every layer and every measure on one device (a child process): the reference
+  (its figures are `eight_devices`')."""
   wd = tmp_path_factory.mktemp("one")
-  _run(_flags(tiny_vit_bit, wd, *MEASURES), devices=1)
+  _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES), devices=1)
   return wd
 
 
 @pytest.fixture(scope="module")
 def eight_devices(tiny_vit_bit, tmp_path_factory):
-  """The same job on this process's eight devices."""
+  """The same job on this process's eight devices, with its figures."""
   wd = tmp_path_factory.mktemp("eight")
   _run(_flags(tiny_vit_bit, wd, *MEASURES))
   return wd
@@ -70,15 +73,15 @@ def resumed(tiny_vit_bit, tmp_path_factory):
   """`one_device`'s job stopped after 4 steps, then resumed (child processes each):
   (its workdir, what the stopped run printed and left)."""
   wd = tmp_path_factory.mktemp("resumed")
-  r = _run(_flags(tiny_vit_bit, wd, *MEASURES, "--config.stop_after=4"), devices=1)
+  r = _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES, "--config.stop_after=4"), devices=1)
   state = wd / "cka_state.npz"
   stopped = dict(stdout=r.stdout, state=state.exists(), result=(wd / "cka.npz").exists(),
                  position=tuple(np.load(state)["position"]) if state.exists() else None)
-  _run(_flags(tiny_vit_bit, wd, *MEASURES), devices=1)
+  _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES), devices=1)
   return wd, stopped
 
 
-def test_writes_results_and_figures(one_device):
+def test_writes_results_and_figures(one_device, eight_devices):
   wd = one_device
   summary = json.loads((wd / "cka.json").read_text())
   assert summary["num_examples"] == EXAMPLES and summary["repeats"] == REPEATS
@@ -93,8 +96,9 @@ def test_writes_results_and_figures(one_device):
   assert z["per_repeat"].shape == (REPEATS, nr + nv, nr + nv)
   np.testing.assert_allclose(np.diag(z["cka_vit_vit"]), 1, atol=1e-12)  # float64 HSIC / itself
   assert (z["std_resnet_vit"] > 0).any()  # repeats use different samples
+  assert not list(wd.glob("*.png"))  # config.plot.format="none": results only
   for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
-    assert (wd / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (eight_devices / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_matches_an_independent_float64_computation(one_device, tiny_vit_bit):
@@ -135,9 +139,24 @@ def test_eight_devices_equal_one_device(one_device, eight_devices):
 def test_minibatches_spread_over_devices_equal_one_device(blocks_one_device, tiny_vit_bit, tmp_path, group):
   """Each minibatch of 8 over `group` of the 8 devices (rows of 4 or 1; the last
   minibatch of 4 leaves devices with padding only)."""
-  _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, f"--config.devices_per_minibatch={group}"))
+  _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, f"--config.devices_per_minibatch={group}", *NO_FIGURES))
   a, b = np.load(blocks_one_device / "cka.npz"), np.load(tmp_path / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, f"{group} devices per minibatch vs 1")
+
+
+def test_results_only_then_the_figures_from_the_saved_sums(blocks_one_device, tiny_vit_bit, tmp_path):
+  """config.plot.format="none" writes the results and no figure; the same command
+  with a figure format, in that workdir, draws them from the saved sums."""
+  flags = _flags(tiny_vit_bit, tmp_path, *BLOCKS)
+  r = _run([*flags, *NO_FIGURES])
+  assert (tmp_path / "cka.npz").exists() and not list(tmp_path.glob("*.png")), r.stdout
+  assert "and figures" not in r.stdout
+  first = np.load(tmp_path / "cka.npz")["per_repeat"]
+  r = _run([*flags, "--config.plot.format=svg"])
+  assert "writing its results again from the saved sums" in r.stdout, r.stdout
+  np.testing.assert_array_equal(np.load(tmp_path / "cka.npz")["per_repeat"], first)  # not recomputed
+  for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
+    assert (tmp_path / f"cka_{tag}.png").exists() and (tmp_path / f"cka_{tag}.svg").exists(), tag
 
 
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,

@@ -27,7 +27,9 @@ CONTROL = dict(
     # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
     # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/hsic.py).
     gram_precision="auto",
-    # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), CKA colour scale.
+    # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), or none (format
+    # "none": results only; the same command, or a Result's .plot(), draws them later
+    # from the saved results), and the CKA colour scale.
     plot=dict(format="png", vmin=0.0, vmax=1.0),
     cache_dir="",  # demo models trained on first use; "": ~/.cache/vitcnn_jax
 )
@@ -76,8 +78,9 @@ def plot_options(config: Any) -> dict:
   unknown = sorted(set(given) - {"format", "vmin", "vmax"})
   if unknown:
     raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
-  if given.get("format", "png") not in FIGURE_FORMATS:
-    raise ValueError(f"config.plot.format={given['format']!r} is not one of {FIGURE_FORMATS}.")
+  if given.get("format", "png") not in (*FIGURE_FORMATS, "none"):
+    raise ValueError(f"config.plot.format={given['format']!r} is not one of "
+                     f"{(*FIGURE_FORMATS, 'none')}.")
   if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
     raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
                      f"config.plot.vmax={given.get('vmax', 1.0)}.")

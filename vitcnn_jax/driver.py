@@ -212,10 +212,12 @@ def _done(counts: list[list[int]], position: tuple[int, int, int]) -> int:
 
 def write(workdir: str, name: str, summary: dict, arrays: dict[str, np.ndarray] | None = None,
           plot: Callable | None = None, figures: dict | None = None) -> None:
-  """NAME.json (and NAME.npz, figures drawn with `plotting.options(**figures)`),
-  atomically, from process 0 only."""
+  """NAME.json (and NAME.npz, figures drawn with `plotting.options(**figures)`
+  unless their format is "none"), atomically, from process 0 only."""
   if jax.process_index() != 0:
     return
+  if (figures or {}).get("format") == "none":
+    plot = None
   if arrays is not None:
     results.write_npz(results.workdir_path(workdir, f"{name}.npz"), **arrays)
   results.write_json(results.workdir_path(workdir, f"{name}.json"), summary)
