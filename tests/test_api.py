@@ -19,6 +19,8 @@ from vitcnn_jax.models import io
 
 N, BATCH = 48, 16
 RUNS_BOUND = job_runs_bound(BATCH)  # the job compiled twice
+# Results only where the figures are another test's (each analysis's end-to-end test).
+NO_FIGURES = {"plot": {"format": "none"}}
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +97,15 @@ def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
 def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
   vit, bit = tiny_vit_bit
   grey = images[0][:16]
-  r = vj.attention_distance({"vit": {"checkpoint": vit, "label": "tiny ViT"}}, grey, batch_size=8)
+  r = vj.attention_distance({"vit": {"checkpoint": vit, "label": "tiny ViT"}}, grey, batch_size=8,
+                            **NO_FIGURES)
   assert r["mean_distance"].shape == (2, 3)  # blocks x heads
   assert np.all((r["mean_distance"] > 0) & (r["mean_distance"] < 32 * np.sqrt(2)))
   assert r.summary["label"] == "tiny ViT"
-  np.testing.assert_array_equal(vj.attention_distance(vit, grey, batch_size=8)["mean_distance"],
+  np.testing.assert_array_equal(vj.attention_distance(vit, grey, batch_size=8, **NO_FIGURES)["mean_distance"],
                                 r["mean_distance"])  # one model alone: the name it reads
-  r = vj.skip_ratio({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=8)
+  r = vj.skip_ratio({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=8,
+                    **NO_FIGURES)
   assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["resnet_ratio"]).all()
 
 
@@ -127,25 +131,25 @@ def test_the_other_analyses_run_from_one_line(tiny_vit_bit, images):
                  uf.vt_vit(1, width=48, depth=2, heads=3, mlp=96, patch=8))
   bit32 = {"checkpoint": bit, "resolution": 32}
 
-  r = vj.receptive_field({"ViT": vit, "BiT": bit32}, grey[:8], batch_size=4)
+  r = vj.receptive_field({"ViT": vit, "BiT": bit32}, grey[:8], batch_size=4, **NO_FIGURES)
   assert r["vit_maps"].shape == (4, 32, 32) and r["bit_maps"].shape == (5, 32, 32)
   assert r["bit_grid"][-1].tolist() == [1, 1]  # the last stage at 32 px is 1x1
 
-  r = vj.localization(vit, grey, layer="block01/out", batch_size=BATCH)
+  r = vj.localization(vit, grey, layer="block01/out", batch_size=BATCH, **NO_FIGURES)
   assert r["cka"].shape == (16, 16)  # tokens x patches of the 4x4 grid
-  assert vj.localization({"ViT": vit}, grey, batch_size=BATCH).summary["layer"] == "block01/out"
+  assert vj.localization({"ViT": vit}, grey, batch_size=BATCH, **NO_FIGURES).summary["layer"] == "block01/out"
 
   r = vj.head_subsets({"vit": vit, "resnet": {**bit32, "capture": ["block1/unit01/out"]}}, grey,
-                      subset_size=1, batch_size=BATCH)
+                      subset_size=1, batch_size=BATCH, **NO_FIGURES)
   assert r["cka"].shape == (3, 1) and np.all(np.diff(r["subset_distance"]) >= 0)
 
   r = vj.reference_cka({"A": vit, "B": vit2}, grey, reference="A", layers="blocks",
-                       labels=labels % 7, accuracy=True, batch_size=BATCH, repeats=1)
+                       labels=labels % 7, accuracy=True, batch_size=BATCH, repeats=1, **NO_FIGURES)
   np.testing.assert_allclose(r["same_layer_a"], 1.0, atol=1e-6)  # the reference with itself
   assert r.summary["accuracy_examples"] == N and set(r.summary["accuracy"]) == {"a", "b"}
 
   r = vj.linear_probe({"ViT": vit}, grey[:32], labels=labels[:32], test=(grey[32:], labels[32:]),
-                      features=("cls", "mean"), shots=0, seeds=1, batch_size=BATCH)
+                      features=("cls", "mean"), shots=0, seeds=1, batch_size=BATCH, **NO_FIGURES)
   acc = r.summary["models"]["vit"]
   assert set(acc) == {"cls", "mean"} and len(acc["cls"]["accuracy"]) == 2
   assert all(0 <= a <= 1 for a in acc["mean"]["accuracy"])
