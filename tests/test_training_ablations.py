@@ -211,7 +211,9 @@ def test_skip_ablation_demo_at_tiny_size(idx_dir, cache, tmp_path):
 
 
 def test_data_scale_demos_at_tiny_size(idx_dir, cache, tmp_path):
+  """(Results only: the figures are reference_cka's, checked in the skip ablation.)"""
   cfg = _tiny_job(data_scale.get_config("demo,examples=48,batch=8,repeats=1"), idx_dir, cache)
+  cfg.plot.format = "none"
   jobs.run(cfg, str(tmp_path / "a"))
   summary = json.loads((tmp_path / "a" / "reference_cka.json").read_text())
   assert list(summary["same_layer_cka"]) == ["fraction003", "fraction010", "fraction030", "fraction100"]
@@ -220,6 +222,7 @@ def test_data_scale_demos_at_tiny_size(idx_dir, cache, tmp_path):
     assert trained["train_examples"] == n, name
   cfg = _tiny_job(data_scale.get_config("demo_finetune,examples=16,batch=8,repeats=1"), idx_dir,
                   cache)
+  cfg.plot.format = "none"
   jobs.run(cfg, str(tmp_path / "b"))
   summary = json.loads((tmp_path / "b" / "reference_cka.json").read_text())
   assert summary["reference"] == "pretrained" and "accuracy" not in summary
