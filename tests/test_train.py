@@ -75,9 +75,9 @@ def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_pa
   cfg.stop_after = 0
   with jax.log_compiles(), caplog.at_level(logging.WARNING):
     rest = train.train(cfg, str(tmp_path / "vit.npz"), str(tmp_path))
-  # Evaluated with the accuracy step `vit_run` compiled for this architecture: not
-  # traced again (a sweep of one architecture compiles it once).
-  assert not [r for r in caplog.records if re.search(r"\blocal\b|jit_local", r.getMessage())], \
+  # Initialised and evaluated with the init and accuracy step `vit_run` compiled for
+  # this architecture: not traced again (a sweep of one architecture compiles each once).
+  assert not [r for r in caplog.records if re.search(r"\b(local|init)\b|jit_(local|init)", r.getMessage())], \
       caplog.text[-2000:]
   assert len(rest["losses"]) == 25
   a = common.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])

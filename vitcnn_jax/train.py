@@ -185,7 +185,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   # and trains as the full model with those skips gated off: a skip-ablation
   # sweep compiles one init and one step, the full model's.
   full, gates = _gated(model)
-  params = jax.jit(full.init)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
+  params = _compiled_init(full)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
   params = _initial_params(config, model, params, workdir)
   examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
   state = {"params": params, "opt_state": tx.init(params), "step": 0}
@@ -273,6 +273,13 @@ def _gated(model) -> tuple[Any, np.ndarray | None]:
     return model, None
   skipless = tuple(model.no_skip)
   return model.clone(no_skip=()), np.array([b not in skipless for b in range(model.depth)], np.float32)
+
+
+@common.per_architecture
+def _compiled_init(model) -> Callable:
+  """`model.init` jit-compiled once a process: a sweep draws many models of one
+  architecture (each from its seed), and each new jit would trace it again."""
+  return jax.jit(model.init)
 
 
 @functools.lru_cache(maxsize=8)
