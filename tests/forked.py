@@ -102,13 +102,15 @@ class Child:
     return self._process.exitcode
 
   def send_signal(self, sig: int) -> None:
-    os.kill(self.pid, sig)
+    """As Popen's: nothing once the run has ended (its pid may be reused)."""
+    if self.poll() is None:
+      os.kill(self.pid, sig)
 
   def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
     """The finished run's exit status and output; killed after `timeout` seconds."""
     self._process.join(timeout)
     if self._process.is_alive():
-      self.send_signal(signal.SIGKILL)
+      os.kill(self.pid, signal.SIGKILL)
       self._process.join()
       shutil.rmtree(self._dir, ignore_errors=True)
       raise subprocess.TimeoutExpired(self.args, timeout)

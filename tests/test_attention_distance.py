@@ -99,8 +99,9 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
       break
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
-  assert proc.wait().returncode == -signal.SIGKILL
+  killed = proc.wait()
   assert not (wd / "attention_distance.npz").exists(), "finished before it could be killed"
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   # A copy whose saved partial sums are shifted by 1024 px per head: a resume that
   # really continues from the state ends 1 px (1024 / 1024 examples) higher.
   shifted = tmp_path / "shifted"
