@@ -2,8 +2,9 @@
 that has imported what main.py imports (multiprocessing's "forkserver"), and sets
 its environment (the device count above all) before its JAX backend starts, as a
 new interpreter would. A new interpreter spends about 3.5 s importing; a forked one
-starts in a few hundredths of a second. `run` is `python main.py ARGS`; `start`
-runs main.py, a script or `-c` code and returns at once (concurrent runs, kills)."""
+starts in a few hundredths of a second. `start(ARGV)` is `python ARGV` (a script
+and its arguments, or -c CODE and its arguments), returning at once (concurrent
+runs, kills); `run(ARGS)` is `python main.py ARGS` to its end."""
 
 from __future__ import annotations
 
@@ -39,23 +40,20 @@ def _config_from_env(env: dict[str, str]) -> None:
       jax.config.update(key, value)
 
 
-def _execute(kind: str, what: str, args: list[str]) -> int:
-  """`python main.py ARGS`, `python SCRIPT ARGS` or `python -c CODE ARGS` in this
-  process: its exit status."""
-  if kind == "main":
-    import main  # pylint: disable=g-import-not-at-top
-    return main.main(["main.py", *args])
-  sys.argv = [what if kind == "script" else "-c", *args]
-  sys.path[0] = os.path.dirname(os.path.abspath(what)) if kind == "script" else ""
-  if kind == "script":
-    runpy.run_path(what, run_name="__main__")
+def _execute(argv: list[str]) -> None:
+  """`python ARGV` in this process, as the interpreter sets sys.argv and sys.path[0]."""
+  if argv[0] == "-c":
+    sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
   else:
-    exec(compile(what, "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
-  return 0
+    sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
+    import main  # pylint: disable=g-import-not-at-top  (preloaded)
+    if os.path.samefile(argv[0], main.__file__):  # its absl flags exist once: call, not rerun
+      sys.exit(main.main(list(argv)))
+    runpy.run_path(argv[0], run_name="__main__")
 
 
-def _child(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str, out_path: str,
-           err_path: str) -> None:
+def _child(argv: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
   """`_execute` with `env` and `cwd`, its output written where file descriptors 1 and 2
   point, its exit status the process's."""
   os.environ.clear()
@@ -68,7 +66,8 @@ def _child(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str,
   code = 1
   try:
     _config_from_env(env)
-    code = _execute(kind, what, args)
+    _execute(argv)
+    code = 0
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else int(e.code is not None)
   except BaseException:  # pylint: disable=broad-except  (a bug: Python would print it, status 1)
@@ -83,18 +82,18 @@ def _child(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str,
 class Child:
   """A forked run, like subprocess.Popen with captured text output."""
 
-  def __init__(self, kind: str, what: str, args: list[str], env: dict[str, str], cwd: str):
+  def __init__(self, argv: list[str], env: dict[str, str], cwd: str):
     global _context
     if _context is None:
       _context = multiprocessing.get_context("forkserver")
       _context.set_forkserver_preload(list(PRELOAD))
-    self.args = [what, *args]
+    self.args = list(argv)
     self._dir = tempfile.mkdtemp(prefix="forked_")
     self._out, self._err = os.path.join(self._dir, "out"), os.path.join(self._dir, "err")
     for path in (self._out, self._err):
       open(path, "w").close()
-    self._process = _context.Process(target=_child, args=(kind, what, list(args), dict(env), cwd,
-                                                          self._out, self._err))
+    self._process = _context.Process(target=_child, args=(self.args, dict(env), cwd, self._out,
+                                                          self._err))
     self._process.start()
     self.pid = self._process.pid
 
@@ -120,15 +119,13 @@ class Child:
     return subprocess.CompletedProcess(self.args, self._process.exitcode, out, err)
 
 
-def start(kind: str, what: str, args: list[str], env: dict[str, str], cwd: str) -> Child:
-  """Starts `python main.py ARGS` (kind "main", `what` unused), `python SCRIPT ARGS`
-  ("script") or `python -c CODE ARGS` ("code") in a forked process."""
-  if kind not in ("main", "script", "code"):
-    raise ValueError(f"kind={kind!r} is not one of main, script, code")
-  return Child(kind, what, args, env, cwd)
+def start(argv: list[str], env: dict[str, str], cwd: str) -> Child:
+  """Like subprocess.Popen([python, *argv], env=env, cwd=cwd, stdout=PIPE, stderr=PIPE,
+  text=True): argv is [SCRIPT, *ARGS] (relative to `cwd`) or ["-c", CODE, *ARGS]."""
+  return Child(argv, env, cwd)
 
 
 def run(args: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
   """Like subprocess.run([python, main.py, *args], env=env, cwd=cwd, capture_output=True,
   text=True, timeout=timeout)."""
-  return start("main", "main.py", args, env, cwd).wait(timeout)
+  return start(["main.py", *args], env, cwd).wait(timeout)

@@ -91,7 +91,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
           "--config.data.num_examples=1024", "--config.save_every_seconds=0"]
   run_main(*args, f"--workdir={tmp_path / 'whole'}", devices=1)
   wd = tmp_path / "killed"
-  proc = forked.start("main", "main.py", [*args, f"--workdir={wd}"], device_env(1), ROOT)
+  proc = forked.start(["main.py", *args, f"--workdir={wd}"], device_env(1), ROOT)
   state = wd / "attention_distance_state.npz"
   deadline = time.time() + 120
   while time.time() < deadline and proc.poll() is None:

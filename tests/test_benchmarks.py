@@ -12,7 +12,7 @@ from conftest import ROOT, device_env
 
 def run_benchmark(script: str, *args: str) -> str:
   """The stdout of benchmarks/`script` run on one CPU device, which must succeed."""
-  r = forked.start("script", f"{ROOT}/benchmarks/{script}", list(args), device_env(1), ROOT).wait(600)
+  r = forked.start([f"benchmarks/{script}", *args], device_env(1), ROOT).wait(600)
   assert r.returncode == 0, r.stderr[-3000:]
   return r.stdout
 

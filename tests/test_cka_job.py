@@ -217,11 +217,10 @@ def test_two_processes_equal_one_process(blocks_one_device, tiny_vit_bit, tmp_pa
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  procs = [forked.start("main", "main.py", [*_flags(tiny_vit_bit, tmp_path, *BLOCKS),
-                                             f"--config.devices_per_minibatch={group}", "--distributed",
-                                             f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
-                                             f"--process_id={i}", "--cpu_collectives=gloo"],
-                         device_env(4), ROOT) for i in range(2)]
+  procs = [forked.start(["main.py", *_flags(tiny_vit_bit, tmp_path, *BLOCKS),
+                         f"--config.devices_per_minibatch={group}", "--distributed",
+                         f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+                         "--cpu_collectives=gloo"], device_env(4), ROOT) for i in range(2)]
   for r in [p.wait(timeout=300) for p in procs]:
     assert r.returncode == 0, r.stderr[-3000:]
   a, b = np.load(blocks_one_device / "cka.npz"), np.load(tmp_path / "cka.npz")

@@ -119,7 +119,7 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
       loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm"))
       print("IMPORTED", loaded)
   """)
-  done = forked.start("code", code, paths, dict(os.environ), ROOT).wait(300)
+  done = forked.start(["-c", code, *paths], dict(os.environ), ROOT).wait(300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "IMPORTED []" in done.stdout, done.stdout
 

@@ -68,7 +68,7 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path, ckpt):
   args = [f"--config={ROOT}/configs/attention_distance.py:b16,examples=1024,batch=4",
           f"--config.models.vit.checkpoint={ckpt}", "--config.data.source=synthetic",
           "--config.data.num_examples=1024", f"--workdir={wd}"]
-  child = forked.start("main", "main.py", args, device_env(1), ROOT)
+  child = forked.start(["main.py", *args], device_env(1), ROOT)
   deadline = time.time() + 120
   while not (wd / workdir.LOCK).exists() and child.poll() is None and time.time() < deadline:
     time.sleep(0.05)

@@ -60,7 +60,7 @@ def test_every_python_block_of_the_readme_runs(tmp_path):
   _demo_cache(str(tmp_path / "home"))
   uf.save(tmp_path / "ViT-B_16-224.npz", uf.vt_vit(0, patch=16, grid=14))
   env = dict(device_env(1), HOME=str(tmp_path / "home"), PYTHONPATH=ROOT, MPLBACKEND="Agg")
-  r = forked.start("code", RUN_BLOCKS, [json.dumps(blocks)], env, str(tmp_path)).wait(600)
+  r = forked.start(["-c", RUN_BLOCKS, json.dumps(blocks)], env, str(tmp_path)).wait(600)
   assert r.returncode == 0, r.stderr[-3000:]
   assert json.loads(r.stdout.split("RESULT ")[-1]) == [True, [2, 7], 3, [1, 1]], r.stdout[-2000:]
 

@@ -78,9 +78,9 @@ def plot_options(config: Any) -> dict:
   unknown = sorted(set(given) - {"format", "vmin", "vmax"})
   if unknown:
     raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
-  if given.get("format", "png") not in (*FIGURE_FORMATS, "none"):
-    raise ValueError(f"config.plot.format={given['format']!r} is not one of "
-                     f"{(*FIGURE_FORMATS, 'none')}.")
+  formats = (*FIGURE_FORMATS, "none")  # none: results only
+  if given.get("format", "png") not in formats:
+    raise ValueError(f"config.plot.format={given['format']!r} is not one of {formats}.")
   if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
     raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
                      f"config.plot.vmax={given.get('vmax', 1.0)}.")

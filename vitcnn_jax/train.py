@@ -282,7 +282,7 @@ def _compiled_init(model) -> Callable:
   return jax.jit(model.init)
 
 
-@functools.lru_cache(maxsize=8)
+@common.per_architecture
 def _compiled_step(model, policy: str, *optimizer):
   """(state, images, labels, gates) -> (state, loss): the jit-compiled step of
   cross-entropy for `model` with `_optimizer(*optimizer)`, made once a process."""
