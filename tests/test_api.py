@@ -40,11 +40,11 @@ def test_cka_is_the_config_job(tiny_vit_bit, images, tmp_path):
            f"--workdir={wd}", f"--config.models.vit.checkpoint={vit}",
            f"--config.models.resnet.checkpoint={bit}", "--config.models.resnet.overrides.resolution=32",
            "--config.data.source=idx", f"--config.data.path={tmp_path / 'idx'}",
-           "--config.data.split=t10k")
+           "--config.data.split=t10k", "--config.plot.format=none")
   job = np.load(wd / "cka.npz")
 
   r = vj.cka({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=BATCH,
-             repeats=1, workdir=str(tmp_path / "api"))
+             repeats=1, workdir=str(tmp_path / "api"), **NO_FIGURES)
 
   for key in ("cka_resnet_resnet", "cka_resnet_vit", "cka_vit_vit"):
     assert_close(r[key], job[key], RUNS_BOUND, key)  # same models, examples and sample
@@ -159,7 +159,7 @@ def test_measures_from_one_line(tiny_vit_bit, images):
   """vj.cka(..., measures=...) returns one array set per measure, nulls and intervals."""
   vit, _ = tiny_vit_bit
   r = vj.cka({"ViT": vit}, images[0][:32], layers="blocks", batch_size=16, repeats=1,
-             measures=("linear_cka", "rsa"), null=True, bootstrap=8)
+             measures=("linear_cka", "rsa"), null=True, bootstrap=8, **NO_FIGURES)
   for key in ("cka_vit_vit", "rsa_vit_vit", "null_rsa_vit_vit", "rsa_ci_low_vit_vit", "cka_like_null_vit_vit"):
     assert r[key].shape == (2, 2), key
   assert r.summary["bootstrap"]["replicates"] == 8 and set(r.summary["measures"]) == {"linear_cka", "rsa"}

@@ -52,19 +52,21 @@ def one_device(tiny_vit_bit, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def eight_devices(tiny_vit_bit, tmp_path_factory):
-  """The same job on this process's eight devices, with its figures."""
-  wd = tmp_path_factory.mktemp("eight")
-  _run(_flags(tiny_vit_bit, wd, *MEASURES))
+def blocks_one_device(tiny_vit_bit, tmp_path_factory):
+  """Each block's output, every measure, on one device (a child process): the
+  reference for the runs that spread minibatches over devices and processes (their
+  linear CKA) and for `eight_devices` (every measure)."""
+  wd = tmp_path_factory.mktemp("blocks")
+  _run(_flags(tiny_vit_bit, wd, *BLOCKS, *MEASURES, *NO_FIGURES), devices=1)
   return wd
 
 
 @pytest.fixture(scope="module")
-def blocks_one_device(tiny_vit_bit, tmp_path_factory):
-  """Each block's output, linear CKA, on one device (a child process): the reference
-  for the runs that spread minibatches over devices and processes."""
-  wd = tmp_path_factory.mktemp("blocks")
-  _run(_flags(tiny_vit_bit, wd, *BLOCKS), devices=1)
+def eight_devices(tiny_vit_bit, tmp_path_factory):
+  """`blocks_one_device`'s job on this process's eight devices, with its figures
+  (each block's output: how the rows are spread does not depend on the layers)."""
+  wd = tmp_path_factory.mktemp("eight")
+  _run(_flags(tiny_vit_bit, wd, *BLOCKS, *MEASURES))
   return wd
 
 
@@ -129,8 +131,8 @@ def test_matches_an_independent_float64_computation(one_device, tiny_vit_bit):
       assert_close(ours, ref, RUNS_BOUND, f"repeat {repeat}: {a} x {b}")
 
 
-def test_eight_devices_equal_one_device(one_device, eight_devices):
-  a, b = np.load(one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
+def test_eight_devices_equal_one_device(blocks_one_device, eight_devices):
+  a, b = np.load(blocks_one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
   assert_close(b["per_repeat"], a["per_repeat"], RUNS_BOUND, "8 devices vs 1")
   assert json.loads((eight_devices / "cka.json").read_text())["devices"] == 8
 
@@ -284,12 +286,11 @@ def test_three_models_as_a_mapping(tiny_vit_bit, blocks_one_device, tmp_path):
   assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")
 
 
-def test_every_measure_and_its_null_on_eight_devices_equal_one_device(one_device, eight_devices):
+def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one_device, eight_devices):
   """Each measure and its null from the one sharded pass: 8 devices as 1 (the same
   minibatches, the same permutations: a minibatch's key does not depend on the
   device count), every array of every measure and the side-by-side figures."""
-  one, eight = one_device, eight_devices
-  a, b = np.load(one / "cka.npz"), np.load(eight / "cka.npz")
+  a, b = np.load(blocks_one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
   for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa"):
     per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
     # Two compiles of the models: CKA-type measures move within the job's bound; a
@@ -299,27 +300,28 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(one_device
     assert_close(b[per], a[per], RUNS_BOUND + slack, f"{m}: 8 devices vs 1")
     assert_close(b[f"null_{m}_resnet_vit"], a[f"null_{m}_resnet_vit"], RUNS_BOUND + slack, f"null {m}")
     assert np.abs(a[f"{m}_resnet_vit"] - a[f"null_{m}_resnet_vit"]).max() > 0.05  # the null differs
-  summary = json.loads((eight / "cka.json").read_text())
+  summary = json.loads((eight_devices / "cka.json").read_text())
   assert set(summary["measures"]) == {"linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"}
   assert "unbiased" in summary["measures"]["linear_cka"]["estimator"]
-  assert summary["measures"]["rsa"]["null"]["cells"]["resnet_vit"] == 31 * 12
+  cells = len(b["names_resnet"]) * len(b["names_vit"])
+  assert summary["measures"]["rsa"]["null"]["cells"]["resnet_vit"] == cells
   for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
-    assert (eight / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (eight_devices / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device, eight_devices, resumed):
+def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device, blocks_one_device,
+                                                                    eight_devices, resumed):
   """The Poisson weights belong to minibatches, not devices: 1 device, 8 devices
   and a run stopped and resumed give the same intervals; each holds its estimate."""
-  one, eight = one_device, eight_devices
-  a = np.load(one / "cka.npz")
-  for other in (eight, resumed[0]):
-    b = np.load(other / "cka.npz")
+  a = np.load(one_device / "cka.npz")
+  for reference, other in ((blocks_one_device, eight_devices), (one_device, resumed[0])):
+    want, b = np.load(reference / "cka.npz"), np.load(other / "cka.npz")
     for key in ("rbf_cka_ci_low_resnet_vit", "cka_ci_high_vit_vit", "rsa_ci_low_resnet_resnet"):
-      assert_close(b[key], a[key], RUNS_BOUND, f"{key}: {other.name}")
+      assert_close(b[key], want[key], RUNS_BOUND, f"{key}: {other.name}")
   for p in ("cka", "rbf_cka", "rsa"):
     for t in ("resnet_vit", "vit_vit"):
       low, high = a[f"{p}_ci_low_{t}"], a[f"{p}_ci_high_{t}"]
       assert np.all(low <= high) and np.mean((low <= a[f"{p}_{t}"] + 1e-9) & (a[f"{p}_{t}"] <= high + 1e-9)) > 0.9
-  summary = json.loads((one / "cka.json").read_text())
+  summary = json.loads((one_device / "cka.json").read_text())
   assert summary["bootstrap"]["replicates"] == 16
   assert summary["measures"]["rsa"]["null"]["like_null_method"].startswith("bootstrap")

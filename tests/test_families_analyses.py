@@ -18,6 +18,8 @@ import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
 
 N = 16
+# Results only where each analysis's figures are another test's (its own module's).
+NO_FIGURES = {"plot": {"format": "none"}}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_prefix_tokens_are_named(files):
 
 def test_cka_pc_share_skip_ratio_receptive_field_and_probes_run_on_all(files, images):
   grey, labels = images
-  small = dict(batch_size=8, num_examples=N)
+  small = dict(batch_size=8, num_examples=N, **NO_FIGURES)
   r = vj.cka(files, grey, layers="blocks", repeats=1, **small)
   assert {k for k in r.arrays if k.startswith("cka_")} >= {"cka_cnx_deit", "cka_reg_reg"}
   assert all(np.isfinite(r[k]).all() for k in r.arrays if k.startswith("cka_"))
@@ -62,23 +64,24 @@ def test_cka_pc_share_skip_ratio_receptive_field_and_probes_run_on_all(files, im
     assert np.isfinite(r[f"{k}_ratio"]).all() and (r[f"{k}_ratio"] > 0).all()
   assert r["cnx_ratio"].shape == (4,) and r["reg_ratio"].shape == (2, 2, 4 * 4 + 3)
   assert r.summary["models"]["reg"]["prefix_tokens"] == ["cls", "reg", "reg"]
-  r = vj.receptive_field(files, grey, num_examples=4, batch_size=4)
+  r = vj.receptive_field(files, grey, num_examples=4, batch_size=4, **NO_FIGURES)
   assert r["cnx_maps"].shape[1:] == (64, 64) and r["reg_maps"].shape[1:] == (32, 32)
   r = vj.linear_probe(files, grey, labels=labels, test=(grey, labels), layers="blocks",
-                      batch_size=8, shots=2, seeds=1)
+                      batch_size=8, shots=2, seeds=1, **NO_FIGURES)
   assert set(r.summary["models"]) == set(files)
 
 
 def test_token_analyses_say_which_tokens_they_use(files, images):
   grey, _ = images
-  r = vj.attention_distance({"vit": files["reg"]}, grey, batch_size=8, num_examples=N)
+  r = vj.attention_distance({"vit": files["reg"]}, grey, batch_size=8, num_examples=N, **NO_FIGURES)
   assert r["mean_distance"].shape == (2, 3)  # blocks, heads
   assert r.summary["prefix_tokens"] == ["cls", "reg", "reg"]
-  r = vj.localization({"deit": files["deit"]}, grey, batch_size=8, num_examples=N)
+  r = vj.localization({"deit": files["deit"]}, grey, batch_size=8, num_examples=N, **NO_FIGURES)
   assert r.summary["prefix_tokens"] == ["cls", "dist"]
   labels = np.arange(N) % 2
   r = vj.linear_probe({"reg": {**files["reg"], "features": ("each",)}}, grey, labels=labels,
-                      test=(grey, labels), layers="block01/out", batch_size=8, shots=2, seeds=1)
+                      test=(grey, labels), layers="block01/out", batch_size=8, shots=2, seeds=1,
+                      **NO_FIGURES)
   per_token = [v for k, v in r.arrays.items() if k.startswith("accuracy/")]
   assert [a.shape[1] for a in per_token] == [3 + 16]  # a probe per token, prefix tokens first
   assert r.summary["prefix_tokens"] == {"reg": ["cls", "reg", "reg"]}
@@ -129,7 +132,7 @@ def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(file
   import logging  # noqa: PLC0415
   with caplog.at_level(logging.WARNING, logger="vitcnn_jax"):
     r = vj.pc_share({**files, "gray": {**files["deit"], "policy": "resize"}}, images[0],
-                    layers="blocks", batch_size=8, num_examples=N)
+                    layers="blocks", batch_size=8, num_examples=N, **NO_FIGURES)
   with open(f"{r.workdir}/pc_share.json") as f:
     loaded = json.load(f)["models loaded"]
   assert loaded["cnx"]["policy"] == "bicubic_crop0.875_imagenet" and not loaded["cnx"]["assumed"]
@@ -170,7 +173,8 @@ def test_attention_distance_of_several_models_equals_each_alone(files, images):
   both = vj.attention_distance({"reg": files["reg"], "deit": files["deit"]}, grey, batch_size=8,
                                num_examples=N)
   for name in ("reg", "deit"):
-    alone = vj.attention_distance({name: files[name]}, grey, batch_size=8, num_examples=N)
+    alone = vj.attention_distance({name: files[name]}, grey, batch_size=8, num_examples=N,
+                                  **NO_FIGURES)
     np.testing.assert_allclose(both[f"mean_distance_{name}"], alone["mean_distance"], rtol=1e-6)
     assert both.summary["models"][name]["prefix_tokens"] == alone.summary["prefix_tokens"]
   np.testing.assert_array_equal(both["mean_distance"], both["mean_distance_deit"])
@@ -185,10 +189,11 @@ def test_head_subsets_and_reference_cka_on_todays_families(files, images):
   grey, labels = images
   r = vj.head_subsets({"vit": {**files["reg"], "capture": "all"},
                        "resnet": {**files["cnx"], "capture": "stage0/**"}}, grey, batch_size=8,
-                      num_examples=N)
+                      num_examples=N, **NO_FIGURES)
   assert np.isfinite(r["cka"]).all() and r["cka"].shape[0] == 3  # 3 windows of 1 of 3 heads
   r = vj.reference_cka({"deit": files["deit"], "reg": files["reg"]}, grey, labels=labels,
-                       reference="deit", layers="blocks", batch_size=8, num_examples=N, repeats=1)
+                       reference="deit", layers="blocks", batch_size=8, num_examples=N, repeats=1,
+                       **NO_FIGURES)
   assert any(k.startswith("cka_") for k in r.arrays)
   assert all(np.isfinite(v).all() for k, v in r.arrays.items() if k.startswith("cka_"))
 
@@ -198,7 +203,7 @@ def test_a_convnext_in_memory_is_preprocessed_as_its_file(files, images):
   normalisation, as loaded by path: the same numbers either way."""
   import json  # noqa: PLC0415
   model, params = checkpoints.load_model(files["cnx"]["checkpoint"], resolution=64)
-  small = dict(layers="blocks", batch_size=8, num_examples=N)
+  small = dict(layers="blocks", batch_size=8, num_examples=N, **NO_FIGURES)
   by_path = vj.pc_share({"cnx": files["cnx"]}, images[0], **small)
   in_memory = vj.pc_share({"cnx": (model, params)}, images[0], **small)
   with open(f"{in_memory.workdir}/pc_share.json") as f:

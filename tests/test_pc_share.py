@@ -123,6 +123,9 @@ def test_cka_without_the_dominant_examples_of_each_minibatch(tiny_vit_bit):
   assert_close(r["scores"], np.concatenate(scores), len(names) * bound, "dominance")
   want = np_minibatch_cka(kept[names[0]], kept[names[1]])
   assert_close(r["without_cka_vit_vit"][0, 1], want, 2 * bound, "CKA without the dominant")
+  for figure in ("pc_share.png", "without_dominant_vit_vit.png"):  # the analysis's figures
+    with open(f"{r.workdir}/{figure}", "rb") as f:
+      assert f.read(4) == b"\x89PNG", figure
   assert r.summary["kept_examples"] == n - 5  # one of each minibatch
   assert r.summary["dominant_examples"][0]["index"] == int(idx[np.argmax(np.concatenate(scores))])
   assert len(r.plot()) == 2  # the share per layer, and the maps with and without
