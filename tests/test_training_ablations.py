@@ -137,7 +137,9 @@ def test_a_no_skip_model_exports_and_reloads_only_with_its_ablation(idx_dir, tmp
 
 
 def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_path):
-  c, _ = _train(idx_dir, tmp_path, "pre", classes=(0, 1, 2))
+  # Pre-trained on the data-scale demo's classes: the architecture and settings of its
+  # "pretrained" model, whose compiled init and step the two tests share.
+  c, _ = _train(idx_dir, tmp_path, "pre", classes=data_scale.PRETRAIN)
   _, pre = checkpoints.load_model(str(tmp_path / "pre.npz"))
   tuned = train_configs.changed(c, "tuned", classes=(3, 4, 5, 6), init=str(tmp_path / "pre.npz"))
   model = train.build_model(tuned, 4)
