@@ -105,15 +105,19 @@ def test_gap_and_noskip_variants_train(idx_dir, tmp_path):
     train.train(cfg, str(tmp_path / "x.npz"), str(tmp_path))
 
 
-def test_demo_end_to_end_at_reduced_size(idx_dir, tmp_path):
+def test_demo_end_to_end_at_reduced_size(vit_run, idx_dir, tmp_path):
   """The :demo config path: train both tiny models, reload, CKA on held-out images."""
   flags = [f"--config={ROOT}/configs/cka_vit_resnet.py:demo,examples=64,batch=16,repeats=1",
            f"--workdir={tmp_path / 'wd'}", f"--config.cache_dir={tmp_path / 'cache'}",
            f"--config.data.path={idx_dir}"]
-  for key in ("models.vit", "models.resnet"):  # trained for 4 steps; CKA of each block's output
-    flags += [f"--config.{key}.train.steps=4", f"--config.{key}.train.data.path={idx_dir}",
-              f"--config.{key}.train.warmup_steps=1", f"--config.{key}.capture=('blocks',)"]
-  flags.append("--config.models.vit.train.model.depth=2")  # the ViT in 2 blocks: half the program
+  for key in ("models.vit", "models.resnet"):  # CKA of each block's output
+    flags += [f"--config.{key}.train.data.path={idx_dir}", f"--config.{key}.capture=('blocks',)"]
+  flags += ["--config.models.resnet.train.steps=4", "--config.models.resnet.train.warmup_steps=1"]
+  # The ViT as `vit_run` trains it: the init, step and evaluation it compiled, not new ones.
+  vit = _config(idx_dir)
+  flags += [f"--config.models.vit.train.{k}={vit[k]}" for k in ("steps", "warmup_steps", "batch_size")]
+  flags += [f"--config.models.vit.train.model.{k}={vit.model[k]}"
+            for k in ("image_size", "patch_size", "width", "depth")]
   r = run_main(*flags)
   assert "test accuracy" in r.stdout
   wd = tmp_path / "wd"
