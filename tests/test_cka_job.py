@@ -72,14 +72,15 @@ def eight_devices(tiny_vit_bit, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed(tiny_vit_bit, tmp_path_factory):
-  """`one_device`'s job stopped after 4 steps, then resumed (child processes each):
-  (its workdir, what the stopped run printed and left)."""
+  """`blocks_one_device`'s job stopped after 4 steps, then resumed (child processes
+  each): (its workdir, what the stopped run printed and left)."""
   wd = tmp_path_factory.mktemp("resumed")
-  r = _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES, "--config.stop_after=4"), devices=1)
+  r = _run(_flags(tiny_vit_bit, wd, *BLOCKS, *MEASURES, *NO_FIGURES, "--config.stop_after=4"),
+           devices=1)
   state = wd / "cka_state.npz"
   stopped = dict(stdout=r.stdout, state=state.exists(), result=(wd / "cka.npz").exists(),
                  position=tuple(np.load(state)["position"]) if state.exists() else None)
-  _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES), devices=1)
+  _run(_flags(tiny_vit_bit, wd, *BLOCKS, *MEASURES, *NO_FIGURES), devices=1)
   return wd, stopped
 
 
@@ -230,13 +231,13 @@ def test_two_processes_equal_one_process(blocks_one_device, tiny_vit_bit, tmp_pa
   assert json.loads((tmp_path / "cka.json").read_text())["devices"] == 8
 
 
-def test_interrupted_run_resumes_to_the_same_result(one_device, resumed):
+def test_interrupted_run_resumes_to_the_same_result(blocks_one_device, resumed):
   wd, stopped = resumed
   assert "Stopped after 4 steps" in stopped["stdout"]
   assert stopped["state"] and not stopped["result"]
   assert stopped["position"] == (0, 0, 4)  # pass 0, repeat 0, after step 4
   np.testing.assert_array_equal(np.load(wd / "cka.npz")["per_repeat"],
-                                np.load(one_device / "cka.npz")["per_repeat"])
+                                np.load(blocks_one_device / "cka.npz")["per_repeat"])
 
 
 def test_bad_config_fields_are_named(tiny_vit_bit, tmp_path):
@@ -313,9 +314,9 @@ def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device,
                                                                     eight_devices, resumed):
   """The Poisson weights belong to minibatches, not devices: 1 device, 8 devices
   and a run stopped and resumed give the same intervals; each holds its estimate."""
-  a = np.load(one_device / "cka.npz")
-  for reference, other in ((blocks_one_device, eight_devices), (one_device, resumed[0])):
-    want, b = np.load(reference / "cka.npz"), np.load(other / "cka.npz")
+  a, want = np.load(one_device / "cka.npz"), np.load(blocks_one_device / "cka.npz")
+  for other in (eight_devices, resumed[0]):
+    b = np.load(other / "cka.npz")
     for key in ("rbf_cka_ci_low_resnet_vit", "cka_ci_high_vit_vit", "rsa_ci_low_resnet_resnet"):
       assert_close(b[key], want[key], RUNS_BOUND, f"{key}: {other.name}")
   for p in ("cka", "rbf_cka", "rsa"):
