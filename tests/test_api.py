@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import upstream_files as uf
-from conftest import ROOT, run_main
+from conftest import NO_FIGURES, ROOT, run_main
 from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 import vitcnn_jax as vj
@@ -19,8 +19,6 @@ from vitcnn_jax.models import io
 
 N, BATCH = 48, 16
 RUNS_BOUND = job_runs_bound(BATCH)  # the job compiled twice
-# Results only where the figures are another test's (each analysis's end-to-end test).
-NO_FIGURES = {"plot": {"format": "none"}}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +79,7 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
 def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):
   vit, bit = tiny_vit_bit
   r = vj.cka({"ViT": vit, "BiT": {"checkpoint": bit, "resolution": 32}}, images[0][:32],
-             batch_size=BATCH, repeats=1, workdir=str(tmp_path), plot={"format": "none"})
+             batch_size=BATCH, repeats=1, workdir=str(tmp_path), **NO_FIGURES)
   assert not list(tmp_path.glob("*.png"))  # results only, until asked
   figs = r.plot(format="pdf", vmin=0.2)
   assert len(figs) == 3 and all(isinstance(f, matplotlib.figure.Figure) for f in figs)

@@ -38,14 +38,15 @@ MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa
             "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
 # Each block's output only: for the runs that test how the work is spread, not the layers.
 BLOCKS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)")
-# Results only, for the runs whose figures (the same as `eight_devices`') are not under test.
+# Results only, for the runs whose figures are not under test (the job's are checked on
+# `eight_devices`, and drawn from saved sums in test_results_only_then_the_figures_...).
 NO_FIGURES = ("--config.plot.format=none",)
 
 
 @pytest.fixture(scope="module")
 def one_device(tiny_vit_bit, tmp_path_factory):
   """Every layer and every measure on one device (a child process): the reference
-  (its figures are `eight_devices`')."""
+  for the float64 check, the files' layout and the intervals (results only)."""
   wd = tmp_path_factory.mktemp("one")
   _run(_flags(tiny_vit_bit, wd, *MEASURES, *NO_FIGURES), devices=1)
   return wd
@@ -196,7 +197,7 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   # loop came back broken from it: why hsic's group rings are unrolled).
   monkeypatch.setenv("JAX_LOG_COMPILES", "1")
   r = _run(_flags(tiny_vit_bit, tmp_path, f"--config.device_memory_gib={config.device_memory_gib}",
-                  *BLOCKS), devices=8)
+                  *BLOCKS, *NO_FIGURES), devices=8)
   assert f"Memory plan: minibatch 8 over {plan.devices_per_minibatch} devices" in r.stdout
   # The run steps with the last step the planner compiled: one compile per group tried.
   tried = memory.groups(BATCH, 8).index(plan.devices_per_minibatch) + 1
@@ -220,7 +221,7 @@ def test_two_processes_equal_one_process(blocks_one_device, tiny_vit_bit, tmp_pa
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  procs = [forked.start(["main.py", *_flags(tiny_vit_bit, tmp_path, *BLOCKS),
+  procs = [forked.start(["main.py", *_flags(tiny_vit_bit, tmp_path, *BLOCKS, *NO_FIGURES),
                          f"--config.devices_per_minibatch={group}", "--distributed",
                          f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
                          "--cpu_collectives=gloo"], device_env(4), ROOT) for i in range(2)]

@@ -13,13 +13,11 @@ import pytest
 import forked
 import timm_ref
 import upstream_files as uf
-from conftest import ROOT
+from conftest import NO_FIGURES, ROOT
 import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
 
 N = 16
-# Results only where each analysis's figures are another test's (its own module's).
-NO_FIGURES = {"plot": {"format": "none"}}
 
 
 @pytest.fixture(scope="module")
