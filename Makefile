@@ -40,12 +40,14 @@ browser:
 	@command -v chromium >/dev/null || \
 	  ($(APT) update -qq && $(APT) install -y -qq --no-install-recommends chromium)
 
+# Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it, each run
+# (each test process) would compile its imports from source (about 5 s) since pip
+# compiled none.
+demo test: export PYTHONDONTWRITEBYTECODE =
+
 demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
-# Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: without it, each test
-# process would compile its imports from source (about 5 s each) since pip compiled none.
-test: export PYTHONDONTWRITEBYTECODE =
 test: install-test dataset browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
