@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 PAIRS = {  # name -> (ViT fields, BiT fields, input size)
     "b16_r50": (dict(variant="B/16"), dict(width=1, depth=50), 224),
     "tiny": (dict(patch_size=8, width=32, depth=2, mlp_dim=64, num_heads=2),
-             dict(width=0.5, depth=(1, 1, 1, 1)), 32),
+             dict(width=0.5, depth=(1, 1)), 32),
 }
 
 

@@ -171,9 +171,10 @@ def gram_path(request, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_vit_bit(tmp_path_factory) -> tuple[str, str]:
   """A tiny ViT (vision_transformer format, 32 px, patch 8) and BiT (big_transfer
-  format, one unit per stage) checkpoint: the CKA jobs' test pair."""
+  format, two stages of one unit: the first stage's stride-1 and the second's
+  stride-2 unit, half the compile of four) checkpoint: the CKA jobs' test pair."""
   import upstream_files as uf  # pylint: disable=g-import-not-at-top
   d = tmp_path_factory.mktemp("ckpt")
   vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1)))
   return vit, bit

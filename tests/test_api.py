@@ -130,8 +130,8 @@ def test_the_other_analyses_run_from_one_line(tiny_vit_bit, images):
   bit32 = {"checkpoint": bit, "resolution": 32}
 
   r = vj.receptive_field({"ViT": vit, "BiT": bit32}, grey[:8], batch_size=4, **NO_FIGURES)
-  assert r["vit_maps"].shape == (4, 32, 32) and r["bit_maps"].shape == (5, 32, 32)
-  assert r["bit_grid"][-1].tolist() == [1, 1]  # the last stage at 32 px is 1x1
+  assert r["vit_maps"].shape == (4, 32, 32) and r["bit_maps"].shape == (3, 32, 32)
+  assert r["bit_grid"][-1].tolist() == [4, 4]  # the second stage at 32 px: 4x4
 
   r = vj.localization(vit, grey, layer="block01/out", batch_size=BATCH, **NO_FIGURES)
   assert r["cka"].shape == (16, 16)  # tokens x patches of the 4x4 grid

@@ -17,7 +17,7 @@ from vitcnn_jax import checkpoints, data
 
 def test_cka_of_a_mixer_against_a_vit_equals_float64_numpy(tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1)))
   mixer = uf.save(tmp_path / "mixer.npz", uf.mixer(3))
   wd = tmp_path / "wd"
   run_main(f"--config={ROOT}/configs/cka_vit_resnet.py:demo_mixer,examples=16,batch=8,repeats=1",
@@ -45,7 +45,7 @@ def test_cka_of_a_mixer_against_a_vit_equals_float64_numpy(tmp_path):
 def _mixer_run(tmp_path, config: str, *flags: str, models=("vit", "resnet", "mixer")):
   """A demo_mixer config on files: its demo models swapped for small ones."""
   paths = dict(vit=uf.save(tmp_path / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8)),
-               resnet=uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1))),
+               resnet=uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1))),
                mixer=uf.save(tmp_path / "mixer.npz", uf.mixer(3)))
   wd = tmp_path / config.split(".")[0]
   run_main(f"--config={ROOT}/configs/{config}", f"--workdir={wd}",

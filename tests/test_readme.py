@@ -29,7 +29,7 @@ def _demo_cache(home: str) -> None:
   """Tiny random models (upstream files, nothing to compile) where `demos.checkpoint`
   looks for the trained demo models."""
   files = {"vit_demo": uf.vt_vit(0, width=48, depth=1, heads=3, mlp=96, patch=8, num_classes=10),
-           "bit_demo": uf.bt_bit(0, depth=(1, 1, 1, 1), num_classes=10)}
+           "bit_demo": uf.bt_bit(0, depth=(1, 1), num_classes=10)}
   for variant, arrays in files.items():
     path = train.cache_path(zoo.demo_training(variant), os.path.join(home, ".cache", "vitcnn_jax"))
     os.makedirs(os.path.dirname(path), exist_ok=True)

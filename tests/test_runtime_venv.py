@@ -75,7 +75,7 @@ def test_optional_paths_import_and_run(runtime_venv, tmp_path):
 
 def test_main_job_on_a_missing_tfds_dataset_says_how_to_prepare_it(runtime_venv, tmp_path):
   vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))
-  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  bit = uf.save(tmp_path / "bit.npz", uf.bt_bit(0, depth=(1, 1)))
   r = _run(runtime_venv, "main.py", f"--config={ROOT}/configs/cka_vit_resnet.py",
            f"--workdir={tmp_path / 'wd'}", f"--config.models.vit.checkpoint={vit}",
            f"--config.models.resnet.checkpoint={bit}", f"--config.data.data_dir={tmp_path / 'tfds'}")
@@ -114,9 +114,9 @@ def test_pip_install_then_the_notebook_example_elsewhere(runtime_venv, tmp_path)
   work = tmp_path / "elsewhere"
   work.mkdir()
   vit = uf.save(work / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
-  bit = uf.save(work / "bit.npz", uf.bt_bit(0, depth=(1, 1, 1, 1)))
+  bit = uf.save(work / "bit.npz", uf.bt_bit(0, depth=(1, 1)))
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site), MPLBACKEND="Agg")
   r = subprocess.run([runtime_venv, "-c", NOTEBOOK, vit, bit], cwd=work, env=env,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert f"NOTEBOOK OK {site}/vitcnn_jax/__init__.py (31, 12) CKA within BiT" in r.stdout, r.stdout
+  assert f"NOTEBOOK OK {site}/vitcnn_jax/__init__.py (17, 12) CKA within BiT" in r.stdout, r.stdout

@@ -112,7 +112,10 @@ def test_demo_end_to_end_at_reduced_size(vit_run, idx_dir, tmp_path):
            f"--config.data.path={idx_dir}"]
   for key in ("models.vit", "models.resnet"):  # CKA of each block's output
     flags += [f"--config.{key}.train.data.path={idx_dir}", f"--config.{key}.capture=('blocks',)"]
-  flags += ["--config.models.resnet.train.steps=4", "--config.models.resnet.train.warmup_steps=1"]
+  # The BiT: 4 steps, two stages of one unit (a stride-1 and a stride-2 unit; half the
+  # compile of the demo's four).
+  flags += ["--config.models.resnet.train.steps=4", "--config.models.resnet.train.warmup_steps=1",
+            "--config.models.resnet.train.model.depth=(1, 1)"]
   # The ViT as `vit_run` trains it: the init, step and evaluation it compiled, not new ones.
   vit = _config(idx_dir)
   flags += [f"--config.models.vit.train.{k}={vit[k]}" for k in ("steps", "warmup_steps", "batch_size")]
@@ -125,7 +128,8 @@ def test_demo_end_to_end_at_reduced_size(vit_run, idx_dir, tmp_path):
     assert (wd / f).exists(), f
   cached = sorted(os.listdir(tmp_path / "cache"))
   assert any(f.startswith("vit_demo-") and f.endswith(".npz") for f in cached)
-  assert any(f.startswith("bit_demo-") and f.endswith(".npz") for f in cached)
+  bit = [f for f in cached if f.startswith("bit_demo-") and f.endswith(".npz")]
+  assert len(bit) == 1 and checkpoints.load_model(str(tmp_path / "cache" / bit[0]))[0].depth == (1, 1)
   # Second run reuses the cached models: no training output (one step shows it).
   r = run_main(*flags[:1], f"--workdir={tmp_path / 'wd2'}", *flags[2:], "--config.stop_after=1")
   assert "test accuracy" not in r.stdout and "Stopped after 1 steps" in r.stdout

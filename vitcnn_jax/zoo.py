@@ -108,7 +108,7 @@ DEMO_ARCHITECTURES = {
                          num_heads=4, pool="gap"),
     "vit_noskip_demo": dict(family="vit", patch_size=4, image_size=32, width=64, depth=4,
                             mlp_dim=128, num_heads=4, pool="token", no_skip=[1]),
-    "bit_demo": dict(family="bit", width=0.5, depth=[1, 1, 1, 1], image_size=32),
+    "bit_demo": dict(family="bit", width=0.5, depth=(1, 1, 1, 1), image_size=32),
     "mixer_demo": dict(family="mixer", patch_size=4, image_size=32, hidden_dim=64, num_blocks=4,
                        tokens_mlp_dim=64, channels_mlp_dim=128),
 }
