@@ -44,10 +44,12 @@ def idx_dir(tmp_path_factory):
 
 
 def _tiny(config, idx_dir: str, steps: int = 4):
-  """A training config of the demo shrunk to seconds: tiny model, tiny data."""
+  """A training config of the demo shrunk to seconds: tiny model, tiny data, and one
+  learning rate (fine-tuning's lower one too: the schedule is compiled into the step,
+  so each architecture's models share one compiled step)."""
   config.model.update(TINY)
   config.data.path = idx_dir
-  config.steps, config.batch_size, config.warmup_steps = steps, 16, 1
+  config.steps, config.batch_size, config.warmup_steps, config.lr = steps, 16, 1, 1e-3
   if config.get("pretrain"):
     _tiny(config.pretrain, idx_dir, steps)
   return config
