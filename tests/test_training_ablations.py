@@ -155,9 +155,9 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
       np.testing.assert_array_equal(v, pre[k], err_msg=k)
   wide = train_configs.changed(tuned, "wide", width=24)
   wmodel = train.build_model(wide, 4)
-  wparams = wmodel.init(jax.random.PRNGKey(1), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  wparams = common.random_params(wmodel, np.zeros((1, 16, 16, 3), np.float32))
   with pytest.raises(ValueError, match=r"does not fit config.model: "
-                                       r"\['embedding/kernel \(4, 4, 3, 16\) vs \(4, 4, 3, 24\)"):
+                                       r"\['Transformer/encoder_norm/bias \(16,\) vs \(24,\)"):
     train._initial_params(wide, wmodel, wparams, str(tmp_path))
 
 
