@@ -126,6 +126,29 @@ def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches(gram_path):
       assert_close(r.xy[i, j], ref, bound, f"xy {a} {b}")
 
 
+def test_stacked_layers_equal_the_same_layers_one_by_one(gram_path):
+  """`stacked_sums` (each stack's layers made by one batched program, as
+  localization's tokens and patches are) is `minibatch_sums` of the same layers in
+  order: padding rows, 3-D layers, and in one stack a layer at 1e20 beside ones
+  at 1, whose scales the batched program finds apart."""
+  rng = np.random.default_rng(2)
+  mask = np.r_[np.ones(13), np.zeros(3)].astype(np.float32)
+  big = np.array([1.0, 1e20, 1.0])[:, None, None, None]
+  stacks = [rng.standard_normal((4, 16, 5)).astype(np.float32),
+            (big * rng.standard_normal((3, 16, 3, 2)) + 0.5).astype(np.float32)]
+  layers = [a for s in stacks for a in s]
+  got = jax.device_get(hsic.stacked_sums([jnp.asarray(s) for s in stacks], jnp.asarray(mask)))
+  want = jax.device_get(hsic.minibatch_sums([jnp.asarray(a) for a in layers], jnp.asarray(mask)))
+  np.testing.assert_array_equal(got["log2_scale"], want["log2_scale"])  # exponents from the same bits
+  assert want["log2_scale"][5] > 60  # the layer at 1e20 was scaled apart from the others
+  got, want = hsic.unscale(got), hsic.unscale(want)
+  names = [str(i) for i in range(len(layers))]
+  cka = lambda s: hsic.cka_from_hsic(s["hsic"], names, s["moments"] / 13)
+  # Two float32 computations of the same sums (batched and one by one), on the CKA scale.
+  assert_close(cka(got), cka(want), 2 * cka_bound(13, 6), "stacked vs one by one")
+  assert_close(got["moments"] / want["moments"], 1.0, 2 * worst(6), "fourth moments, relative")
+
+
 def test_masked_padding_equals_the_unpadded_batch(gram_path):
   rng = np.random.default_rng(1)
   acts = [rng.standard_normal((11, 7)).astype(np.float32), rng.standard_normal((11, 3, 2)).astype(np.float32)]

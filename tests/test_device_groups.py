@@ -23,14 +23,18 @@ def _layers(rng, rows: int) -> list[np.ndarray]:
           (1e-3 * rng.standard_normal((rows, 9))).astype(np.float32)]
 
 
-def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int) -> np.ndarray:
+def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int, stacked: bool = False
+                  ) -> np.ndarray:
   """HSIC summed over all minibatches, `group` devices per minibatch, steps of
-  (devices / group) minibatches, rows laid out as the pipeline lays them out."""
+  (devices / group) minibatches, rows laid out as the pipeline lays them out;
+  `stacked`: the layers (of one shape) as one stack (`hsic.stacked_sums`)."""
   mesh = parallel.mesh(group)
   per_step = jax.device_count() // group * N
 
   def local(m, *a):
-    out = hsic.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP if group > 1 else None)
+    sums = ((lambda a, *r: hsic.stacked_sums([jax.numpy.stack(a)], *r)) if stacked
+            else (lambda a, *r: hsic.minibatch_sums(list(a), *r)))
+    out = sums(a, m, parallel.AXES, parallel.GROUP if group > 1 else None)
     return {k: (jax.lax.pmax(v, parallel.AXES) if k == "log2_scale" else jax.lax.psum(v, parallel.AXES))
             for k, v in out.items()}
 
@@ -65,6 +69,26 @@ def test_a_minibatch_spread_over_devices_equals_one_device_holding_it(group, chu
   bound = likely(N, 30, 2 * N, N * N) + worst(group + len(SIZES))
   err = assert_close(got / scale, want / scale, bound, f"{group} devices per minibatch, {chunk}")
   print(f"{group} devices per minibatch, {chunk}: max relative HSIC error {err:.1e}")
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_stacked_layers_on_one_device_or_spread_over_a_group(group):
+  """`stacked_sums` (localization's tokens and patches: one batched program on a
+  device, the layers one by one over a group) equals float64 NumPy either way."""
+  rng = np.random.default_rng(3)
+  base = rng.standard_normal((N * len(SIZES), 4))
+  acts = [(base @ rng.standard_normal((4, 12)) + rng.standard_normal((len(base), 12))).astype(np.float32)
+          for _ in range(3)]
+  mask = np.concatenate([(np.arange(N) < n).astype(np.float32) for n in SIZES])
+  want = 0.0
+  for i, n in enumerate(SIZES):
+    rows = slice(i * N, i * N + n)
+    want = want + np.asarray([[np_hsic1(a[rows], b[rows]) for b in acts] for a in acts])
+  got = _grouped_hsic(acts, mask, group, stacked=True)
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
+  # As above, with Grams of 12 features.
+  bound = likely(N, 12, 2 * N, N * N) + worst(group + len(SIZES))
+  assert_close(got / scale, want / scale, bound, f"stacked, {group} devices per minibatch")
 
 
 def test_grouped_moments_add_up_to_the_minibatch_ones():

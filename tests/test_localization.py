@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, cka_bound, likely, network
-from test_cka import hsic_matrix, np_minibatch_cka
+from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, hsic, data
 from vitcnn_jax.analyses import localization as loc
 
@@ -32,7 +33,8 @@ def test_token_equal_to_transformed_own_patch_gives_one_and_independent_near_zer
     patches = np.asarray(loc.to_patches(jnp.asarray(images), grid))  # (n, 4, 12)
     tokens = np.stack([patches[:, 0] @ q, 2.5 * patches[:, 1],
                        rng.standard_normal((n, 12)), patches[:, 3] @ q], axis=1).astype(np.float32)
-    hs = hs + hsic_matrix(loc.to_columns(jnp.asarray(tokens), jnp.asarray(patches)))
+    sums = hsic.stacked_sums(loc.to_stacks(jnp.asarray(tokens), jnp.asarray(patches)))
+    hs = hs + hsic.unscale(jax.device_get(sums))["hsic"]
   c = hsic.cka_from_hsic(hs, [str(i) for i in range(8)])[:4, 4:]
   # patches @ q in float64 then float32: one rounding of the token; then the CKA's own.
   assert_close([c[0, 0], c[1, 1], c[3, 3]], 1.0, cka_bound(n, 12) + likely(1), "own patch")

@@ -44,6 +44,12 @@ class Forward:
     return hsic.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
                                self._precision)
 
+  def stacked_sums(self, stacks: Sequence[jax.Array], mask: jax.Array) -> Sums:
+    """`minibatch_sums` of the layers stacked in each of `stacks` (`hsic.stacked_sums`:
+    one batched program for any number of same-shaped layers)."""
+    return hsic.stacked_sums(stacks, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
+                             self._precision)
+
   def measure_sums(self, acts: Sequence[jax.Array], mask: jax.Array, spec: measures.Spec) -> Sums:
     """`minibatch_sums` and the sums of `spec`'s other measures (`measures.minibatch_sums`)."""
     return measures.minibatch_sums(acts, mask, spec, parallel.AXES,

@@ -46,9 +46,10 @@ def to_patches(images: jax.Array, grid: tuple[int, int]) -> jax.Array:
   return x.reshape(b, gh * gw, -1)
 
 
-def to_columns(tokens: jax.Array, patches: jax.Array) -> list[jax.Array]:
-  """[token 0, ..., token N-1, patch 0, ..., patch P-1], each (B, features)."""
-  return [tokens[:, i] for i in range(tokens.shape[1])] + [patches[:, j] for j in range(patches.shape[1])]
+def to_stacks(tokens: jax.Array, patches: jax.Array) -> list[jax.Array]:
+  """[tokens (N, B, C), patches (P, B, features)]: the layers token 0, ..., token
+  N-1, patch 0, ..., patch P-1, each stack made by one batched program."""
+  return [jnp.moveaxis(tokens, 1, 0), jnp.moveaxis(patches, 1, 0)]
 
 
 class Localization(protocol.HsicPass, protocol.Analysis):
@@ -78,8 +79,7 @@ class Localization(protocol.HsicPass, protocol.Analysis):
   def step(self, forward, labels, mask) -> dict:
     del labels
     tokens, _ = to_tokens(forward(self.key)[self.layer], self.m.model.num_prefix_tokens)
-    acts = to_columns(tokens, to_patches(forward.inputs(self.key), self.grid))
-    return forward.minibatch_sums(acts, mask)
+    return forward.stacked_sums(to_stacks(tokens, to_patches(forward.inputs(self.key), self.grid)), mask)
 
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
