@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -32,9 +33,8 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int, stacked:
   per_step = jax.device_count() // group * N
 
   def local(m, *a):
-    sums = ((lambda a, *r: hsic.stacked_sums([jax.numpy.stack(a)], *r)) if stacked
-            else (lambda a, *r: hsic.minibatch_sums(list(a), *r)))
-    out = sums(a, m, parallel.AXES, parallel.GROUP if group > 1 else None)
+    where = (m, parallel.AXES, parallel.GROUP if group > 1 else None)
+    out = hsic.stacked_sums([jnp.stack(a)], *where) if stacked else hsic.minibatch_sums(list(a), *where)
     return {k: (jax.lax.pmax(v, parallel.AXES) if k == "log2_scale" else jax.lax.psum(v, parallel.AXES))
             for k, v in out.items()}
 

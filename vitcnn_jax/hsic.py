@@ -287,6 +287,11 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
                       axis_name)
 
 
+def _valid_rows(n_all: int, mask: jax.Array | None) -> jax.Array:
+  """The minibatch's valid rows in float32: all `n_all`, or those `mask` marks."""
+  return jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+
+
 def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
                  axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
                  precision: Precision = HIGHEST) -> dict[str, jax.Array]:
@@ -294,12 +299,13 @@ def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
   ((k, rows, ...): k layers of one shape, e.g. a layer's tokens or an image's
   patches), in that order. Each stack's layers are made by one batched copy of
   the code (`jax.vmap`), so the program does not grow with k: localization on a
-  16x16 grid has 512 such layers, unrolled a 70 s compile on CPU. Spread over a
-  `group` of devices (collectives per layer), the layers are taken one by one."""
+  16x16 grid has 512 such layers, unrolled over a minute of compile on CPU.
+  Spread over a `group` of devices (collectives per layer), the layers are taken
+  one by one."""
   if group is not None:
     return minibatch_sums([a for s in stacks for a in s], mask, axis_name, group, precision)
   n_all = stacks[0].shape[1]
-  n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+  n = _valid_rows(n_all, mask)
 
   def parts(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     layer = scaled_layer(a, mask, precision)
@@ -315,7 +321,7 @@ def linear_sums(layers: Sequence[Layer], mask: jax.Array | None, precision: Prec
   fourth moments and exponents; with `order`, also `null/hsic`: the second layer's
   examples re-indexed by `order` (U-centring commutes with the re-index)."""
   n_all = layers[0].gram.shape[0]
-  n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+  n = _valid_rows(n_all, mask)
   grams = jnp.stack([center_unbiased(lay.gram, mask).ravel() for lay in layers])
   return _linear_out(grams, jnp.stack([n * fourth_moment(lay.mean) for lay in layers]),
                      jnp.stack([lay.e for lay in layers]), n_all, mask, precision, order)
@@ -481,7 +487,7 @@ def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
                    precision: Precision = HIGHEST, g2: jax.Array | None = None) -> jax.Array:
   """All pairs of stacked, flattened U-centred Grams (`g` with `g2`, default `g`)
   in one matmul, normalised."""
-  n = jnp.asarray(n_all, jnp.float32) if mask is None else mask.astype(jnp.float32).sum()
+  n = _valid_rows(n_all, mask)
   hs = jnp.matmul(g, (g if g2 is None else g2).T, precision=precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 

@@ -37,23 +37,22 @@ class Forward:
     self.models, self._params, self._images, self._points = models, params, images, points
     self.constants, self.key = constants, key
     self.grouped, self._precision = grouped, precision
+    self._group = parallel.GROUP if grouped else None  # the mesh axis a minibatch spans
 
   def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
     """`hsic.minibatch_sums` of these rows' activations (one per layer), for a
     minibatch held by this device or spread over its group of devices."""
-    return hsic.minibatch_sums(acts, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
-                               self._precision)
+    return hsic.minibatch_sums(acts, mask, parallel.AXES, self._group, self._precision)
 
   def stacked_sums(self, stacks: Sequence[jax.Array], mask: jax.Array) -> Sums:
     """`minibatch_sums` of the layers stacked in each of `stacks` (`hsic.stacked_sums`:
     one batched program for any number of same-shaped layers)."""
-    return hsic.stacked_sums(stacks, mask, parallel.AXES, parallel.GROUP if self.grouped else None,
-                             self._precision)
+    return hsic.stacked_sums(stacks, mask, parallel.AXES, self._group, self._precision)
 
   def measure_sums(self, acts: Sequence[jax.Array], mask: jax.Array, spec: measures.Spec) -> Sums:
     """`minibatch_sums` and the sums of `spec`'s other measures (`measures.minibatch_sums`)."""
     return measures.minibatch_sums(acts, mask, spec, parallel.AXES,
-                                   parallel.GROUP if self.grouped else None, self.key, self._precision)
+                                   self._group, self.key, self._precision)
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32, normalised as its policy says."""
