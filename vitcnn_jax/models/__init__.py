@@ -11,10 +11,12 @@ from types import ModuleType
 
 import flax.linen as nn
 
-from vitcnn_jax.models import bit_io, convnext_io, mixer_io, vit_io, vit_timm_io
+from vitcnn_jax.models import (bit_io, convnext_io, mixer_io, resnet_io, resnet_onnx_io, vit_hf_io,
+                               vit_io, vit_timm_io)
 from vitcnn_jax.models.bit import BiT
 from vitcnn_jax.models.convnext import ConvNeXt
 from vitcnn_jax.models.mixer import Mixer
+from vitcnn_jax.models.resnet import ResNet
 from vitcnn_jax.models.vit import ViT
 
 
@@ -34,8 +36,9 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vit", ViT, (vit_io, vit_timm_io)), Family("bit", BiT, (bit_io,)),
-    Family("mixer", Mixer, (mixer_io,)), Family("convnext", ConvNeXt, (convnext_io,)))}
+    Family("vit", ViT, (vit_io, vit_timm_io, vit_hf_io)), Family("bit", BiT, (bit_io,)),
+    Family("mixer", Mixer, (mixer_io,)), Family("convnext", ConvNeXt, (convnext_io,)),
+    Family("resnet", ResNet, (resnet_io, resnet_onnx_io)))}
 
 
 def family_of(model: nn.Module) -> Family:
@@ -49,4 +52,4 @@ def get_model(family: str, **kwargs) -> nn.Module:
   return FAMILIES[family].module(**kwargs)
 
 
-__all__ = ["BiT", "ConvNeXt", "FAMILIES", "Family", "Mixer", "ViT", "family_of", "get_model"]
+__all__ = ["BiT", "ConvNeXt", "FAMILIES", "Family", "Mixer", "ResNet", "ViT", "family_of", "get_model"]

@@ -39,7 +39,7 @@ class Reading:
   # no writer maps it back (a block of a scan-stacked tree), for messages
 
 
-_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_arrays last read there
+_DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_bytes last read there
 
 
 IN_MEMORY = "memory:"  # the "path" of parameters handed over in memory: memory:DIGEST
@@ -69,9 +69,9 @@ def digest(path: str) -> str:
 _PICKLES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle")
 
 
-def read_arrays(path: str) -> dict[str, np.ndarray]:
-  """All arrays of an npz or safetensors file (told apart by their bytes), as
-  float32 where floating point. Pickles (`.pth`, `.bin`) are refused unread."""
+def read_bytes(path: str) -> bytes:
+  """A checkpoint file's bytes (their digest kept for `digest`). Pickles (`.pth`,
+  `.bin`) are refused unread."""
   if str(path).lower().endswith(_PICKLES):
     raise CheckpointError(
         f"{path}: a PyTorch pickle; pickles can run code when loaded, so they are never "
@@ -79,6 +79,12 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
         "each model), or convert it with safetensors.torch.save_file(state_dict, ...).")
   data = fileio.read_bytes(path)
   _DIGESTS[path] = hashlib.sha256(data).hexdigest()[:16]
+  return data
+
+
+def decode_arrays(path: str, data: bytes) -> dict[str, np.ndarray]:
+  """All arrays of an npz or safetensors file (told apart by their bytes), as
+  float32 where floating point."""
   if str(path).lower().endswith(".safetensors") or _is_safetensors(data):
     return _read_safetensors(path, data)
   return _read_npz(path, data)
@@ -147,17 +153,20 @@ def _read_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
 class Keys:
   """The file's tensors, handed out once each; leftovers are an error."""
 
-  def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str, prefix: str = ""):
+  def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str, prefix: str = "",
+               graph: Any = None):
     self.flat, self.path, self.fmt = flat, path, fmt
     self.prefix = prefix  # what the file puts before every key (`params/`), for messages
+    self.graph = graph  # an ONNX file's `onnx_file.Graph`, else None
     self.used: set[str] = set()
 
   def has(self, key: str) -> bool:
     return key in self.flat
 
   def shape(self, key: str) -> str:
-    """`key (shape)`: the evidence a field was read from."""
-    return f"{key} {tuple(self.flat[key].shape)}"
+    """`key (shape)`: the evidence a field was read from, named as the file names it."""
+    named = self.graph.described.get(self.prefix + key) if self.graph else None
+    return f"{named or key} {tuple(self.flat[key].shape)}"
 
   def take(self, key: str) -> np.ndarray:
     if key not in self.flat:
@@ -177,7 +186,8 @@ class Keys:
   def finish(self) -> None:
     left = sorted(set(self.flat) - self.used)
     if left:
-      shown = ", ".join(self.prefix + self.shape(k) for k in left[:10])
+      shown = ", ".join(self.shape(k) if self.graph else self.prefix + self.shape(k)
+                        for k in left[:10])
       raise CheckpointError(
           f"{self.path}: {len(left)} tensor(s) not used by the {self.fmt} model "
           f"read from this file: {shown}{' ...' if len(left) > 10 else ''}. "
@@ -221,8 +231,9 @@ def take_torch_linear(keys: Keys, name: str, bias: bool = True
 
 
 def split_tower(path: str) -> tuple[str, str | None]:
-  """'file.npz:img' -> ('file.npz', 'img'), big_vision's sub-tree syntax."""
-  m = re.fullmatch(r"(.+\.npz):([\w/]+)", str(path))
+  """'file.npz:img' -> ('file.npz', 'img'), big_vision's sub-tree syntax (and
+  'file.onnx:backbone', a sub-module of an ONNX model)."""
+  m = re.fullmatch(r"(.+\.(?:npz|onnx)):([\w/.]+)", str(path))
   return (m[1], m[2]) if m else (str(path), None)
 
 

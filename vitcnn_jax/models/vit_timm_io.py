@@ -33,7 +33,7 @@ POLICY = "bicubic_crop0.9_imagenet"  # timm's DeiT and MAE evaluation (zoo names
 OVERRIDABLE = ("gelu", "ln_eps", "num_heads", "no_skip", "patch_size")
 # Heads of the published widths (head width 64, but SigLIP So400m: 1152 = 16 x 72,
 # CLIP bigG: 1664 = 16 x 104); other widths assume 64-wide heads.
-_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24,
+HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24,
           1664: 16}
 _ATTN = "MultiHeadDotProductAttention_0"
 
@@ -57,9 +57,15 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  """Splits the attention tensors into `num_heads` heads (a state dict does not
-  say how many: an override may change the assumption), then as Google's ViTs,
-  resampling the position embedding as timm does."""
+  """Splits the attention tensors into heads, then as Google's ViTs, resampling
+  the position embedding as timm does."""
+  split_heads(cfg, r, path)
+  vit_io.adapt(cfg, r, native, path, resample=resample_posemb)
+
+
+def split_heads(cfg: dict, r: io.Reading, path: str) -> None:
+  """The attention tensors split into `num_heads` heads (a state dict does not
+  say how many: an override may change the assumption)."""
   h, d = cfg["num_heads"], cfg["width"]
   if not isinstance(h, int) or h < 1 or d % h:
     raise ValueError(f"{path}: num_heads={h!r} does not divide the width {d}.")
@@ -68,7 +74,6 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
       r.params[k] = v.reshape(h, d // h, v.shape[-1])
     elif _ATTN in k and "/out/" not in k:
       r.params[k] = v.reshape(*v.shape[:-2], h, d // h)
-  vit_io.adapt(cfg, r, native, path, resample=resample_posemb)
 
 
 def _heads(kernel: np.ndarray, bias: np.ndarray | None, h: int) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +83,7 @@ def _heads(kernel: np.ndarray, bias: np.ndarray | None, h: int) -> tuple[np.ndar
   return kernel.reshape(d, h, e // h), bias.reshape(h, e // h)
 
 
-def _attention(keys: io.Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, slice]],
+def attention(keys: io.Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, slice]],
                proj: str) -> None:
   """q/k/v from (slices of) timm Linears, and the output projection."""
   for name, (src, rows) in zip(("query", "key", "value"), qkv):
@@ -89,7 +94,7 @@ def _attention(keys: io.Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, s
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, -1, w.shape[1]), b
 
 
-def _mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
+def mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
   """(hidden width, kind): fc1 twice as wide as fc2's input is timm's packed SwiGLU."""
   w1, b1 = io.take_torch_linear(keys, f"{name}.fc1")
   w2, b2 = io.take_torch_linear(keys, f"{name}.fc2")
@@ -106,7 +111,7 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
     raise io.CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
   cfg["depth"], ev["depth"] = len(idx), f"blocks.0..{len(idx) - 1}"
   d = cfg["width"]
-  h = cfg["num_heads"] = _HEADS.get(d, max(d // 64, 1))
+  h = cfg["num_heads"] = HEADS.get(d, max(d // 64, 1))
   ev["num_heads"] = f"not in a state dict; {h} for width {d} (timm's models)"
   assumed.append("num_heads")
   scaled = [keys.has(f"blocks.{i}.ls1.gamma") for i in idx]
@@ -119,11 +124,11 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
   for i in idx:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
     io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
-    _attention(keys, p, f"{ours}/MultiHeadDotProductAttention_0", h,
+    attention(keys, p, f"{ours}/MultiHeadDotProductAttention_0", h,
                [(f"{src}.attn.qkv", slice(j * d, (j + 1) * d)) for j in range(3)],
                f"{src}.attn.proj")
     io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
-    kinds.add(_mlp(keys, p, f"{src}.mlp", f"{ours}/MlpBlock_0"))
+    kinds.add(mlp(keys, p, f"{src}.mlp", f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:
       p[f"{ours}/ls1"] = keys.take(f"{src}.ls1.gamma")
       p[f"{ours}/ls2"] = keys.take(f"{src}.ls2.gamma")
@@ -148,11 +153,11 @@ def _map_head(keys: io.Keys, p: dict, cfg: dict) -> None:
                              "query is supported (timm's latent_len=1).")
   d = cfg["width"]
   p["MAPHead_0/probe"] = latent
-  _attention(keys, p, "MAPHead_0/MultiHeadDotProductAttention_0", cfg["num_heads"],
+  attention(keys, p, "MAPHead_0/MultiHeadDotProductAttention_0", cfg["num_heads"],
              [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
               ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
   io.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
-  if _mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], cfg["mlp"]):
+  if mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], cfg["mlp"]):
     raise io.CheckpointError(f"{keys.path}: {keys.shape('attn_pool.mlp.fc1.weight')} differs "
                              "from the blocks' MLP; our MAP head shares their width.")
 
