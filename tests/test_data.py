@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from vitcnn_jax import data, loading, pipeline
+from vitcnn_jax import data, loading, packaged, pipeline, preprocess, zoo
 from vitcnn_jax.data import FolderSource, IdxSource, SyntheticSource
 
 
@@ -216,3 +216,30 @@ def test_real_fashion_mnist_from_debian():
   assert (len(train), len(test), train.num_classes) == (60000, 10000, 10)
   assert np.bincount(train.labels(range(60000))).tolist() == [6000] * 10
   assert train.images([0])[0].shape == (28, 28)
+
+
+def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path):
+  from PIL import Image  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  for i, shape in enumerate([(100, 150), (120, 90), (64, 64)]):
+    Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.png")
+  s = data.PhotoCrops(str(tmp_path), 40, size=32, seed=1)
+  assert (len(s), s.num_classes) == (40, 3)
+  np.testing.assert_array_equal(s.labels(range(7)), [0, 1, 2, 0, 1, 2, 0])
+  a, b = s.images([4, 4])
+  assert a.shape == (32, 32, 3) and a.dtype == np.uint8 and (a == b).all()
+  # Crop 0 is the whole shorter side of photograph 0 (scale 1.0): rows 0..99, a seeded column.
+  whole = np.asarray(Image.open(tmp_path / "p0.png"))
+  cols = [whole[:, c:c + 100] for c in range(51)]
+  ref = [np.clip(np.round(preprocess.resize(c, (32, 32), "area")), 0, 255) for c in cols]
+  assert any((s.images([0])[0] == r).all() for r in ref)
+  assert not (s.images([3])[0] == s.images([0])[0]).all()  # another scale of the same photograph
+  assert data.PhotoCrops(str(tmp_path), 40, size=32, seed=2).identity != s.identity
+  with pytest.raises(IndexError, match="out of range"):
+    s.images([40])
+
+
+def test_the_offline_photographs_as_a_configured_source():
+  s = pipeline.make_source(zoo.data_spec("photos", num_examples=30))
+  assert (len(s), s.num_classes) == (30, len(packaged.PHOTOS))
+  assert s.images([0])[0].shape == (256, 256, 3)

@@ -85,9 +85,36 @@ def test_timm_policies_match_timms_eval_transform(crop_pct, mean, shape):
   assert np.mean(np.abs(ours - ref) > level / 2) < 0.005  # all but a rare pixel agree exactly
 
 
+@pytest.mark.parametrize("shape", [(300, 400), (256, 256), (500, 333)])
+def test_squash_crop_caffe_matches_open_nsfws_pipeline(shape):
+  """open_nsfw's preprocessing as its package writes it (PIL bilinear to 256 x 256,
+  the crop at 16, BGR minus (104, 117, 123)) without its JPEG round trip. Within
+  one grey level: PIL rounds each of its two passes to uint8, and for some shapes
+  (taller than wide here) it runs them in the other order than ours, which moves
+  a rounding in about a fifth of the pixels; a wrong filter, crop or mean moves many
+  pixels by several levels. The photo crops the analyses use are square: no resize."""
+  from PIL import Image  # noqa: PLC0415
+  img = np.random.default_rng(6).integers(0, 256, (*shape, 3), dtype=np.uint8)
+  squashed = Image.fromarray(img).resize((256, 256), resample=Image.Resampling.BILINEAR)
+  bgr = np.asarray(squashed.crop((16, 16, 240, 240)), np.float32)[..., ::-1] - [104, 117, 123]
+  policy = "squash_crop0.875_caffe"
+  ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(img, 224, policy), policy))
+  assert ours.shape == (224, 224, 3)
+  diff = np.abs(ours[..., ::-1] - bgr)
+  assert diff.max() <= 1 + 1e-4 and np.mean(diff > 0.5) < (0.25 if shape[0] > shape[1] else 0.005)
+
+
+def test_area_policy_resizes_the_longer_side_and_pads_centred():
+  img = np.random.default_rng(7).integers(0, 256, (448, 224, 3), dtype=np.uint8)
+  out = preprocess.preprocess_image(img, 224, "area_imagenet")
+  block = np.round(img.reshape(224, 2, 112, 2, 3).mean(axis=(1, 3)))  # 2 x 2 means, rounded
+  np.testing.assert_array_equal(out[:, 56:168], block)
+  assert not out[:, :56].any() and not out[:, 168:].any()  # black padding, centred
+
+
 def test_policy_names_are_checked():
   for good in ("resize", "resize_small_crop", "bicubic_crop0.875_imagenet", "bicubic_crop1_clip",
-               "bicubic_crop1.0_half"):
+               "bicubic_crop1.0_half", "squash_crop0.875_caffe", "area_imagenet"):
     preprocess.check_policy(good)
   for bad in ("bicubic", "bicubic_crop1.5_imagenet", "bicubic_crop0.9_imagnet", "crop0.9"):
     with pytest.raises(ValueError, match=rf"policy={bad!r} is not one of .*bicubic_crop0.875"):

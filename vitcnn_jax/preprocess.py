@@ -223,7 +223,7 @@ def preprocess_image(image: np.ndarray, size: int, policy: str = "resize") -> np
   if kind == "area":
     factor = size / max(h, w)
     new = (max(1, round(h * factor)), max(1, round(w * factor)))
-    small_image = _to_uint8(resize(image, new, "area"))
+    small_image = np.clip(np.round(resize(image, new, "area")), 0, 255).astype(np.uint8)  # cv2's
     out = np.zeros((size, size, 3), np.uint8)
     top, left = (size - new[0]) // 2, (size - new[1]) // 2
     out[top:top + new[0], left:left + new[1]] = small_image

@@ -137,7 +137,8 @@ def data_spec(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
   """A data config; every field exists for every source, so flags can switch sources."""
   fields = dict(source=source, name="", split="", test_split="", data_dir="", path="",
                 labels="", image_key="image", label_key="label", num_examples=0, size=32,
-                classes=())  # classes: keep only these labels, renumbered 0..k-1
+                crop=256, classes=())  # classes: keep only these labels, renumbered 0..k-1;
+  # size: synthetic images' side; crop: photo crops' side (then each model's preprocessing)
   fields.update(kw)
   return ml_collections.ConfigDict(fields)
 

@@ -86,7 +86,9 @@ def decode_arrays(path: str, data: bytes) -> dict[str, np.ndarray]:
   """All arrays of an npz or safetensors file (told apart by their bytes), as
   float32 where floating point."""
   if str(path).lower().endswith(".safetensors") or _is_safetensors(data):
-    return _read_safetensors(path, data)
+    flat = _read_safetensors(path, data)
+    # BatchNorm's step counters (int64) are training state, not weights.
+    return {k: v for k, v in flat.items() if not k.endswith(".num_batches_tracked")}
   return _read_npz(path, data)
 
 
