@@ -3,6 +3,7 @@ r"""The README's measured demo numbers, regenerated from runs at one commit.
   .venv/bin/python benchmarks/readme_numbers.py all WORKDIR   # run, every bench recorded, write
   .venv/bin/python benchmarks/readme_numbers.py run WORKDIR   # the runs, then collect (~30 min fresh)
   .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
+  .venv/bin/python benchmarks/readme_numbers.py real WORKDIR  # the real report (`make real` first)
   .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py suite             # `make test`, timed -> RESULTS
   .venv/bin/python benchmarks/readme_numbers.py device FILE COMMAND   # an accelerator run -> RESULTS
@@ -18,6 +19,10 @@ with this run's verdict and numbers, key numbers, and the tables' rows);
 the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
 `suite` runs `make test` (run it alone on the machine, on a fresh clone) and
 records its time, pytest's own and the slowest tests, for the block `test-suite`;
+`real` runs `configs/report.py:real` (the real pretrained pair on the offline
+photographs) into WORKDIR/real_report, timed, records its findings and key
+numbers for the blocks `real-findings` and `real-key-numbers`, and copies its
+figures that the README shows (REAL_FIGURES) into `benchmarks/real_figures/`;
 `device` records the file `benchmarks/accelerator.py --json FILE` wrote on a
 machine with an accelerator (COMMAND: how it was run there), for the block
 `accelerator` (`all` leaves it as it is: this machine may have none);
@@ -48,6 +53,13 @@ REPORT = "report"
 EXTRAS = (("localization", "demo_gap"), ("cka_vit_resnet", "demo_mixer"),
           ("linear_probe", "demo_mixer"), ("data_scale", "demo_finetune"))
 CODE = ("vitcnn_jax", "configs", "main.py", "requirements.txt")  # what the numbers depend on
+REAL_REPORT = "real_report"
+# The real report's figures the README shows: (section, file), copied beside this script.
+REAL_FIGURES = (("cka", "cka_vit_vit.png"), ("cka", "cka_resnet_resnet.png"),
+                ("cka", "cka_resnet_vit.png"), ("attention_distance", "attention_distance.png"),
+                ("receptive_field", "receptive_field.png"), ("skip_ratio", "skip_ratio_vit.png"),
+                ("localization", "localization.png"), ("layerwise_probe", "linear_probe.png"))
+REAL_FIGURES_DIR = os.path.join(ROOT, "benchmarks", "real_figures")
 BLOCK = re.compile(r"(<!-- numbers:(\w[\w-]*) -->\n)(.*?)(<!-- /numbers:\2 -->)", re.S)
 
 
@@ -237,6 +249,31 @@ def tables(name: str, s: dict) -> dict[str, list[list[str]]]:
 # --- write and check ------------------------------------------------------------------
 
 
+def real(workdir: str) -> None:
+  """The real report, timed; its findings and key numbers into RESULTS, its
+  README figures into REAL_FIGURES_DIR."""
+  import shutil
+  from configs import report as report_config
+  measured = _measured()
+  folder = os.path.join(workdir, REAL_REPORT)
+  seconds = _main_py("configs/report.py:real", folder)
+  os.makedirs(REAL_FIGURES_DIR, exist_ok=True)
+  for sec, name in REAL_FIGURES:
+    shutil.copyfile(os.path.join(folder, sec, name), os.path.join(REAL_FIGURES_DIR, f"{sec}_{name}"))
+  _record("real", {**measured, "seconds": seconds,
+                   "report": {sec: _section(os.path.join(folder, sec))
+                              for sec in report_config.sections(real=True)}})
+
+
+def _findings_table(report: dict) -> str:
+  rows = [["section", "paper", "the paper's finding (our words)", "this run", "numbers"]]
+  for sec, e in report.items():
+    for f in e["findings"]:
+      rows.append([sec, e["figures"], f["text"].replace("|", "/"),
+                   f["verdict"] or "does not apply", f["numbers"].replace("|", "/") or "-"])
+  return _md_table(rows)
+
+
 def _md_table(rows: list[list[str]]) -> str:
   head, *body = rows
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -248,11 +285,6 @@ def _stamp(r: dict) -> str:
 
 
 def _demo_blocks(r: dict) -> dict[str, str]:
-  findings = [["section", "paper", "the paper's finding (our words)", "this run", "numbers"]]
-  for sec, e in r["report"].items():
-    for f in e["findings"]:
-      findings.append([sec, e["figures"], f["text"].replace("|", "/"),
-                       f["verdict"] or "does not apply", f["numbers"].replace("|", "/") or "-"])
   keys = [f"- `{sec}` ({e['analysis']}): " + "; ".join(f"{k} {v}" for k, v in e["key_numbers"])
           for part in ("report", "extras") for sec, e in r[part].items()]
   cached = r["times"]["demo models cached before"]
@@ -260,7 +292,7 @@ def _demo_blocks(r: dict) -> dict[str, str]:
   trained = [f"- `{k}`: {100 * t['test_accuracy']:.1f}% test accuracy after {t['steps']} steps"
              for k, t in r["trained"].items()]
   out = {
-      "demo-findings": f"*{_stamp(r)}:*\n\n" + _md_table(findings),
+      "demo-findings": f"*{_stamp(r)}:*\n\n" + _findings_table(r["report"]),
       "demo-key-numbers": f"*{_stamp(r)}:*\n\n" + "\n".join(keys),
       "demo-times": f"*{_stamp(r)}" + (
           f"; demo models already in the cache: {', '.join(cached)}*" if cached else
@@ -283,6 +315,13 @@ def blocks(r: dict) -> dict[str, str]:
     if key.startswith("bench-"):
       out[key] = (f"*{_stamp(e)}; `{e['command']}` took {e['seconds'] / 60:.1f} min:*\n\n```\n"
                   + "\n".join(e["lines"]) + "\n```")
+  if "real" in r:
+    e = r["real"]
+    stamp = f"*{_stamp(e)}; `configs/report.py:real` took {e['seconds'] / 60:.0f} min"
+    out["real-findings"] = f"{stamp}:*\n\n" + _findings_table(e["report"])
+    out["real-key-numbers"] = f"{stamp}:*\n\n" + "\n".join(
+        f"- `{sec}` ({s['analysis']}): " + "; ".join(f"{k} {v}" for k, v in s["key_numbers"])
+        for sec, s in e["report"].items())
   if "accelerator" in r:
     e = r["accelerator"]
     out["accelerator"] = f"*{_stamp(e)}; `{e['command']}`:*\n\n```\n" + "\n".join(e["lines"]) + "\n```"
@@ -304,8 +343,8 @@ def rewrite(text: str, made: dict[str, str]) -> str:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("command", choices=("all", "run", "collect", "bench", "suite", "device",
-                                          "write", "check"))
+  parser.add_argument("command", choices=("all", "run", "collect", "real", "bench", "suite",
+                                          "device", "write", "check"))
   parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
                       help="run, collect: the runs' folder; bench: the script; device: the record")
   parser.add_argument("script_args", nargs=argparse.REMAINDER,
@@ -321,6 +360,8 @@ def main() -> int:
     run(args.workdir)
   elif args.command == "collect":
     collect(args.workdir)
+  elif args.command == "real":
+    real(args.workdir)
   elif args.command == "bench":
     bench([args.workdir, *args.script_args])
   elif args.command == "suite":

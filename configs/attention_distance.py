@@ -18,6 +18,7 @@ from configs import common
 VIT = {"b16": "ViT-B/16", "b32": "ViT-B/32", "l16": "ViT-L/16", "h14": "ViT-H/14"}  # names in zoo.ZOO
 COMPARE = {"dino_vs_clip": {"dino": "DINO-B/16", "clip": "CLIP-B/16"}}
 REPORT = {"attention_distance": ("demo", "l16", 3)}  # report section: demo and paper variants, order
+REAL = {"attention_distance": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -28,6 +29,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, ("vit",), capture)
   elif arg.variant == "demo_vs_gap":
     common.demo_models(config, ("vit", "vit_gap"), capture)
+  elif arg.variant == "real":
+    common.real_models(config, ("vit",), capture)
   elif arg.variant in VIT:
     name = VIT[arg.variant]
     config.models = dict(vit=common.model(name, capture, name))
@@ -37,6 +40,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "
-                     f"{sorted(VIT) + sorted(COMPARE) + ['demo', 'demo_vs_gap']}.")
+                     f"{sorted(VIT) + sorted(COMPARE) + ['demo', 'demo_vs_gap', 'real']}.")
   common.protocol(config, arg)
   return config

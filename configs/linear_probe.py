@@ -41,6 +41,10 @@ DEMOS = {"demo": ("vit", "vit_gap", "resnet"), "demo_tokens": ("vit", "vit_gap")
          "demo_mixer": ("vit", "mixer")}
 # Report sections: the per-token probes (Fig 11) and the layer-wise ones (Fig 13).
 REPORT = {"linear_probe": ("demo_tokens", "b32_tokens", 11), "layerwise_probe": ("demo", "imagenet10", 13)}
+REAL = {"linear_probe": "real_tokens", "layerwise_probe": "real"}  # on the real pretrained pair
+# The real pair's probes: which of the 15 photographs a crop comes from (train and test crops
+# at other seeded positions), l2 chosen on the last 256 training crops.
+REAL_PROBE = dict(train=1280, test=512, holdout=256)
 
 
 def _model(path: str, label: str, features, **overrides) -> ml_collections.ConfigDict:
@@ -71,6 +75,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.l2 = 0.0  # chosen per probe on held-out training examples, as the paper
   if arg.variant in DEMOS:
     _demo(config, arg.variant)
+  elif arg.variant in ("real", "real_tokens"):
+    tokens = arg.variant == "real_tokens"
+    common.real_models(config, ("vit",) if tokens else ("vit", "resnet"), "blocks")
+    config.models.vit.features = ("cls", "spatial_mean", "each") if tokens else ("cls", "mean")
+    if not tokens:
+      config.models.resnet.features = ("mean",)
+    config.data = zoo.data_spec("photos", num_examples=REAL_PROBE["train"], split="train",
+                                test_split="test")
+    config.holdout, config.shots, config.seeds = REAL_PROBE["holdout"], 0, 1
+    config.test_examples = arg.test or REAL_PROBE["test"]
   elif arg.variant == "imagenet10":
     config.models = dict(vit=_model("ViT-B/16", "ViT-B/16", ("cls", "mean")),
                          resnet=_model("BiT-R50x1", "BiT-R50x1", ("mean",),
@@ -87,7 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.shots, config.seeds = 0, 1
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {', '.join(DEMOS)}, "
-                     f"imagenet10, b32_tokens, {', '.join(CIFAR)}.")
+                     f"imagenet10, b32_tokens, {', '.join(CIFAR)}, real, real_tokens.")
   if arg.variant in ("imagenet10", "b32_tokens"):
     config.data = zoo.data_spec("tfds", name="imagenet2012", split="train", test_split="validation")
     config.holdout = 10000  # the paper: "a held-out part of the training set"

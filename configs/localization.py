@@ -24,6 +24,7 @@ MODELS = {  # variant -> (checkpoint, label, config name); the layer: the last b
 }
 DEMOS = {"demo": "vit", "demo_gap": "vit_gap", "demo_mixer": "mixer"}  # -> demo model
 REPORT = {"localization": ("demo", "l16", 9)}  # report section: demo and paper variants, order
+REAL = {"localization": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -31,12 +32,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = common.protocol_arg(arg, config, "l16")
   if arg.variant in DEMOS:
     common.demo_models(config, (DEMOS[arg.variant],), "all")
+  elif arg.variant == "real":
+    common.real_models(config, ("vit",), "all")
   elif arg.variant in MODELS:
     path, label, name = MODELS[arg.variant]
     overrides = {"resolution": 224} if arg.variant == "r50" else {}
     config.models = {name: common.model(path, "all", label, **overrides)}
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of {sorted(MODELS) + sorted(DEMOS)}.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "
+                     f"{sorted(MODELS) + sorted(DEMOS) + ['real']}.")
   common.protocol(config, arg)
   return config

@@ -15,6 +15,7 @@ import ml_collections
 from configs import common
 
 REPORT = {"pc_share": ("demo", "b16_r50", 2)}  # report section: demo and paper variants, order
+REAL = {"pc_share": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -23,12 +24,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg.variant == "demo":
     common.demo_models(config)
     config.drop_fraction = 0.05
+  elif arg.variant == "real":
+    common.real_models(config)
   elif arg.variant == "b16_r50":
     config.models = dict(
         vit=common.model("ViT-B/16", "paper", "ViT-B/16"),
         resnet=common.model("BiT-R50x1", "paper", "BiT-R50x1", resolution=224))
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected b16_r50 or demo.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected b16_r50, demo or real.")
   common.protocol(config, arg)
   return config

@@ -14,16 +14,19 @@ import ml_collections
 from configs import common
 
 REPORT = {"receptive_field": ("demo", "b32_r50", 6)}  # report section: demo and paper variants, order
+REAL = {"receptive_field": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.analysis("receptive_field")  # 32 images, as the paper
   arg = common.protocol_arg(arg, config, "b32_r50", demo_examples=config.num_examples,
-                            demo_batch=config.batch_size)
+                            demo_batch=config.batch_size, real_examples=config.num_examples)
   if arg.variant == "demo_mixer":
     common.demo_models(config, ("vit", "resnet", "mixer"), "all")
   elif arg.variant == "demo":
     common.demo_models(config, capture="all")
+  elif arg.variant == "real":
+    common.real_models(config, capture="all")
   elif arg.variant in ("b32_r50", "mixer_b16"):
     config.models = dict(
         vit=common.model("ViT-B/32 ImageNet", "all", "ViT-B/32", resolution=224),
@@ -32,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       config.models.mixer = common.model("Mixer-B/16", "all", "Mixer-B/16")
     config.data = common.imagenet_validation()
   else:
-    raise ValueError(f"Unknown variant {arg.variant!r}; expected b32_r50, mixer_b16, demo or "
-                     "demo_mixer.")
+    raise ValueError(f"Unknown variant {arg.variant!r}; expected b32_r50, mixer_b16, demo, "
+                     "demo_mixer or real.")
   common.protocol(config, arg)
   return config

@@ -18,15 +18,19 @@ PAIRS = {
     "b32_r50": ("ViT-B/32", "ViT-B/32"),
 }
 REPORT = {"skip_ratio": ("demo", "b16_r50", 7)}  # report section: demo and paper variants, order
+REAL = {"skip_ratio": "real"}  # report section on the real pretrained pair
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.analysis("skip_ratio")
-  arg = common.protocol_arg(arg, config, "b16_r50", demo_examples=512, demo_batch=config.batch_size)
+  arg = common.protocol_arg(arg, config, "b16_r50", demo_examples=512, demo_batch=config.batch_size,
+                            real_examples=512)
   if arg.variant == "demo_mixer":
     common.demo_models(config, ("vit", "resnet", "mixer"), "all")
   elif arg.variant == "demo":
     common.demo_models(config, capture="all")
+  elif arg.variant == "real":
+    common.real_models(config, capture="all")
   elif arg.variant in ("mixer_b16", *PAIRS):
     path, label = PAIRS["b16_r50" if arg.variant == "mixer_b16" else arg.variant]
     config.models = dict(
@@ -37,6 +41,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "
-                     f"{sorted(PAIRS) + ['mixer_b16', 'demo', 'demo_mixer']}.")
+                     f"{sorted(PAIRS) + ['mixer_b16', 'demo', 'demo_mixer', 'real']}.")
   common.protocol(config, arg)
   return config

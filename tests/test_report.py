@@ -113,3 +113,20 @@ def test_the_paper_report_lists_every_missing_input_before_any_work(tmp_path, ti
         spec.checkpoint = tiny_vit_bit[0]
   assert jobs.missing_inputs(dict(config.runs)) == []
   assert jobs.missing_inputs(dict(report_config.get_config("demo").runs)) == []
+
+
+def test_the_real_report_runs_each_configs_real_variant_on_the_real_pair():
+  """`configs/report.py:real`: the sections whose configs declare a `:real` variant
+  (the analyses that need no training), each on the two packaged networks and the
+  photo crops, every input in place (`make real` fetched them)."""
+  from configs import common  # pylint: disable=g-import-not-at-top
+  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  config = report_config.get_config("real")
+  assert config.order == ("cka", "measures", "pc_share", "attention_distance", "head_subsets",
+                          "receptive_field", "skip_ratio", "localization", "linear_probe",
+                          "layerwise_probe")
+  for name, sub in config.runs.items():
+    assert sub.data.source == "photos", name
+    assert {s.checkpoint for s in sub.models.values()} <= set(common.REAL_MODELS.values()), name
+  assert set(config.runs.cka.models) == {"vit", "resnet"}
+  assert jobs.missing_inputs(dict(config.runs)) == []

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import timm_ref
+import upstream_files as uf
 from conftest import compiled
 from numerics import assert_close, network
 from vitcnn_jax import checkpoints
@@ -49,3 +50,24 @@ def test_resnet_matches_timm(tmp_path, kind):
   assert sorted(again) == sorted(first)
   for k, v in first.items():
     np.testing.assert_array_equal(again[k], v.numpy(), err_msg=k)
+
+
+def test_the_analyses_that_run_on_bit_run_on_a_resnet_v1(tmp_path):
+  """Its anatomy (stem, units, residual points) is what the analyses read: CKA,
+  skip ratios per unit, receptive fields; token analyses refuse it by name."""
+  import vitcnn_jax as vj  # noqa: PLC0415
+  from conftest import NO_FIGURES  # noqa: PLC0415
+  path = tmp_path / "resnet.safetensors"
+  timm_ref.timm_resnet_file(path, _images(), **TINY, basic=True)
+  spec = {"res": {"checkpoint": str(path), "resolution": 32}}
+  grey = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3)).astype(np.uint8)
+  r = vj.cka(spec, grey, layers="blocks", repeats=1, batch_size=8, num_examples=8, **NO_FIGURES)
+  assert r["cka_res_res"].shape == (5, 5)  # the five units' outputs
+  np.testing.assert_allclose(np.diag(r["cka_res_res"]), 1, atol=1e-5)
+  vit = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))  # skip ratios show a CNN beside a ViT
+  r = vj.skip_ratio({**spec, "vit": vit}, grey, batch_size=8, num_examples=8, **NO_FIGURES)
+  assert r["res_ratio"].shape == (5,) and (r["res_ratio"] > 0).all()
+  r = vj.receptive_field(spec, grey, num_examples=4, batch_size=4, **NO_FIGURES)
+  assert r["res_maps"].shape[1:] == (32, 32)
+  with pytest.raises(ValueError, match=r"needs a model with attention.*ResNet has none"):
+    vj.attention_distance({"vit": spec["res"]}, grey, batch_size=8, num_examples=8)

@@ -121,7 +121,8 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
   return None if done is None else Result(declared.name, *done, workdir, analysis.plot)
 
 
-DATA_FLAGS = {"tfds": "data_dir=DIR", "folder": "path=DIR", "idx": "path=DIR", "synthetic": "num_examples=N"}
+DATA_FLAGS = {"tfds": "data_dir=DIR", "folder": "path=DIR", "idx": "path=DIR", "photos": "path=DIR",
+              "synthetic": "num_examples=N"}
 
 
 def missing_inputs(sections: dict[str, ml_collections.ConfigDict]) -> list[str]:

