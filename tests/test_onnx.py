@@ -83,9 +83,10 @@ def test_real_resnet_matches_onnxruntime_at_every_stage(real):
   assert checkpoints.load(real["open_nsfw_resnet50_1by2.onnx"]).assumed == {"input_order": "rgb"}
 
 
-def _tiny_export(path, x: np.ndarray) -> np.ndarray:
+def _tiny_export(path, x: np.ndarray, fold: bool = True) -> np.ndarray:
   """A timm ResNet exported by torch's own ONNX exporter (BatchNorm folded into the
-  convs, weights anonymous); returns timm's forward."""
+  convs, weights anonymous; or, without constant folding, BatchNormalization
+  nodes); returns timm's forward."""
   ref = timm_ref.timm_resnet_file(str(path) + ".safetensors", x, layers=(1, 1, 1, 1),
                                   channels=(4, 8, 8, 16), num_classes=5)
   model = timm_ref.timm_resnet.ResNet(timm_ref.timm_resnet.Bottleneck, layers=(1, 1, 1, 1),
@@ -93,7 +94,8 @@ def _tiny_export(path, x: np.ndarray) -> np.ndarray:
   import safetensors.torch  # noqa: PLC0415
   model.load_state_dict(safetensors.torch.load_file(str(path) + ".safetensors"))
   torch.onnx.export(model.eval(), torch.from_numpy(x.transpose(0, 3, 1, 2)), str(path),
-                    dynamo=False, dynamic_axes={"input": {0: "batch"}}, input_names=["input"])
+                    dynamo=False, dynamic_axes={"input": {0: "batch"}}, input_names=["input"],
+                    do_constant_folding=fold)
   return ref
 
 
@@ -104,11 +106,23 @@ def tiny(tmp_path_factory) -> tuple[str, np.ndarray, np.ndarray]:
   return str(path), x, _tiny_export(path, x)
 
 
-def test_a_resnet_from_torchs_exporter_matches_timm_and_onnxruntime(tiny):
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "batchnorm-nodes"])
+def test_a_resnet_from_torchs_exporter_matches_timm_and_onnxruntime(tiny, tmp_path, fold):
   path, x, ref = tiny
+  if not fold:  # BatchNormalization nodes, the weights under generated names: the graph decides
+    path = str(tmp_path / "bn.onnx")
+    ref = _tiny_export(path, x, fold=False)
+
+    def anonymous(g):
+      names = {t.name: f"W{i}" for i, t in enumerate(g.initializer)}
+      for t in g.initializer:
+        t.name = names[t.name]
+      for n in g.node:
+        n.input[:] = [names.get(i, i) for i in n.input]
+    path = _edited(path, tmp_path / "bn_anonymous.onnx", anonymous)
   c = checkpoints.load(path)
   assert (c.fmt, c.model.stride_in, tuple(c.model.pool_pad), c.model.batchnorm) == (
-      "onnx_resnet", "3x3", (1, 1), False)
+      "onnx_resnet", "3x3", (1, 1), not fold)
   logits, _ = compiled(c.model, c.params, x)
   (runtime,) = _runtime(path, [onnx.load(path).graph.output[0].name], x.transpose(0, 3, 1, 2))
   for what, want in (("timm", ref), ("onnxruntime", runtime)):

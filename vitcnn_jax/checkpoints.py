@@ -332,7 +332,7 @@ def save(path: str, model, params: Params, format: str | None = None) -> None:  
   ios = [m for m in family.ios if m.SUFFIX == suffix]
   if not ios:
     raise ValueError(f"{path}: a {family.name} model saves as "
-                     f"{sorted({m.SUFFIX for m in family.ios})}, not {suffix}.")
+                     f"{sorted({m.SUFFIX for m in family.ios if m.SUFFIX})}, not {suffix}.")
   format = format or ios[0].default_format(model)
   if family.io_for(format).SUFFIX != suffix:
     raise ValueError(f"{path}: format {format!r} is written as a "

@@ -89,10 +89,12 @@ def read(path: str, data: bytes) -> tuple[dict[str, np.ndarray], Graph]:
   if not g.node or not weights:
     raise io.CheckpointError(f"{path}: the ONNX file holds no graph or no weights "
                              f"({len(g.node)} nodes, {len(weights)} initializers).")
-  nodes = [Node(n.op_type, n.name, tuple(n.input), tuple(n.output),
+  # An Identity of a weight (torch's exporter shares equal weights so) is that weight.
+  same = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
+  nodes = [Node(n.op_type, n.name, tuple(same.get(i, i) for i in n.input), tuple(n.output),
                 {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
                  if a.type != onnx.AttributeProto.TENSOR})
-           for n in g.node]
+           for n in g.node if n.output[0] not in same]
   flat, described, renamed = {}, {}, {}
   for name, w in weights.items():
     if w.dtype.kind != "f":  # shapes, axes and indices: constants of the graph, not weights

@@ -21,7 +21,7 @@ from vitcnn_jax.models import resnet
 
 FORMATS = {"onnx_resnet": "an ONNX graph of a ResNet v1 (e.g. tf2onnx's), its convolutions "
                           "placed by graph order, shape and attributes"}
-SUFFIX = ".onnx"
+SUFFIX = None  # read, never written
 POLICY = resnet.ResNet.default_policy
 OVERRIDABLE = ("input_order",)
 
@@ -52,6 +52,7 @@ class _Walk:
   def __init__(self, keys: io.Keys):
     self.keys, self.graph = keys, keys.graph
     self.path = keys.path
+    self.bn_eps: set[float] = set()  # the BatchNormalization nodes' epsilons
     self.users: dict[str, list[onnx_file.Node]] = {}
     for n in self.graph.nodes:
       for t in n.inputs:
@@ -92,17 +93,16 @@ class _Walk:
     w = self.weight(node, 1)
     p[f"{ours}/kernel"] = w.transpose(2, 3, 1, 0)
     src[f"{ours}/kernel"] = node.inputs[1]
-    layer = ours.rpartition("/")[0] + "/" if "/" in ours else ""
-    conv, bn = ours.rpartition("/")[2], "bn" + ours.rpartition("/")[2][len("conv"):]
-    if conv == "conv_root":
-      bn = "bn_root"
+    head, _, leaf = ours.rpartition("/")
+    bn = f"{head}/bn{leaf[len('conv'):]}" if head else f"bn{leaf[len('conv'):]}"  # conv2 -> bn2
     nxt = self.users.get(node.outputs[0], [])
     if len(nxt) == 1 and nxt[0].op == "BatchNormalization":
       b = nxt[0]
-      for i, leaf in enumerate(("scale", "bias", "mean", "var"), 1):
-        p[f"{layer}{bn}/{leaf}"] = self.weight(b, i)
+      for i, name in enumerate(("scale", "bias", "mean", "var"), 1):
+        p[f"{bn}/{name}"] = self.weight(b, i)
       if len(node.inputs) > 2 and node.inputs[2]:
         raise self.fail(node, "a conv bias before a BatchNormalization")
+      self.bn_eps.add(float(b.attrs.get("epsilon", 1e-5)))
       return b, strides[0], True
     p[f"{ours}/bias"] = self.weight(node, 2)
     return node, strides[0], False
@@ -212,8 +212,11 @@ def read(keys: io.Keys) -> io.Reading:
   size = [s for s in shape if isinstance(s, int) and s > 3]
   cfg["image_size"] = size[0] if len(size) == 2 and size[0] == size[1] else 224
   ev["image_size"] = f"the graph's input {shape}"
-  cfg.update(bn_eps=1e-5, input_order="rgb")
-  ev.update(bn_eps="BatchNormalization's epsilon" if bn else "folded: no epsilon",
+  if len(w.bn_eps) > 1:
+    raise io.CheckpointError(f"{keys.path}: BatchNormalization epsilons {sorted(w.bn_eps)}; one "
+                             "ResNet has one.")
+  cfg.update(bn_eps=w.bn_eps.pop() if w.bn_eps else 1e-5, input_order="rgb")
+  ev.update(bn_eps="the BatchNormalization nodes' epsilon" if bn else "folded: no epsilon",
             input_order="not in the graph; RGB unless the zoo entry says otherwise")
   return io.Reading(keys.fmt, cfg, ev, p, ("input_order",), src)
 

@@ -28,7 +28,7 @@ from vitcnn_jax.models import vit_timm_io
 
 FORMATS = {"hf_dinov2": "Hugging Face transformers' Dinov2Model weights (a torch ONNX export's "
                         "or a state dict's): embeddings.*, encoder.layer.N.*, layernorm"}
-SUFFIX = ".onnx"
+SUFFIX = None  # read, never written
 POLICY = "bicubic_crop0.875_imagenet"  # transformers' DINOv2 image processor: 256 then 224
 OVERRIDABLE = ("gelu", "ln_eps", "num_heads")
 _ATTN = "MultiHeadDotProductAttention_0"
