@@ -88,7 +88,8 @@ def _in_process(args):
 # while the other finishes a long file. The other modules follow in name order.
 FIRST = ("test_cka_job", "test_training_ablations", "test_families_analyses", "test_train",
          "test_api", "test_mixer_analyses", "test_measures", "test_readme", "test_runtime_venv",
-         "test_parity_timm", "test_benchmarks", "test_cka", "test_upstream_numerics")
+         "test_parity_timm", "test_resnet", "test_benchmarks", "test_cka", "test_onnx",
+         "test_upstream_numerics")
 
 
 def pytest_collection_modifyitems(items):
