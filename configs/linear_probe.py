@@ -44,7 +44,7 @@ REPORT = {"linear_probe": ("demo_tokens", "b32_tokens", 11), "layerwise_probe": 
 REAL = {"linear_probe": "real_tokens", "layerwise_probe": "real"}  # on the real pretrained pair
 # The real pair's probes: which of the 15 photographs a crop comes from (train and test crops
 # at other seeded positions), l2 chosen on the last 256 training crops.
-REAL_PROBE = dict(train=1280, test=512, holdout=256)
+REAL_PROBE = dict(train=1024, test=512, holdout=256)
 
 
 def _model(path: str, label: str, features, **overrides) -> ml_collections.ConfigDict:
