@@ -16,6 +16,7 @@ LayerNorm eps) is transformers' Dinov2Config default, reported as assumed.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -123,15 +124,9 @@ def read(keys: io.Keys) -> io.Reading:
   return io.Reading(keys.fmt, cfg, ev, p, ("num_heads", "gelu", "ln_eps"))
 
 
-def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
-                    new_grid: tuple[int, int]) -> np.ndarray:
-  """transformers' Dinov2 resize of the embedding's grid (`torch_bicubic_weights`)."""
-  if tuple(old_grid) == tuple(new_grid):
-    return pe
-  grid = pe.reshape(old_grid[0], old_grid[1], -1).astype(np.float64)
-  rows, cols = (preprocess.torch_bicubic_weights(o, n) for o, n in zip(old_grid, new_grid))
-  grid = np.einsum("ij,jkd,lk->ild", rows, grid, cols)
-  return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
+# transformers' Dinov2 resize of the embedding's grid.
+resample_posemb = functools.partial(vit_timm_io.resample_posemb,
+                                    weights=preprocess.torch_bicubic_weights)
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:

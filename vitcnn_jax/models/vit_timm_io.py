@@ -44,14 +44,15 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
-                    new_grid: tuple[int, int]) -> np.ndarray:
+def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int], new_grid: tuple[int, int],
+                    weights=preprocess.bicubic_weights) -> np.ndarray:
   """timm's resampling of a loaded embedding to another grid: bicubic,
-  antialiased, align_corners=False (`resample_abs_pos_embed`'s defaults)."""
+  antialiased, align_corners=False (`resample_abs_pos_embed`'s defaults); or
+  separable with other `weights(n_in, n_out)` matrices."""
   if tuple(old_grid) == tuple(new_grid):
     return pe
   grid = pe.reshape(old_grid[0], old_grid[1], -1).astype(np.float64)
-  rows, cols = (preprocess.bicubic_weights(o, n) for o, n in zip(old_grid, new_grid))
+  rows, cols = (weights(o, n) for o, n in zip(old_grid, new_grid))
   grid = np.einsum("ij,jkd,lk->ild", rows, grid, cols)
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
 
