@@ -130,6 +130,11 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
 
 
 
+def test_every_figure_the_readme_shows_is_in_the_repository():
+  shown = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", _readme())
+  assert [p for p in shown if not os.path.isfile(os.path.join(ROOT, p))] == []
+
+
 def test_the_measured_blocks_match_their_results_file():
   """`benchmarks/readme_numbers.py check`: the README's marked numbers are what the
   committed results file gives."""
