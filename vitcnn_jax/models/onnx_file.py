@@ -43,9 +43,6 @@ class Graph:
   described: dict[str, str]  # flat key -> how the file names it, for messages
   renamed: dict[str, str]  # initializer name -> its flat key, where they differ
 
-  def consumers(self, tensor: str) -> list[Node]:
-    return [n for n in self.nodes if tensor in n.inputs]
-
 
 # (op, input index) -> the torch parameter it holds; other anonymous weights are `<module>.<Op>`.
 _LEAVES = {("MatMul", 1): "weight", ("Conv", 1): "weight", ("Conv", 2): "bias",
@@ -95,18 +92,21 @@ def read(path: str, data: bytes) -> tuple[dict[str, np.ndarray], Graph]:
                 {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute
                  if a.type != onnx.AttributeProto.TENSOR})
            for n in g.node if n.output[0] not in same]
+  first_user: dict[str, Node] = {}  # each tensor's first reader, found in one pass
+  for n in reversed(nodes):
+    first_user.update((t, n) for t in n.inputs)
   flat, described, renamed = {}, {}, {}
   for name, w in weights.items():
     if w.dtype.kind != "f":  # shapes, axes and indices: constants of the graph, not weights
       continue
     key = name
-    users = [n for n in nodes if name in n.inputs]
-    module = _module_of(users[0].name) if users and name.startswith("onnx::") else None
+    user = first_user.get(name)
+    module = _module_of(user.name) if user and name.startswith("onnx::") else None
     if module:
-      op, at = users[0].op, users[0].inputs.index(name)
+      op, at = user.op, user.inputs.index(name)
       leaf = _LEAVES.get((op, at), op)
       key, w = f"{module}.{leaf}", (w.T if op == "MatMul" and w.ndim == 2 else w)
-      described[key] = f"{name} (input {at} of node {users[0].name})"
+      described[key] = f"{name} (input {at} of node {user.name})"
       renamed[name] = key
     if key in flat:
       raise io.CheckpointError(f"{path}: two weights map to {key!r} ({described.get(key, key)} "

@@ -26,10 +26,6 @@ POLICY = resnet.ResNet.default_policy
 OVERRIDABLE = ("input_order",)
 
 
-class _Unplaced(io.CheckpointError):
-  """A node the walk could not place."""
-
-
 def detect(flat: dict[str, np.ndarray]) -> str | None:
   del flat
   return None
@@ -58,8 +54,9 @@ class _Walk:
       for t in n.inputs:
         self.users.setdefault(t, []).append(n)
 
-  def fail(self, node: onnx_file.Node, why: str) -> _Unplaced:
-    return _Unplaced(f"{self.path}: cannot place node {node.name!r} ({node.op}) in a ResNet v1: "
+  def fail(self, node: onnx_file.Node, why: str) -> io.CheckpointError:
+    """The error for a node the walk could not place."""
+    return io.CheckpointError(f"{self.path}: cannot place node {node.name!r} ({node.op}) in a ResNet v1: "
                      f"{why}. This graph is not one we can map.")
 
   def next(self, node: onnx_file.Node) -> onnx_file.Node:
