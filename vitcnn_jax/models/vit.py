@@ -7,8 +7,9 @@ vision_transformer files (pre-linen names, cls row inside the position
 embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
 Position embeddings are learned (`posemb="learn"`) or big_vision's fixed 2-D
 sin-cos (`"sincos2d"`, computed for the grid in use). Pooling: `token` (cls),
-`gap`, `map` (big_vision's attention pooling) or `0` (big_vision's first
-patch token, no cls).
+`gap`, `map` (big_vision's attention pooling), `0` (big_vision's first
+patch token, no cls) or `token_gap` (the class token beside the patch tokens'
+mean: transformers' DINOv2 classifiers).
 
 Representation points (`out` names), per block `blockNN/`:
   in, ln1, attn/weights (B,H,Q,K), attn/heads (B,T,H,hd, before the output
@@ -30,7 +31,7 @@ import numpy as np
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
-POOLS = ("token", "gap", "map", "0")
+POOLS = ("token", "gap", "map", "0", "token_gap")
 POSEMBS = ("learn", "sincos2d")
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
@@ -269,8 +270,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
-    if self.pool == "token" and not self.has_class_token:
-      raise ValueError("pool='token' reads the class token, and class_token=False.")
+    if self.pool in ("token", "token_gap") and not self.has_class_token:
+      raise ValueError(f"pool={self.pool!r} reads the class token, and class_token=False.")
     if self.distilled and (self.pool != "token" or self.representation_size or self.fc_norm):
       raise ValueError("distilled=True (DeiT) reads the class and distillation tokens: "
                        "pool='token', without pre_logits or fc_norm.")
@@ -338,11 +339,13 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
 
   def _pool(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     """The class token (`token`), the first token (`0`), the spatial tokens' mean
-    (`gap`), or attention pooling over them (`map`)."""
+    (`gap`), both side by side (`token_gap`), or attention pooling over them (`map`)."""
     if self.pool in ("token", "0"):
       return x[:, 0]
     spatial = x[:, self.num_prefix_tokens:]
     if self.pool == "gap":
       return spatial.mean(axis=1)
+    if self.pool == "token_gap":
+      return jnp.concatenate([x[:, 0], spatial.mean(axis=1)], axis=-1)
     return MAPHead(self.mlp_dim, self.num_heads, self.options, name="MAPHead_0")(
         spatial, capture.child("map"), out)

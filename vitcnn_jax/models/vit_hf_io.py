@@ -1,24 +1,41 @@
-"""ViTs in Hugging Face transformers' DINOv2 layout (`Dinov2Model`): from a
-torch ONNX export of one (its weights named by `onnx_file`), or a state dict.
+"""ViTs in Hugging Face transformers' layouts, as `save_pretrained` writes them
+and the hub holds them: a folder's `model.safetensors` (or shards) with its
+`config.json`, a bare state dict, or a torch ONNX export (weights named by
+`onnx_file`).
 
-Names: `embeddings.{cls_token, mask_token, position_embeddings,
-patch_embeddings.projection}`, `encoder.layer.N.{norm1, attention.attention.
-{query,key,value}, attention.output.dense, layer_scale1.lambda1, norm2,
-mlp.fc1, mlp.fc2, layer_scale2.lambda1}`, `layernorm`. The position embedding
-covers a 37x37 grid (518 px at patch 14) and is resized to the input's grid
-as transformers does on every forward: torch's bicubic (a=-0.75,
-align_corners=False) without antialiasing; once at load time here. A torch
-export splits it into the class row (`embeddings.Concat`) and the grid rows
-(`embeddings.Reshape`). The mask token only replaces masked patches in
-pretraining and is left out. What the weights cannot say (heads, GELU,
-LayerNorm eps) is transformers' Dinov2Config default, reported as assumed.
+Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.`):
+  hf_vit     ViTModel (google/vit-*): embeddings.{cls_token, position_embeddings,
+             patch_embeddings.projection}, encoder.layer.N.{layernorm_before,
+             attention.attention.{query,key,value}, attention.output.dense,
+             layernorm_after, intermediate.dense, output.dense}, layernorm,
+             pooler.dense (tanh: our pre_logits) or classifier.
+  hf_dinov2  Dinov2Model and Dinov2WithRegistersModel: as hf_vit with norm1/norm2,
+             mlp.fc1/fc2 or SwiGLU mlp.weights_in/weights_out, layer_scale{1,2}.lambda1,
+             embeddings.register_tokens; their classifier reads the class token and
+             the patch tokens' mean (our pool "token_gap").
+  hf_clip    the vision tower of CLIPModel / CLIPVisionModel[WithProjection]:
+             vision_model.{embeddings.{class_embedding, patch_embedding,
+             position_embedding}, pre_layrnorm, encoder.layers.N.{layer_norm1,
+             self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1/fc2}, post_layernorm},
+             visual_projection (our bias-free head).
+  hf_siglip  the vision tower of SiglipModel / SiglipVisionModel (SigLIP, and SigLIP 2
+             at a fixed resolution): as hf_clip without class token, pre-norm or
+             projection, with the attention-pooling head vision_model.head.*.
+
+The architecture's numbers come from the tensors; what tensors cannot say
+(heads, activation, LayerNorm eps, the evaluation resolution) from config.json,
+with transformers' defaults of its config class for keys it leaves out, and
+only without a config.json from those defaults, reported as assumed. The text
+tower and logit scale of a two-tower file are left out. A position embedding
+is resized to the input's grid as transformers does on every forward (torch's
+bicubic; antialiased for DINOv2 with registers), once at load time here.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,24 +44,141 @@ from vitcnn_jax.models import io
 from vitcnn_jax.models import vit_io
 from vitcnn_jax.models import vit_timm_io
 
-FORMATS = {"hf_dinov2": "Hugging Face transformers' Dinov2Model weights (a torch ONNX export's "
-                        "or a state dict's): embeddings.*, encoder.layer.N.*, layernorm"}
+FORMATS = {
+    "hf_vit": "Hugging Face transformers' ViTModel / ViTForImageClassification (google/vit-*)",
+    "hf_dinov2": "Hugging Face transformers' Dinov2Model, Dinov2WithRegistersModel (and their "
+                 "classifiers), also as a torch ONNX export",
+    "hf_clip": "the vision tower of a Hugging Face transformers CLIPModel / CLIPVisionModel",
+    "hf_siglip": "the vision tower of a Hugging Face transformers SiglipModel / "
+                 "SiglipVisionModel (SigLIP, SigLIP 2 at a fixed resolution)",
+}
 SUFFIX = None  # read, never written
-POLICY = "bicubic_crop0.875_imagenet"  # transformers' DINOv2 image processor: 256 then 224
+POLICY = "bicubic_crop0.875_imagenet"  # without a preprocessor_config.json: DINOv2's 256 then 224
 OVERRIDABLE = ("gelu", "ln_eps", "num_heads")
 _ATTN = "MultiHeadDotProductAttention_0"
+_GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
+          "quick_gelu": "quick"}
 
 
-def detect(flat: dict[str, np.ndarray]) -> str | None:
-  if "embeddings.patch_embeddings.projection.weight" in flat and any(
-      k.startswith("encoder.layer.") for k in flat):
-    return "hf_dinov2"
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where one transformers model keeps each piece, and its config class's defaults."""
+  upstream: str  # its config class, for evidence
+  wrappers: tuple[str, ...]  # prefixes of the models that hold it ("" first)
+  patch: str
+  pos: str  # the position embedding: (1, T, D) parameter or (T, D) `.weight`
+  layer: str  # "{}": the layer index
+  names: dict[str, str]  # ours (in a block) -> theirs (after the layer prefix)
+  final: str
+  defaults: dict[str, Any]  # config.json keys we read -> the config class's default
+  cls: str | None = None
+  pre_norm: str | None = None
+  resample: Callable[[int, int], np.ndarray] = preprocess.torch_bicubic_weights
+  dropped: tuple[str, ...] = ()  # other towers' prefixes: left out, said so
+
+
+_TOWER = dict(wrappers=("vision_model.",), patch="embeddings.patch_embedding",
+              pos="embeddings.position_embedding.weight", layer="encoder.layers.{}.",
+              names={"LayerNorm_0": "layer_norm1", f"{_ATTN}/query": "self_attn.q_proj",
+                     f"{_ATTN}/key": "self_attn.k_proj", f"{_ATTN}/value": "self_attn.v_proj",
+                     f"{_ATTN}/out": "self_attn.out_proj", "LayerNorm_1": "layer_norm2",
+                     "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
+              final="post_layernorm")
+_ENCODER = {"LayerNorm_0": "layernorm_before", f"{_ATTN}/query": "attention.attention.query",
+            f"{_ATTN}/key": "attention.attention.key", f"{_ATTN}/value": "attention.attention.value",
+            f"{_ATTN}/out": "attention.output.dense", "LayerNorm_1": "layernorm_after",
+            "MlpBlock_0/Dense_0": "intermediate.dense", "MlpBlock_0/Dense_1": "output.dense"}
+_LAYOUTS = {
+    "hf_vit": _Layout(
+        "ViTConfig", ("", "vit."), "embeddings.patch_embeddings.projection",
+        "embeddings.position_embeddings", "encoder.layer.{}.", _ENCODER, "layernorm",
+        dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-12, image_size=224,
+             pooler_act="tanh"), cls="embeddings.cls_token"),
+    "hf_dinov2": _Layout(
+        "Dinov2Config", ("", "dinov2.", "dinov2_with_registers."),
+        "embeddings.patch_embeddings.projection", "embeddings.position_embeddings",
+        "encoder.layer.{}.",
+        {**_ENCODER, "LayerNorm_0": "norm1", "LayerNorm_1": "norm2",
+         "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
+        "layernorm", dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-6,
+                          image_size=224), cls="embeddings.cls_token"),
+    "hf_clip": _Layout(
+        "CLIPVisionConfig", **_TOWER, cls="embeddings.class_embedding", pre_norm="pre_layrnorm",
+        defaults=dict(num_attention_heads=12, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+                      image_size=224),
+        dropped=("text_model.", "text_projection.", "logit_scale")),
+    "hf_siglip": _Layout(
+        "SiglipVisionConfig", **_TOWER,
+        defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh",
+                      layer_norm_eps=1e-6, image_size=224),
+        dropped=("text_model.", "logit_scale", "logit_bias")),
+}
+# config.json's model_type -> (layout, the section holding the vision settings)
+MODEL_TYPES = {"vit": ("hf_vit", None), "dinov2": ("hf_dinov2", None),
+               "dinov2_with_registers": ("hf_dinov2", None), "clip": ("hf_clip", "vision_config"),
+               "clip_vision_model": ("hf_clip", None), "siglip": ("hf_siglip", "vision_config"),
+               "siglip_vision_model": ("hf_siglip", None)}
+
+
+def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
+  """The prefix under which `layout`'s model sits in `flat`, if it does."""
+  norm = layout.layer.format(0) + layout.names["LayerNorm_0"]
+  for w in layout.wrappers:
+    if f"{w}{layout.patch}.weight" in flat and f"{w}{norm}.weight" in flat:
+      return w
   return None
 
 
-def _position_embedding(keys: io.Keys) -> tuple[np.ndarray, str]:
-  if keys.has("embeddings.position_embeddings") or not keys.has("embeddings.Reshape"):
-    return keys.take("embeddings.position_embeddings"), keys.shape("embeddings.position_embeddings")
+def detect(flat: dict[str, np.ndarray]) -> str | None:
+  for fmt, layout in _LAYOUTS.items():
+    if _wrapper(flat, layout) is not None:
+      if fmt == "hf_clip" and not any(k.endswith(layout.cls) for k in flat):
+        continue  # no class embedding: SigLIP's tower
+      return fmt
+  return None
+
+
+class _Settings:
+  """The vision settings of config.json, with the config class's defaults for
+  keys it leaves out; without a config.json, those defaults, reported as assumed."""
+
+  def __init__(self, keys: io.Keys, layout: _Layout):
+    self.layout, self.meta, self.section = layout, keys.meta, None
+    if keys.meta:
+      config = keys.meta.config
+      _, sub = MODEL_TYPES.get(config.get("model_type"), (None, None))
+      self.section = config.get(sub, {}) if sub else config
+      self.where = f"config.json{f' {sub}.' if sub else ' '}"
+    self.assumed: list[str] = []
+
+  def get(self, field: str, key: str, cfg: dict, ev: dict, convert=lambda v: v,
+          default: Any = None) -> Any:
+    """cfg[field] from config.json's `key`, with its evidence."""
+    default = self.layout.defaults[key] if default is None else default
+    if self.section is None:
+      value, why = default, f"not in the weights and no config.json; {self.layout.upstream}'s default {key}={default!r}"
+      self.assumed.append(field)
+    elif key in self.section:
+      value, why = self.section[key], f"{self.where}{key}={self.section[key]!r}"
+    else:
+      value, why = default, f"{self.where}without {key}: {self.layout.upstream}'s default {default!r}"
+    cfg[field], ev[field] = convert(value), why
+    return cfg[field]
+
+
+def _gelu(name: str) -> str:
+  if name not in _GELUS:
+    raise io.CheckpointError(f"hidden_act={name!r} is not an activation our ViT has "
+                             f"({sorted(_GELUS)}).")
+  return _GELUS[name]
+
+
+def _position_embedding(keys: io.Keys, name: str) -> tuple[np.ndarray, str]:
+  """(1, T, D) and its evidence; an ONNX export splits DINOv2's into a class row
+  (`embeddings.Concat`) and the grid rows (`embeddings.Reshape`)."""
+  if keys.has(name) or not keys.has("embeddings.Reshape"):
+    pe = keys.take(name)
+    return pe.reshape(1, -1, pe.shape[-1]), keys.shape(name)
   cls, grid = keys.take("embeddings.Concat"), keys.take("embeddings.Reshape")
   if cls.shape[-1] != grid.shape[-1] or cls.size != cls.shape[-1]:
     raise io.CheckpointError(f"{keys.path}: the class row {keys.shape('embeddings.Concat')} and "
@@ -54,88 +188,219 @@ def _position_embedding(keys: io.Keys) -> tuple[np.ndarray, str]:
   return pe, f"{keys.shape('embeddings.Concat')} + {keys.shape('embeddings.Reshape')}"
 
 
-def _input_size(keys: io.Keys, grid: int, patch: int) -> tuple[int, str]:
-  """The resolution: an ONNX graph's input, else the embedding's grid."""
+def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> None:
+  """The resolution the model is evaluated at: an ONNX graph's input, the image
+  processor's output size, else config.json's image_size (the embedding's grid
+  without one)."""
   shape = keys.graph.input_shape if keys.graph else ()
+  crop = _processor_size(keys.meta.preprocessor) if keys.meta else None
   if len(shape) == 4 and isinstance(shape[2], int) and shape[2] == shape[3] and shape[2] > 0:
-    return shape[2], f"the ONNX graph's input {shape}"
-  return grid * patch, f"the position embedding's {grid}x{grid} grid"
+    cfg["image_size"], ev["image_size"] = shape[2], f"the ONNX graph's input {shape}"
+  elif crop:
+    cfg["image_size"], ev["image_size"] = crop
+  elif s.section is not None:
+    s.get("image_size", "image_size", cfg, ev)
+  else:
+    cfg["image_size"] = grid * cfg["patch_size"]
+    ev["image_size"] = f"the position embedding's {grid}x{grid} grid"
+
+
+def _processor_size(pre: dict[str, Any]) -> tuple[int, str] | None:
+  """The square size a transformers image processor hands the model, if it says."""
+  for key in ("crop_size", "size") if pre.get("do_center_crop") else ("size",):
+    size = pre.get(key)
+    if isinstance(size, dict) and size.get("height") and size.get("height") == size.get("width"):
+      return int(size["height"]), f"preprocessor_config.json {key}={size}"
+  return None
+
+
+def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
+  layer = base + layout.layer
+  idx = keys.indices("^" + layer.replace(".", r"\.").format(r"(\d+)"))
+  if not idx or idx[0] != 0:
+    raise io.CheckpointError(f"{keys.path}: no {layer.format(0)}* weights found.")
+  cfg["depth"], ev["depth"] = len(idx), f"{layer.format('0')}..{idx[-1]}"
+  d, h, kinds = cfg["width"], cfg["num_heads"], set()
+  scaled = keys.has(f"{layer.format(0)}layer_scale1.lambda1")
+  cfg["layer_scale"] = scaled
+  ev["layer_scale"] = f"{layer.format(0)}layer_scale1.lambda1" + ("" if scaled else ": absent")
+  for i in idx:
+    src, ours, n = layer.format(i), f"Transformer/encoderblock_{i}", layout.names
+    for q in ("query", "key", "value", "out"):
+      lin = f"{src}{n[f'{_ATTN}/{q}']}.weight"
+      if keys.has(lin) and keys.flat[lin].shape != (d, d):
+        raise io.CheckpointError(f"{keys.path}: {keys.shape(lin)} should be ({d}, {d}), the "
+                                 "width read from the patch embedding.")
+    io.take_torch_norm(keys, p, src + n["LayerNorm_0"], f"{ours}/LayerNorm_0")
+    vit_timm_io.attention(keys, p, f"{ours}/{_ATTN}", h,
+                          [(src + n[f"{_ATTN}/{q}"], slice(None)) for q in ("query", "key", "value")],
+                          src + n[f"{_ATTN}/out"])
+    io.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
+    if keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
+      w1, b1 = io.take_torch_linear(keys, f"{src}mlp.weights_in")
+      w2, b2 = io.take_torch_linear(keys, f"{src}mlp.weights_out")
+      p[f"{ours}/MlpBlock_0/Dense_0/kernel"], p[f"{ours}/MlpBlock_0/Dense_0/bias"] = w1, b1
+      p[f"{ours}/MlpBlock_0/Dense_1/kernel"], p[f"{ours}/MlpBlock_0/Dense_1/bias"] = w2, b2
+      kinds.add((w2.shape[0], "swiglu"))
+    else:
+      for j in (0, 1):
+        w, b = io.take_torch_linear(keys, src + n[f"MlpBlock_0/Dense_{j}"])
+        p[f"{ours}/MlpBlock_0/Dense_{j}/kernel"], p[f"{ours}/MlpBlock_0/Dense_{j}/bias"] = w, b
+      kinds.add((p[f"{ours}/MlpBlock_0/Dense_1/kernel"].shape[0], "gelu"))
+    if scaled:
+      p[f"{ours}/ls1"] = keys.take(f"{src}layer_scale1.lambda1")
+      p[f"{ours}/ls2"] = keys.take(f"{src}layer_scale2.lambda1")
+  if len(kinds) > 1:
+    raise io.CheckpointError(f"{keys.path}: the layers' MLPs differ ({sorted(kinds)}).")
+  (cfg["mlp_dim"], cfg["mlp"]), = kinds
+  fc2 = next(k for k in keys.flat if k.startswith(layer.format(0)) and (
+      k.endswith(n["MlpBlock_0/Dense_1"] + ".weight") or k.endswith("mlp.weights_out.weight")))
+  ev["mlp_dim"] = ev["mlp"] = keys.shape(fc2)
+
+
+def _map_head(keys: io.Keys, p: dict, cfg: dict, head: str) -> None:
+  """SigLIP's attention-pooling head (torch's MultiheadAttention, fused in_proj)."""
+  d, h = cfg["width"], cfg["num_heads"]
+  probe = keys.take(f"{head}.probe")
+  if probe.shape != (1, 1, d):
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.probe')} should be (1, 1, {d}).")
+  p["MAPHead_0/probe"] = probe
+  w, b = keys.take(f"{head}.attention.in_proj_weight"), keys.take(f"{head}.attention.in_proj_bias")
+  if w.shape != (3 * d, d):
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.attention.in_proj_weight')} "
+                             f"should be ({3 * d}, {d}).")
+  ours = f"MAPHead_0/{_ATTN}"
+  for j, q in enumerate(("query", "key", "value")):
+    rows = slice(j * d, (j + 1) * d)
+    p[f"{ours}/{q}/kernel"] = w[rows].T.reshape(d, h, d // h)
+    p[f"{ours}/{q}/bias"] = b[rows].reshape(h, d // h)
+  w, b = io.take_torch_linear(keys, f"{head}.attention.out_proj")
+  p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, d // h, d), b
+  io.take_torch_norm(keys, p, f"{head}.layernorm", "MAPHead_0/LayerNorm_0")
+  if vit_timm_io.mlp(keys, p, f"{head}.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], "gelu"):
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.mlp.fc1.weight')} differs "
+                             "from the layers' MLP; our MAP head shares their width.")
+
+
+def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str) -> None:
+  """Pooling and the classifier (or projection) of each layout's models."""
+  cfg.update(fc_norm=False, representation_size=None, num_classes=None, head_bias=True)
+  ev["num_classes"] = "no classifier in the file"
+  if fmt == "hf_siglip":
+    has_head = keys.has("vision_model.head.probe")
+    cfg["pool"] = "map" if has_head else "gap"
+    ev["pool"] = "vision_model.head.probe" if has_head else "no vision_model.head: the tokens' mean"
+    if has_head:
+      _map_head(keys, p, cfg, "vision_model.head")
+    return
+  cfg["pool"], ev["pool"] = "token", "the class token's final state (the model's pooled output)"
+  for name in ("classifier", "visual_projection"):
+    if keys.has(f"{name}.weight"):
+      w, b = io.take_torch_linear(keys, name, bias=False)
+      p["head/kernel"] = w
+      if b is not None:
+        p["head/bias"] = b
+      cfg["head_bias"], cfg["num_classes"] = b is not None, w.shape[1]
+      ev["num_classes"] = keys.shape(f"{name}.weight")
+      if w.shape[0] == 2 * cfg["width"]:  # DINOv2's classifier: [class token, patch tokens' mean]
+        cfg["pool"], ev["pool"] = "token_gap", keys.shape(f"{name}.weight")
+  if keys.has("pooler.dense.weight"):  # ViTModel's pooler: tanh(dense(class token))
+    act = s.get("pooler_act", "pooler_act", {}, {})
+    if act != "tanh":
+      raise io.CheckpointError(f"{keys.path}: pooler_act={act!r}; our pre_logits is tanh.")
+    w, b = io.take_torch_linear(keys, "pooler.dense")
+    p["pre_logits/kernel"], p["pre_logits/bias"] = w, b
+    cfg["representation_size"], ev["representation_size"] = w.shape[1], keys.shape("pooler.dense.weight")
 
 
 def read(keys: io.Keys) -> io.Reading:
+  fmt = keys.fmt
+  layout = _LAYOUTS[fmt]
+  base = _wrapper(keys.flat, layout) or ""
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  name = "embeddings.patch_embeddings.projection"
+  s = _Settings(keys, layout)
+  for prefix in layout.dropped:
+    left = [k for k in keys.flat if k.startswith(prefix)]
+    keys.used.update(left)
+    if left:
+      io.log.info("%s: left out %d tensor(s) of %s* (not the vision tower).", keys.path, len(left), prefix)
+  name = f"{base}{layout.patch}"
   w = keys.take(f"{name}.weight")
   if w.ndim != 4 or w.shape[1] != 3 or w.shape[2] != w.shape[3]:
     raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
                              "(width, 3, patch, patch) convolution.")
-  p["embedding/kernel"], p["embedding/bias"] = w.transpose(2, 3, 1, 0), keys.take(f"{name}.bias")
+  p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
+  cfg["patch_bias"] = keys.has(f"{name}.bias")
+  if cfg["patch_bias"]:
+    p["embedding/bias"] = keys.take(f"{name}.bias")
+  ev["patch_bias"] = f"{name}.bias" + ("" if cfg["patch_bias"] else ": absent")
   d = cfg["width"] = w.shape[0]
   cfg["patch_size"] = w.shape[2]
   ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
-  if keys.has("embeddings.mask_token"):
-    keys.take("embeddings.mask_token")
-  h = cfg["num_heads"] = vit_timm_io.HEADS.get(d, max(d // 64, 1))
-  ev["num_heads"] = f"not in the weights; {h} for width {d} (Dinov2Config's models)"
-  layers = keys.indices(r"encoder\.layer\.(\d+)\.")
-  if not layers or layers[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no encoder.layer.0.* weights found.")
-  cfg["depth"], ev["depth"] = len(layers), f"encoder.layer.0..{len(layers) - 1}"
-  kinds = set()
-  for i in layers:
-    src, ours = f"encoder.layer.{i}", f"Transformer/encoderblock_{i}"
-    for q in ("query", "key", "value", "output.dense"):
-      lin = f"{src}.attention.{'attention.' if q != 'output.dense' else ''}{q}.weight"
-      if keys.has(lin) and keys.flat[lin].shape != (d, d):
-        raise io.CheckpointError(f"{keys.path}: {keys.shape(lin)} should be ({d}, {d}), the "
-                                 "width read from the patch embedding.")
-    io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
-    vit_timm_io.attention(keys, p, f"{ours}/{_ATTN}", h,
-                          [(f"{src}.attention.attention.{n}", slice(None))
-                           for n in ("query", "key", "value")], f"{src}.attention.output.dense")
-    io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
-    kinds.add(vit_timm_io.mlp(keys, p, f"{src}.mlp", f"{ours}/MlpBlock_0"))
-    p[f"{ours}/ls1"] = keys.take(f"{src}.layer_scale1.lambda1")
-    p[f"{ours}/ls2"] = keys.take(f"{src}.layer_scale2.lambda1")
-  if len(kinds) > 1:
-    raise io.CheckpointError(f"{keys.path}: the layers' MLPs differ ({sorted(kinds)}).")
-  (cfg["mlp_dim"], cfg["mlp"]), = kinds
-  ev["mlp_dim"] = ev["mlp"] = keys.shape("encoder.layer.0.mlp.fc1.weight")
-  cfg["layer_scale"], ev["layer_scale"] = True, keys.shape("encoder.layer.0.layer_scale1.lambda1")
-  io.take_torch_norm(keys, p, "layernorm", "Transformer/encoder_norm")
-  cls = keys.take("embeddings.cls_token")
-  pe, pe_ev = _position_embedding(keys)
-  grid = math.isqrt(pe.shape[1] - 1)
-  if grid * grid != pe.shape[1] - 1 or cls.shape != (1, 1, d) or pe.shape[-1] != d:
-    raise io.CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) and "
-                             f"{keys.shape('embeddings.cls_token')} are not a class row and a "
-                             f"square grid of width {d}.")
-  p["cls"], p["pos_embedding"] = cls + pe[:, :1], pe[:, 1:]
-  cfg["image_size"], ev["image_size"] = _input_size(keys, grid, cfg["patch_size"])
-  cfg.update(pool="token", class_token=True, posemb="learn", fc_norm=False, num_classes=None,
-             representation_size=None, gelu="exact", ln_eps=1e-6)
-  ev.update(pool="embeddings.cls_token: the class token's final state (Dinov2Model's pooler)",
-            class_token="embeddings.cls_token", posemb=pe_ev, fc_norm="layernorm",
-            num_classes="Dinov2Model: no classifier",
-            gelu="not in the weights; Dinov2Config's hidden_act 'gelu' (erf)",
-            ln_eps="not in the weights; Dinov2Config's layer_norm_eps 1e-6")
-  return io.Reading(keys.fmt, cfg, ev, p, ("num_heads", "gelu", "ln_eps"))
+  if s.section is None:
+    h = cfg["num_heads"] = vit_timm_io.HEADS.get(d, max(d // 64, 1))
+    ev["num_heads"] = f"not in the weights and no config.json; {h} for width {d} (published models)"
+    s.assumed.append("num_heads")
+  else:
+    s.get("num_heads", "num_attention_heads", cfg, ev)
+  s.get("gelu", "hidden_act", cfg, ev, _gelu)
+  s.get("ln_eps", "layer_norm_eps", cfg, ev, float)
+  if keys.has(f"{base}embeddings.mask_token"):  # replaces masked patches in pretraining only
+    keys.take(f"{base}embeddings.mask_token")
+  _blocks(keys, p, cfg, ev, base, layout)
+  io.take_torch_norm(keys, p, base + layout.final, "Transformer/encoder_norm")
+  cfg["pre_norm"] = layout.pre_norm is not None
+  if layout.pre_norm:
+    io.take_torch_norm(keys, p, base + layout.pre_norm, "norm_pre")
+    ev["pre_norm"] = keys.shape(f"{base}{layout.pre_norm}.weight")
+  pe, pe_ev = _position_embedding(keys, base + layout.pos)
+  cfg["class_token"] = layout.cls is not None
+  if layout.cls:  # the class token's embedding row folded into it, as ours keeps it
+    cls = keys.take(base + layout.cls).reshape(1, 1, -1)
+    if cls.shape[-1] != d or pe.shape[-1] != d:
+      raise io.CheckpointError(f"{keys.path}: {keys.shape(base + layout.cls)} and the position "
+                               f"embedding ({pe_ev}) should have width {d}.")
+    p["cls"], pe = cls + pe[:, :1], pe[:, 1:]
+    ev["class_token"] = keys.shape(base + layout.cls)
+  cfg["num_registers"], ev["num_registers"] = 0, "no embeddings.register_tokens"
+  if keys.has(f"{base}embeddings.register_tokens"):  # after the class token, no position embedding
+    p["reg"] = keys.take(f"{base}embeddings.register_tokens")
+    cfg["num_registers"] = p["reg"].shape[1]
+    ev["num_registers"] = keys.shape(f"{base}embeddings.register_tokens")
+  grid = math.isqrt(pe.shape[1])
+  if grid * grid != pe.shape[1] or pe.shape[-1] != d:
+    raise io.CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) is not "
+                             f"{'a class row and ' * bool(layout.cls)}a square grid of width {d}.")
+  p["pos_embedding"] = pe
+  cfg["posemb"], ev["posemb"] = "learn", pe_ev
+  _input_size(keys, s, cfg, ev, grid)
+  _head(keys, p, cfg, ev, s, fmt)
+  cfg["distilled"] = False
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=_policy(keys))
 
 
-# transformers' Dinov2 resize of the embedding's grid.
-resample_posemb = functools.partial(vit_timm_io.resample_posemb,
-                                    weights=preprocess.torch_bicubic_weights)
+def _policy(keys: io.Keys) -> tuple[str, str] | None:
+  """The preprocessing its image processor states, as one of our policies."""
+  if not keys.meta or not keys.meta.preprocessor:
+    return None
+  return preprocess.from_hf_processor(keys.meta.preprocessor)
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  """Heads split as timm's; the embedding's grid resized from the one it was
-  trained on (its own square) to the input's."""
+  """Heads split; the embedding's grid resized from its own square to the
+  input's, as transformers does on each forward."""
   del native
   grid = math.isqrt(r.params["pos_embedding"].shape[1])
   vit_timm_io.split_heads(cfg, r, path)
-  vit_io.adapt(cfg, r, grid * cfg["patch_size"], path, resample=resample_posemb)
+  layout = _LAYOUTS[r.fmt]
+  if r.config.get("num_registers") and r.fmt == "hf_dinov2":
+    weights = preprocess.bicubic_weights  # Dinov2WithRegisters interpolates with antialias
+  else:
+    weights = layout.resample
+  resample = lambda pe, old, new: vit_timm_io.resample_posemb(pe, old, new, weights=weights)  # noqa: E731
+  vit_io.adapt(cfg, r, grid * cfg["patch_size"], path, resample=resample)
 
 
 def default_format(model) -> str:

@@ -1,0 +1,168 @@
+"""ViTs in Hugging Face transformers' layouts: tiny random models saved by
+transformers' own `save_pretrained` (config.json beside model.safetensors), loaded
+by us from the folder with nothing assumed, matching transformers' forward at
+every layer's output and at the pooled or classifier output."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import hf_ref
+from conftest import compiled
+from numerics import VIT_ROUNDINGS, assert_close, network
+from vitcnn_jax import checkpoints
+from vitcnn_jax import preprocess
+
+T = hf_ref.transformers
+TOL = network(VIT_ROUNDINGS)
+SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, image_size=32, patch_size=8)
+TEXT = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+            vocab_size=64, max_position_embeddings=8)
+
+# name -> (model class, config, the output ours gives as its last point, what the file shows)
+MODELS = {
+    "vit_classifier": (T.ViTForImageClassification, T.ViTConfig(num_labels=5, intermediate_size=96, **SMALL),
+                       "logits", dict(pool="token", num_classes=5)),
+    "vit_pooler": (T.ViTModel, T.ViTConfig(intermediate_size=96, layer_norm_eps=1e-6, **SMALL),
+                   "pooler_output", dict(representation_size=48, ln_eps=1e-6)),
+    "dinov2": (T.Dinov2Model, T.Dinov2Config(mlp_ratio=2, **SMALL), "pooler_output",
+               dict(layer_scale=True)),
+    "dinov2_swiglu_classifier": (
+        T.Dinov2ForImageClassification, T.Dinov2Config(num_labels=4, use_swiglu_ffn=True, **SMALL),
+        "logits", dict(mlp="swiglu", pool="token_gap")),
+    "dinov2_registers": (T.Dinov2WithRegistersModel,
+                         T.Dinov2WithRegistersConfig(num_register_tokens=2, mlp_ratio=2, **SMALL),
+                         "pooler_output", dict(num_registers=2)),
+    "clip": (T.CLIPModel, T.CLIPConfig(vision_config=dict(intermediate_size=96, **SMALL),
+                                       text_config=TEXT, projection_dim=8),
+             "image_embeds", dict(gelu="quick", pre_norm=True, ln_eps=1e-5, num_classes=8,
+                                  head_bias=False)),
+    "siglip": (T.SiglipModel, T.SiglipConfig(vision_config=dict(intermediate_size=96, **SMALL),
+                                             text_config=TEXT),
+               "vision_pooler", dict(gelu="tanh", pool="map", class_token=False)),
+}
+
+
+def _images(size: int = 32, n: int = 2) -> np.ndarray:
+  return np.random.default_rng(3).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def _reference(name: str, model, x: np.ndarray, **kwargs) -> tuple[list[np.ndarray], np.ndarray]:
+  """transformers' layer outputs and final output of `model` on `x`."""
+  if name == "clip":
+    out = hf_ref.run(model.vision_model, x, **kwargs)
+    pix = hf_ref.torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+    with hf_ref.torch.no_grad():
+      final = model.get_image_features(pixel_values=pix, **kwargs)
+    final = getattr(final, "pooler_output", final)
+  elif name == "siglip":
+    out = hf_ref.run(model.vision_model, x, **kwargs)
+    final = out.pooler_output
+  else:
+    out = hf_ref.run(model, x, **kwargs)
+    final = getattr(out, MODELS[name][2])
+  return [h.numpy() for h in out.hidden_states[1:]], np.asarray(final)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+  """Each model saved by transformers, and the model itself."""
+  root = tmp_path_factory.mktemp("hf_vit")
+  models = {name: hf_ref.randomized(cls(config), seed)
+            for seed, (name, (cls, config, _, _)) in enumerate(MODELS.items())}
+  return {name: (hf_ref.save(model, root / name), model) for name, model in models.items()}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_transformers_folder_matches_transformers(folders, name, caplog):
+  folder, model = folders[name]
+  x = _images()
+  blocks, final = _reference(name, model, x)
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    c = checkpoints.load(folder)
+  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
+  for field, value in MODELS[name][3].items():
+    assert getattr(c.model, field) == value, (name, field, getattr(c.model, field))
+  assert c.model.num_heads == 3 and "config.json" in c.evidence["num_heads"]
+  out, points = compiled(c.model, c.params, x, capture="block*/out")
+  for i, ref in enumerate(blocks):
+    assert_close(points[f"block{i:02d}/out"], ref, TOL * float(np.abs(ref).max()), f"{name} block {i}")
+  assert_close(out, final, TOL * float(np.abs(final).max()), f"{name} output")
+
+
+@pytest.mark.parametrize("name", ["dinov2", "dinov2_registers"])
+def test_the_position_embedding_is_resized_as_transformers_does(folders, name, tmp_path):
+  """At the image processor's crop size (24 here, 32 in config.json) the grid is
+  resized as transformers does on each forward: torch's bicubic, antialiased
+  for DINOv2 with registers (the two differ)."""
+  folder, model = folders[name]
+  shutil.copytree(folder, tmp_path / name)
+  processor = dict(image_processor_type="BitImageProcessor", do_resize=True,
+                   size={"shortest_edge": 28}, resample=3, do_center_crop=True,
+                   crop_size={"height": 24, "width": 24}, do_normalize=True,
+                   image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+  hf_ref.save(model, tmp_path / name, processor)
+  c = checkpoints.load(str(tmp_path / name))
+  assert c.model.image_size == 24 and "preprocessor_config.json" in c.evidence["image_size"]
+  assert c.policy == f"hf_bicubic_crop{24 / 28!r}_imagenet"
+  x = _images(24)
+  _, final = _reference(name, model, x)
+  out, _ = compiled(c.model, c.params, x)
+  assert_close(out, final, TOL * float(np.abs(final).max()), name)
+
+
+def test_without_config_json_the_defaults_are_assumed_and_said(folders, tmp_path, caplog):
+  folder, _ = folders["dinov2"]
+  shutil.copy(os.path.join(folder, "model.safetensors"), tmp_path / "weights.safetensors")
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    c = checkpoints.load(str(tmp_path / "weights.safetensors"), num_heads=3)
+  assert sorted(c.assumed) == ["gelu", "ln_eps"] and c.fmt == "hf_dinov2"
+  assert "assumed gelu='exact'" in caplog.text and "Dinov2Config's default" in caplog.text
+
+
+def test_config_json_defaults_are_transformers_own():
+  """Keys a config.json leaves out take the config class's defaults: ours are those."""
+  from vitcnn_jax.models import vit_hf_io  # noqa: PLC0415
+  classes = {"hf_vit": T.ViTConfig, "hf_dinov2": T.Dinov2Config, "hf_clip": T.CLIPVisionConfig,
+             "hf_siglip": T.SiglipVisionConfig}
+  for fmt, cls in classes.items():
+    config = cls()
+    for key, value in vit_hf_io._LAYOUTS[fmt].defaults.items():  # pylint: disable=protected-access
+      assert getattr(config, key) == value, (fmt, key)
+
+
+PROCESSORS = {  # transformers' slow (PIL) image processors, as the hub's models configure them
+    "vit": (T.ViTImageProcessor, dict(size={"height": 24, "width": 24}), "hf_bilinear_squash_half"),
+    "dinov2": (T.BitImageProcessor, dict(size={"shortest_edge": 28}, crop_size={"height": 24, "width": 24},
+                                         image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]),
+               f"hf_bicubic_crop{24 / 28!r}_imagenet"),
+    "clip": (T.CLIPImageProcessor, dict(size={"shortest_edge": 24}, crop_size={"height": 24, "width": 24}),
+             "hf_bicubic_crop1_clip"),
+    "siglip": (T.SiglipImageProcessor, dict(size={"height": 24, "width": 24}), "hf_bicubic_squash_half"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_image_processors_become_our_policies(name, tmp_path):
+  """A preprocessor_config.json's settings as our policy, which then gives
+  transformers' own pixel values (PIL's uint8 resampling: within one level)."""
+  cls, kwargs, policy = PROCESSORS[name]
+  processor = cls(**kwargs)
+  processor.save_pretrained(str(tmp_path))
+  with open(tmp_path / "preprocessor_config.json", encoding="utf-8") as f:
+    import json  # noqa: PLC0415
+    settings = json.load(f)
+  got, where = preprocess.from_hf_processor(settings)
+  assert got == policy and "preprocessor_config.json" in where
+  rng = np.random.default_rng(0)
+  for shape in ((37, 51, 3), (60, 29, 3)):
+    image = rng.integers(0, 256, shape).astype(np.uint8)
+    ref = processor(images=image, return_tensors="np").pixel_values[0].transpose(1, 2, 0)
+    ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(image, 24, policy)[None], policy))[0]
+    level = 1 / 255 / min(preprocess.stats(policy)[1])  # one uint8 level, normalised
+    assert_close(ours, ref, level * 1.001, f"{name} {shape}")
