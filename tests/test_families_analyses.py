@@ -102,7 +102,7 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
   """Published formats are read without torch (safetensors' NumPy interface): a
   new process (forked from one that has imported main.py's modules, not torch)
   loads and runs one file of each family and format, then checks that neither
-  torch nor timm (installed here, for the tests) was imported."""
+  torch, timm nor transformers (installed here, for the tests) was imported."""
   paths = [files["reg"]["checkpoint"], files["deit"]["checkpoint"], files["cnx"]["checkpoint"],
            uf.save(tmp_path / "vit.npz", uf.vt_vit(0)), uf.save(tmp_path / "bv.npz", uf.bv_vit(0)),
            uf.save(tmp_path / "bit.npz", uf.bt_bit(0)), uf.save(tmp_path / "mixer.npz", uf.mixer(0))]
@@ -117,7 +117,7 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
         size = model.image_size if isinstance(model.image_size, int) else 64
         out, _ = jax.jit(model.apply)({"params": params}, np.zeros((1, size, size, 3), np.float32))
         assert np.isfinite(out).all(), path
-      loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm"))
+      loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm", "transformers"))
       print("IMPORTED", loaded)
   """)
   done = forked.start(["-c", code, *paths], dict(os.environ), ROOT).wait(300)

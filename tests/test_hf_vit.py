@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import textwrap
 
 import numpy as np
 import pytest
 
 import hf_ref
-from conftest import compiled
+import forked
+from conftest import ROOT, compiled
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax import preprocess
@@ -166,3 +168,24 @@ def test_image_processors_become_our_policies(name, tmp_path):
     ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(image, 24, policy)[None], policy))[0]
     level = 1 / 255 / min(preprocess.stats(policy)[1])  # one uint8 level, normalised
     assert_close(ours, ref, level * 1.001, f"{name} {shape}")
+
+
+def test_loading_a_transformers_folder_imports_none_of_torch_timm_transformers(folders):
+  """A new process (forked before any of them was imported) loads and runs each
+  folder: the layouts are read with safetensors' NumPy interface and json alone."""
+  code = textwrap.dedent("""
+      import sys
+      import jax
+      import numpy as np
+      from vitcnn_jax import checkpoints
+      for path in sys.argv[1:]:
+        model, params = checkpoints.load_model(path)
+        out, _ = jax.jit(model.apply)({"params": params}, np.zeros((1, 32, 32, 3), np.float32))
+        assert np.isfinite(out).all(), path
+      print("IMPORTED", sorted(m for m in sys.modules
+                               if m.split(".")[0] in ("torch", "timm", "transformers")))
+  """)
+  done = forked.start(["-c", code, *(f for f, _ in folders.values())], dict(os.environ),
+                      ROOT).wait(300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "IMPORTED []" in done.stdout, done.stdout
