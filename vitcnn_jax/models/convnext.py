@@ -5,7 +5,8 @@ Stem: a patch x patch / patch conv, then LayerNorm over channels. Stages
 1..3 start with LayerNorm and a 2x2/2 conv. Block: 7x7 depthwise conv
 (padding 3) -> LayerNorm -> Dense 4C -> exact GELU [-> GRN, v2] -> Dense C
 [* gamma, v1's layer scale] + the block's input. Head: global average pool ->
-LayerNorm -> Dense. Every LayerNorm has eps 1e-6 (timm's).
+LayerNorm -> Dense. Every LayerNorm has eps 1e-6 (timm's), but the head's is
+`head_eps` (transformers' ConvNeXt takes config.json's layer_norm_eps there).
 
 Representation points (`out` names), per block `stageS/blockBB/`:
   in, dwconv, norm, mlp/hidden, mlp/out (after gamma), out
@@ -93,6 +94,7 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, n
   grn: bool = False  # ConvNeXt-V2
   layer_scale: bool = True  # v1's gamma per block
   image_size: int | Sequence[int] = 224  # a default for callers; any size runs
+  head_eps: float = EPS  # the pooled features' LayerNorm
 
   family = "convnext"
   # Anatomy (models/anatomy.py): residual blocks, no tokens, no attention.
@@ -135,7 +137,8 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, n
       for b in range(depth):
         x = Block(self.grn, self.layer_scale, self.kernel_size, name=f"stage{s}_block{b:02d}")(
             x, capture.child(f"stage{s}/block{b:02d}"), out)
-    x = capture.put(out, "pre_logits", _norm("head_norm")(x.mean(axis=(1, 2))))
+    x = capture.put(out, "pre_logits", nn.LayerNorm(epsilon=self.head_eps, name="head_norm")(
+        x.mean(axis=(1, 2))))
     if self.num_classes:
       x = capture.put(out, "logits", nn.Dense(self.num_classes, name="head")(x))
     return x, out

@@ -113,7 +113,10 @@ _BLOCK = {"conv_dw": "conv_dw", "norm": "norm", "fc1": "mlp.fc1", "fc2": "mlp.fc
 
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
   """Our params under timm's ConvNeXt names and layouts."""
-  del model, fmt
+  del fmt
+  if model.head_eps != convnext.EPS:
+    raise ValueError(f"timm's ConvNeXt norms its pooled features with eps {convnext.EPS}, this "
+                     f"model with {model.head_eps}: it has no timm state dict.")
   out = {}
   for k, v in flat.items():
     module, _, leaf = k.rpartition("/")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax import fileio
+from vitcnn_jax import preprocess
 from vitcnn_jax.models import io
 
 WEIGHTS = "model.safetensors"
@@ -33,9 +34,22 @@ class Meta:
   preprocessor: dict[str, Any]  # preprocessor_config.json ({} when absent)
   folder: str
 
-  def named(self, key: str) -> str:
-    """Where a setting was read, for evidence: `config.json hidden_act`."""
-    return f"{CONFIG} {key}"
+  def policy(self) -> tuple[str, str] | None:
+    """(policy, where it is stated): the preprocessing its image processor states,
+    as one of ours; None without one, or where none of ours reproduces it."""
+    return preprocess.from_hf_processor(self.preprocessor) if self.preprocessor else None
+
+  def input_size(self) -> tuple[int, str] | None:
+    """(size, evidence): the square size its image processor hands the model."""
+    pre = self.preprocessor
+    size = pre.get("size")
+    if "crop_pct" in pre and isinstance(size, dict) and "shortest_edge" in size:  # ConvNeXt's
+      return int(size["shortest_edge"]), f"{PREPROCESSOR} size={size} (crop_pct {pre['crop_pct']})"
+    for key in ("crop_size", "size") if pre.get("do_center_crop") else ("size",):
+      size = pre.get(key)
+      if isinstance(size, dict) and size.get("height") and size.get("height") == size.get("width"):
+        return int(size["height"]), f"{PREPROCESSOR} {key}={size}"
+    return None
 
 
 def is_folder(path: str) -> bool:

@@ -193,7 +193,7 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
   processor's output size, else config.json's image_size (the embedding's grid
   without one)."""
   shape = keys.graph.input_shape if keys.graph else ()
-  crop = _processor_size(keys.meta.preprocessor) if keys.meta else None
+  crop = keys.meta.input_size() if keys.meta else None
   if len(shape) == 4 and isinstance(shape[2], int) and shape[2] == shape[3] and shape[2] > 0:
     cfg["image_size"], ev["image_size"] = shape[2], f"the ONNX graph's input {shape}"
   elif crop:
@@ -203,15 +203,6 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
   else:
     cfg["image_size"] = grid * cfg["patch_size"]
     ev["image_size"] = f"the position embedding's {grid}x{grid} grid"
-
-
-def _processor_size(pre: dict[str, Any]) -> tuple[int, str] | None:
-  """The square size a transformers image processor hands the model, if it says."""
-  for key in ("crop_size", "size") if pre.get("do_center_crop") else ("size",):
-    size = pre.get(key)
-    if isinstance(size, dict) and size.get("height") and size.get("height") == size.get("width"):
-      return int(size["height"]), f"preprocessor_config.json {key}={size}"
-  return None
 
 
 def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
@@ -378,14 +369,7 @@ def read(keys: io.Keys) -> io.Reading:
   _input_size(keys, s, cfg, ev, grid)
   _head(keys, p, cfg, ev, s, fmt)
   cfg["distilled"] = False
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=_policy(keys))
-
-
-def _policy(keys: io.Keys) -> tuple[str, str] | None:
-  """The preprocessing its image processor states, as one of our policies."""
-  if not keys.meta or not keys.meta.preprocessor:
-    return None
-  return preprocess.from_hf_processor(keys.meta.preprocessor)
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=keys.meta and keys.meta.policy())
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
