@@ -189,3 +189,19 @@ def test_loading_a_transformers_folder_imports_none_of_torch_timm_transformers(f
                       ROOT).wait(300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "IMPORTED []" in done.stdout, done.stdout
+
+
+def test_inspect_says_what_came_from_the_weights_config_json_or_an_assumption(folders, tmp_path):
+  import json  # noqa: PLC0415
+  from conftest import run_main  # noqa: PLC0415
+  folder, _ = folders["clip"]
+  r = run_main(f"--config={ROOT}/configs/inspect.py", f"--config.checkpoint={folder}",
+               f"--workdir={tmp_path / 'a'}")
+  s = json.loads((tmp_path / "a" / "inspect.json").read_text())["sources"]
+  assert {"num_heads", "gelu", "ln_eps", "image_size"} <= set(s["config.json"])
+  assert {"width", "depth", "patch_size"} <= set(s["the weights (or the format)"])
+  assert s["assumed"] == [] and "from assumed: nothing" in r.stdout
+  shutil.copy(os.path.join(folders["dinov2"][0], "model.safetensors"), tmp_path / "w.safetensors")
+  r = run_main(f"--config={ROOT}/configs/inspect.py", f"--config.checkpoint={tmp_path / 'w.safetensors'}",
+               f"--workdir={tmp_path / 'b'}")
+  assert "from assumed: num_heads, gelu, ln_eps" in r.stdout and "from config.json: nothing" in r.stdout

@@ -41,7 +41,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
+  summary["sources"] = sources(c.evidence, summary["assumed"])
   lines = [f"{model.family} ({c.fmt} format) {fields}"]
+  lines += [f"  from {where}: {', '.join(names) or 'nothing'}" for where, names in
+            summary["sources"].items()]
   lines += [f"  {k:20s} from {v}" + ("  [assumed: pass --config.overrides." + k + "=... if "
                                        "it was trained otherwise]" if k in summary["assumed"] else "")
             for k, v in c.evidence.items()]
@@ -59,3 +62,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   print("\n".join(lines))
   driver.write(workdir, "inspect", summary)
   return summary
+
+
+def sources(evidence: dict[str, str], assumed: list[str]) -> dict[str, list[str]]:
+  """The architecture's fields by where each was read: the weights, the settings
+  files beside them (a Hugging Face folder's), or nowhere (assumed)."""
+  out: dict[str, list[str]] = {"the weights (or the format)": [], "config.json": [],
+                               "preprocessor_config.json": [], "assumed": []}
+  for field, why in evidence.items():
+    where = ("assumed" if field in assumed else
+             next((f for f in ("config.json", "preprocessor_config.json") if why.startswith(f)),
+                  "the weights (or the format)"))
+    out[where].append(field)
+  return out
