@@ -124,6 +124,7 @@ def test_without_config_json_the_defaults_are_assumed_and_said(folders, tmp_path
   with caplog.at_level(logging.WARNING, "vitcnn_jax"):
     c = checkpoints.load(str(tmp_path / "weights.safetensors"), num_heads=3)
   assert sorted(c.assumed) == ["gelu", "ln_eps"] and c.fmt == "hf_dinov2"
+  assert c.policy == "hf_bicubic_crop0.875_imagenet" and "Dinov2 models" in c.policy_from
   assert "assumed gelu='exact'" in caplog.text and "Dinov2Config's default" in caplog.text
 
 

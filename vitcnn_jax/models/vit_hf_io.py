@@ -53,7 +53,7 @@ FORMATS = {
                  "SiglipVisionModel (SigLIP, SigLIP 2 at a fixed resolution)",
 }
 SUFFIX = None  # read, never written
-POLICY = "bicubic_crop0.875_imagenet"  # without a preprocessor_config.json: DINOv2's 256 then 224
+POLICY = "hf_bicubic_crop0.875_imagenet"  # each layout states its own (`_Layout.policy`)
 OVERRIDABLE = ("gelu", "ln_eps", "num_heads")
 _ATTN = "MultiHeadDotProductAttention_0"
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
@@ -75,6 +75,7 @@ class _Layout:
   pre_norm: str | None = None
   resample: Callable[[int, int], np.ndarray] = preprocess.torch_bicubic_weights
   dropped: tuple[str, ...] = ()  # other towers' prefixes: left out, said so
+  policy: str = "hf_bicubic_crop0.875_imagenet"  # the published models' image processor (DINOv2's)
 
 
 _TOWER = dict(wrappers=("vision_model.",), patch="embeddings.patch_embedding",
@@ -93,7 +94,7 @@ _LAYOUTS = {
         "ViTConfig", ("", "vit."), "embeddings.patch_embeddings.projection",
         "embeddings.position_embeddings", "encoder.layer.{}.", _ENCODER, "layernorm",
         dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-12, image_size=224,
-             pooler_act="tanh"), cls="embeddings.cls_token"),
+             pooler_act="tanh"), cls="embeddings.cls_token", policy="hf_bilinear_squash_half"),
     "hf_dinov2": _Layout(
         "Dinov2Config", ("", "dinov2.", "dinov2_with_registers."),
         "embeddings.patch_embeddings.projection", "embeddings.position_embeddings",
@@ -106,12 +107,12 @@ _LAYOUTS = {
         "CLIPVisionConfig", **_TOWER, cls="embeddings.class_embedding", pre_norm="pre_layrnorm",
         defaults=dict(num_attention_heads=12, hidden_act="quick_gelu", layer_norm_eps=1e-5,
                       image_size=224),
-        dropped=("text_model.", "text_projection.", "logit_scale")),
+        dropped=("text_model.", "text_projection.", "logit_scale"), policy="hf_bicubic_crop1_clip"),
     "hf_siglip": _Layout(
         "SiglipVisionConfig", **_TOWER,
         defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh",
                       layer_norm_eps=1e-6, image_size=224),
-        dropped=("text_model.", "logit_scale", "logit_bias")),
+        dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bicubic_squash_half"),
 }
 # config.json's model_type -> (layout, the section holding the vision settings)
 MODEL_TYPES = {"vit": ("hf_vit", None), "dinov2": ("hf_dinov2", None),
@@ -369,7 +370,10 @@ def read(keys: io.Keys) -> io.Reading:
   _input_size(keys, s, cfg, ev, grid)
   _head(keys, p, cfg, ev, s, fmt)
   cfg["distilled"] = False
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=keys.meta and keys.meta.policy())
+  policy = (keys.meta and keys.meta.policy()) or (
+      layout.policy, "no preprocessor_config.json; that of the published "
+      f"{layout.upstream.removesuffix('Config').removesuffix('Vision')} models")
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=policy)
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
