@@ -44,7 +44,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
   base = _base(keys.flat) or ""
-  conv, dense = convnext_io._conv, convnext_io._dense  # pylint: disable=protected-access
+  conv, dense = convnext_io.conv, convnext_io.dense
   stem = conv(keys, p, base + _STEM, "stem_conv")
   cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape(f"{base}{_STEM}.weight")
   io.take_torch_norm(keys, p, f"{base}embeddings.layernorm", "stem_norm")
@@ -85,7 +85,18 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("classifier.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no classifier in the file"
-  assumed = []
+  assumed = _head_eps(keys, cfg, ev)
+  size = keys.meta and keys.meta.input_size()
+  cfg["image_size"], ev["image_size"] = size or (
+      224, "not in the file (a conv net runs at any size); 224")
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
+                    policy=keys.meta and keys.meta.policy())
+
+
+def _head_eps(keys: io.Keys, cfg: dict, ev: dict) -> list[str]:
+  """The pooled features' LayerNorm eps: config.json's layer_norm_eps (assumed
+  without one)."""
+  assumed: list[str] = []
   config = keys.meta.config if keys.meta else None
   if config is None:
     cfg["head_eps"] = 1e-12
@@ -98,11 +109,7 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["head_eps"] = float(config.get("layer_norm_eps", 1e-12))
     ev["head_eps"] = (f"config.json layer_norm_eps={config['layer_norm_eps']!r}" if "layer_norm_eps"
                       in config else "config.json without layer_norm_eps: ConvNextConfig's default 1e-12")
-  size = keys.meta and keys.meta.input_size()
-  cfg["image_size"], ev["image_size"] = size or (
-      224, "not in the file (a conv net runs at any size); 224")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
-                    policy=keys.meta and keys.meta.policy())
+  return assumed
 
 
 adapt = convnext_io.adapt

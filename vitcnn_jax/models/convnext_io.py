@@ -28,7 +28,7 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
+def conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
   w = keys.take(f"{name}.weight")
   if w.ndim != 4:
     raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a conv kernel "
@@ -37,7 +37,7 @@ def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
   return w
 
 
-def _dense(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
+def dense(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
   p[f"{ours}/kernel"], p[f"{ours}/bias"] = io.take_torch_linear(keys, name)
   return p[f"{ours}/kernel"]
 
@@ -46,7 +46,7 @@ def read(keys: io.Keys) -> io.Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  stem = _conv(keys, p, "stem.0", "stem_conv")
+  stem = conv(keys, p, "stem.0", "stem_conv")
   cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape("stem.0.weight")
   io.take_torch_norm(keys, p, "stem.1", "stem_norm")
   stages = keys.indices(r"stages\.(\d+)\.")
@@ -56,17 +56,17 @@ def read(keys: io.Keys) -> io.Reading:
   for s in stages:
     if s:
       io.take_torch_norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
-      _conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv")
+      conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv")
     blocks = keys.indices(rf"stages\.{s}\.blocks\.(\d+)\.")
     if not blocks or blocks[0] != 0:
       raise io.CheckpointError(f"{keys.path}: stage {s} has no stages.{s}.blocks.0.* tensors.")
     depths.append(len(blocks))
     for b in blocks:
       src, ours = f"stages.{s}.blocks.{b}", f"stage{s}_block{b:02d}"
-      dw = _conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw")
+      dw = conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw")
       io.take_torch_norm(keys, p, f"{src}.norm", f"{ours}/norm")
-      _dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
-      _dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
+      dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
+      dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
       if keys.has(f"{src}.mlp.grn.weight"):
         io.take_torch_norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
       if keys.has(f"{src}.gamma"):
@@ -83,7 +83,7 @@ def read(keys: io.Keys) -> io.Reading:
   ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
   io.take_torch_norm(keys, p, "head.norm", "head_norm")
   if keys.has("head.fc.weight"):
-    w = _dense(keys, p, "head.fc", "head")
+    w = dense(keys, p, "head.fc", "head")
     cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("head.fc.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"

@@ -38,8 +38,8 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
 
 
 def _conv_bn(keys: io.Keys, p: dict, name: str, conv: str, bn: str) -> np.ndarray:
-  w = resnet_io._conv(keys, p, f"{name}.convolution", conv)  # pylint: disable=protected-access
-  resnet_io._bn(keys, p, f"{name}.normalization", bn)  # pylint: disable=protected-access
+  w = resnet_io.conv(keys, p, f"{name}.convolution", conv)
+  resnet_io.bn(keys, p, f"{name}.normalization", bn)
   return w
 
 

@@ -31,7 +31,7 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
+def conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
   w = keys.take(f"{name}.weight")
   if w.ndim != 4:
     raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a conv kernel "
@@ -41,7 +41,7 @@ def _conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
   return w
 
 
-def _bn(keys: io.Keys, p: dict, name: str, ours: str) -> None:
+def bn(keys: io.Keys, p: dict, name: str, ours: str) -> None:
   for leaf, theirs in _BN.items():
     p[f"{ours}/{leaf}"] = keys.take(f"{name}.{theirs}")
 
@@ -50,8 +50,8 @@ def read(keys: io.Keys) -> io.Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  stem = _conv(keys, p, "conv1", "conv_root")
-  _bn(keys, p, "bn1", "bn_root")
+  stem = conv(keys, p, "conv1", "conv_root")
+  bn(keys, p, "bn1", "bn_root")
   cfg["stem_width"], ev["stem_width"] = stem.shape[0], keys.shape("conv1.weight")
   bottleneck = keys.has("layer1.0.conv3.weight")
   cfg["block"] = "bottleneck" if bottleneck else "basic"
@@ -68,13 +68,13 @@ def read(keys: io.Keys) -> io.Reading:
     for u in units:
       src, ours = f"layer{s}.{u}", f"block{s}_unit{u + 1:02d}"
       for i in (1, 2, 3) if bottleneck else (1, 2):
-        w = _conv(keys, p, f"{src}.conv{i}", f"{ours}/conv{i}")
-        _bn(keys, p, f"{src}.bn{i}", f"{ours}/bn{i}")
+        w = conv(keys, p, f"{src}.conv{i}", f"{ours}/conv{i}")
+        bn(keys, p, f"{src}.bn{i}", f"{ours}/bn{i}")
         if i == 2 and u == 0:
           widths.append(w.shape[0] if bottleneck else w.shape[1])
       if keys.has(f"{src}.downsample.0.weight"):
-        _conv(keys, p, f"{src}.downsample.0", f"{ours}/conv_proj")
-        _bn(keys, p, f"{src}.downsample.1", f"{ours}/bn_proj")
+        conv(keys, p, f"{src}.downsample.0", f"{ours}/conv_proj")
+        bn(keys, p, f"{src}.downsample.1", f"{ours}/bn_proj")
   cfg["depth"], ev["depth"] = tuple(depth), "layerS.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), "layerS.0.conv2.weight"
   if keys.has("fc.weight"):

@@ -305,6 +305,22 @@ def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str) -
     cfg["representation_size"], ev["representation_size"] = w.shape[1], keys.shape("pooler.dense.weight")
 
 
+def _patch_embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict, name: str) -> None:
+  """The patch embedding's conv: the width and the patch size."""
+  w = keys.take(f"{name}.weight")
+  if w.ndim != 4 or w.shape[1] != 3 or w.shape[2] != w.shape[3]:
+    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
+                             "(width, 3, patch, patch) convolution.")
+  p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
+  cfg["patch_bias"] = keys.has(f"{name}.bias")
+  if cfg["patch_bias"]:
+    p["embedding/bias"] = keys.take(f"{name}.bias")
+  ev["patch_bias"] = f"{name}.bias" + ("" if cfg["patch_bias"] else ": absent")
+  cfg["width"] = w.shape[0]
+  cfg["patch_size"] = w.shape[2]
+  ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
+
+
 def read(keys: io.Keys) -> io.Reading:
   fmt = keys.fmt
   layout = _LAYOUTS[fmt]
@@ -318,19 +334,8 @@ def read(keys: io.Keys) -> io.Reading:
     keys.used.update(left)
     if left:
       io.log.info("%s: left out %d tensor(s) of %s* (not the vision tower).", keys.path, len(left), prefix)
-  name = f"{base}{layout.patch}"
-  w = keys.take(f"{name}.weight")
-  if w.ndim != 4 or w.shape[1] != 3 or w.shape[2] != w.shape[3]:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
-                             "(width, 3, patch, patch) convolution.")
-  p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
-  cfg["patch_bias"] = keys.has(f"{name}.bias")
-  if cfg["patch_bias"]:
-    p["embedding/bias"] = keys.take(f"{name}.bias")
-  ev["patch_bias"] = f"{name}.bias" + ("" if cfg["patch_bias"] else ": absent")
-  d = cfg["width"] = w.shape[0]
-  cfg["patch_size"] = w.shape[2]
-  ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
+  _patch_embedding(keys, p, cfg, ev, base + layout.patch)
+  d = cfg["width"]
   if s.section is None:
     h = cfg["num_heads"] = vit_timm_io.HEADS.get(d, max(d // 64, 1))
     ev["num_heads"] = f"not in the weights and no config.json; {h} for width {d} (published models)"
