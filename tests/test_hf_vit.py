@@ -47,6 +47,13 @@ MODELS = {
     "siglip": (T.SiglipModel, T.SiglipConfig(vision_config=dict(intermediate_size=96, **SMALL),
                                              text_config=TEXT),
                "vision_pooler", dict(gelu="tanh", pool="map", class_token=False)),
+    "dinov3": (T.DINOv3ViTModel, T.DINOv3ViTConfig(intermediate_size=96, num_register_tokens=2,
+                                                   **{**SMALL, "num_attention_heads": 2}),
+               "pooler_output", dict(rope="dinov3", num_registers=2, posemb="none", layer_scale=True)),
+    "dinov3_gated": (T.DINOv3ViTModel, T.DINOv3ViTConfig(intermediate_size=64, use_gated_mlp=True,
+                                                         hidden_act="silu", rope_theta=50.0,
+                                                         **{**SMALL, "num_attention_heads": 2}),
+                     "pooler_output", dict(rope="dinov3", mlp="swiglu", rope_theta=50.0)),
 }
 
 
@@ -90,7 +97,8 @@ def test_transformers_folder_matches_transformers(folders, name, caplog):
   assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
   for field, value in MODELS[name][3].items():
     assert getattr(c.model, field) == value, (name, field, getattr(c.model, field))
-  assert c.model.num_heads == 3 and "config.json" in c.evidence["num_heads"]
+  heads = MODELS[name][1].to_dict().get("num_attention_heads") or 3
+  assert c.model.num_heads == heads and "config.json" in c.evidence["num_heads"]
   out, points = compiled(c.model, c.params, x, capture="block*/out")
   for i, ref in enumerate(blocks):
     assert_close(points[f"block{i:02d}/out"], ref, TOL * float(np.abs(ref).max()), f"{name} block {i}")
@@ -132,7 +140,7 @@ def test_config_json_defaults_are_transformers_own():
   """Keys a config.json leaves out take the config class's defaults: ours are those."""
   from vitcnn_jax.models import vit_hf_io  # noqa: PLC0415
   classes = {"hf_vit": T.ViTConfig, "hf_dinov2": T.Dinov2Config, "hf_clip": T.CLIPVisionConfig,
-             "hf_siglip": T.SiglipVisionConfig}
+             "hf_siglip": T.SiglipVisionConfig, "hf_dinov3": T.DINOv3ViTConfig}
   for fmt, cls in classes.items():
     config = cls()
     for key, value in vit_hf_io._LAYOUTS[fmt].defaults.items():  # pylint: disable=protected-access

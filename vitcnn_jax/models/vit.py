@@ -5,8 +5,10 @@ Parameter names follow big_vision's linen layout (`embedding`, top-level
 `MAPHead_0`, `pre_logits`, `head`); `vit_io.py` maps the original
 vision_transformer files (pre-linen names, cls row inside the position
 embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
-Position embeddings are learned (`posemb="learn"`) or big_vision's fixed 2-D
-sin-cos (`"sincos2d"`, computed for the grid in use). Pooling: `token` (cls),
+Position embeddings are learned (`posemb="learn"`), big_vision's fixed 2-D
+sin-cos (`"sincos2d"`, computed for the grid in use) or none (`"none"`), and
+rotary embeddings of the queries and keys may add to them (`rope`: DINOv3's,
+computed for the grid in use). Pooling: `token` (cls),
 `gap`, `map` (big_vision's attention pooling), `0` (big_vision's first
 patch token, no cls) or `token_gap` (the class token beside the patch tokens'
 mean: transformers' DINOv2 classifiers).
@@ -32,7 +34,8 @@ from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
 
 POOLS = ("token", "gap", "map", "0", "token_gap")
-POSEMBS = ("learn", "sincos2d")
+POSEMBS = ("learn", "sincos2d", "none")
+ROPES = ("", "dinov3")
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
@@ -82,6 +85,34 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -
   return pe[None].astype(np.float32)
 
 
+def rope_dinov3(h: int, w: int, head_dim: int, theta: float = 100.) -> tuple[np.ndarray, np.ndarray]:
+  """DINOv3's rotary embedding of an h x w grid: (cos, sin), each (h*w, head_dim).
+  Each patch's centre in [-1, 1] per axis; head_dim/4 periods theta**(4j/head_dim);
+  angles 2 pi coord / period, the row's then the column's, repeated for the two
+  halves that rotate together (`_rotate_half`)."""
+  if head_dim % 4:
+    raise ValueError(f"rope='dinov3' needs a head width divisible by 4, got {head_dim}.")
+  periods = theta ** (4 * np.arange(head_dim // 4) / head_dim)
+  y, x = np.mgrid[:h, :w]
+  coords = np.stack([(y.reshape(-1) + .5) / h, (x.reshape(-1) + .5) / w], axis=1) * 2 - 1
+  angles = (2 * np.pi * coords[:, :, None] / periods).reshape(h * w, -1)
+  angles = np.concatenate([angles, angles], axis=1)
+  return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _rotate_half(x: jax.Array) -> jax.Array:
+  half = x.shape[-1] // 2
+  return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rotated(x: jax.Array, rope: tuple[np.ndarray, np.ndarray]) -> jax.Array:
+  """(B, H, T, hd) with its last len(rope[0]) tokens (the patches) rotated; the
+  prefix tokens before them are left as they are."""
+  cos, sin = (jnp.asarray(r, x.dtype) for r in rope)
+  prefix, patches = x[:, :, :x.shape[2] - cos.shape[0]], x[:, :, x.shape[2] - cos.shape[0]:]
+  return jnp.concatenate([prefix, patches * cos + _rotate_half(patches) * sin], axis=2)
+
+
 class Attention(nn.Module):
   """Multi-head dot-product attention, exposing weights and per-head outputs.
 
@@ -91,8 +122,8 @@ class Attention(nn.Module):
   num_heads: int
 
   @nn.compact
-  def __call__(self, q_in: jax.Array, kv_in: jax.Array,
-               capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, q_in: jax.Array, kv_in: jax.Array, capture: common.Capture, out: dict,
+               rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     d = q_in.shape[-1]
     if d % self.num_heads:
       raise ValueError(f"width {d} is not divisible by num_heads {self.num_heads}.")
@@ -109,6 +140,8 @@ class Attention(nn.Module):
     q = by_head(proj("query", q_in) / jnp.sqrt(hd).astype(q_in.dtype))
     k = by_head(proj("key", kv_in))
     v = by_head(proj("value", kv_in))
+    if rope is not None:  # linear in q: the scale above commutes with it
+      q, k = _rotated(q, rope), _rotated(k, rope)
     weights = capture.put(out, "weights", jax.nn.softmax(q @ k.swapaxes(-1, -2), axis=-1))
     heads = capture.put(out, "heads", by_head(weights @ v))
     return nn.DenseGeneral(d, axis=(-2, -1), name="out",
@@ -138,12 +171,13 @@ class EncoderBlock(nn.Module):
     return x * self.skip.astype(x.dtype) + y  # x * 1 + y = x + y, x * 0 + y = y (finite x)
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
+               rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     o = self.options
     capture.put(out, "in", x)
     y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0", o.ln_eps)(x))
     y = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
-        y, y, capture.child("attn"), out)
+        y, y, capture.child("attn"), out, rope)
     if o.layer_scale:
       y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
@@ -166,12 +200,13 @@ class Encoder(nn.Module):
   skip_gates: jax.Array | None = None  # see ViT
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
+               rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     for i in range(self.depth):
       x = EncoderBlock(self.mlp_dim, self.num_heads, self.options,
                        skip=i not in self.no_skip if self.skip_gates is None else self.skip_gates[i],
                        name=f"encoderblock_{i}")(
-                           x, capture.child(f"block{i:02d}"), out)
+                           x, capture.child(f"block{i:02d}"), out, rope)
     return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
 
@@ -223,6 +258,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   layer_scale: bool = False
   patch_bias: bool = True
   head_bias: bool = True
+  rope: str = ""  # rotary embeddings of the patch tokens' queries and keys: "" or "dinov3"
+  rope_theta: float = 100.0  # their base period
 
   family = "vit"
   # Anatomy (models/anatomy.py).
@@ -270,6 +307,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
     if self.posemb not in POSEMBS:
       raise ValueError(f"posemb={self.posemb!r} is not one of {POSEMBS}.")
+    if self.rope not in ROPES:
+      raise ValueError(f"rope={self.rope!r} is not one of {ROPES}.")
     if self.pool in ("token", "token_gap") and not self.has_class_token:
       raise ValueError(f"pool={self.pool!r} reads the class token, and class_token=False.")
     if self.distilled and (self.pool != "token" or self.representation_size or self.fc_norm):
@@ -290,11 +329,11 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     n, h, w, d = x.shape
     x = x.reshape(n, h * w, d)
     if self.posemb == "learn":
-      pe = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
-                      (1, h * w, d), x.dtype)
-    else:
-      pe = jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
-    x = x + pe  # prefix tokens hold their own position embedding
+      x = x + self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
+                         (1, h * w, d), x.dtype)  # prefix tokens hold their own
+    elif self.posemb == "sincos2d":
+      x = x + jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
+    rope = rope_dinov3(h, w, d // self.num_heads, self.rope_theta) if self.rope else None
     prefix = []
     if self.has_class_token:
       prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype))
@@ -310,7 +349,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
 
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
                 final_norm=not self.fc_norm, skip_gates=self.skip_gates, name="Transformer")(
-                    x, capture, out)
+                    x, capture, out, rope)
     capture.put(out, "encoded", x)
     return self._head(x, capture, out), out
 

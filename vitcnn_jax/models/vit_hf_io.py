@@ -21,6 +21,11 @@ Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.
   hf_siglip  the vision tower of SiglipModel / SiglipVisionModel (SigLIP, and SigLIP 2
              at a fixed resolution): as hf_clip without class token, pre-norm or
              projection, with the attention-pooling head vision_model.head.*.
+  hf_dinov3  DINOv3ViTModel (facebook/dinov3-vit*): embeddings.{cls_token,
+             register_tokens, patch_embeddings}, layer.N.{norm1, attention.{q,k,v,o}_proj
+             (k without bias), layer_scale1.lambda1, norm2, mlp.{up,down}_proj or the
+             gated mlp.{gate,up,down}_proj, layer_scale2.lambda1}, norm; no position
+             embedding: DINOv3's rotary embedding of the patch tokens (our rope="dinov3").
 
 The architecture's numbers come from the tensors; what tensors cannot say
 (heads, activation, LayerNorm eps, the evaluation resolution) from config.json,
@@ -51,6 +56,8 @@ FORMATS = {
     "hf_clip": "the vision tower of a Hugging Face transformers CLIPModel / CLIPVisionModel",
     "hf_siglip": "the vision tower of a Hugging Face transformers SiglipModel / "
                  "SiglipVisionModel (SigLIP, SigLIP 2 at a fixed resolution)",
+    "hf_dinov3": "Hugging Face transformers' DINOv3ViTModel (facebook/dinov3-vit*: rotary "
+                 "embeddings, registers, layer scale)",
 }
 SUFFIX = None  # read, never written
 POLICY = "hf_bicubic_crop0.875_imagenet"  # each layout states its own (`_Layout.policy`)
@@ -66,7 +73,7 @@ class _Layout:
   upstream: str  # its config class, for evidence
   wrappers: tuple[str, ...]  # prefixes of the models that hold it ("" first)
   patch: str
-  pos: str  # the position embedding: (1, T, D) parameter or (T, D) `.weight`
+  pos: str | None  # the position embedding: (1, T, D) parameter or (T, D) `.weight`
   layer: str  # "{}": the layer index
   names: dict[str, str]  # ours (in a block) -> theirs (after the layer prefix)
   final: str
@@ -76,6 +83,7 @@ class _Layout:
   resample: Callable[[int, int], np.ndarray] = preprocess.torch_bicubic_weights
   dropped: tuple[str, ...] = ()  # other towers' prefixes: left out, said so
   policy: str = "hf_bicubic_crop0.875_imagenet"  # the published models' image processor (DINOv2's)
+  rope: str = ""  # its rotary embedding (our ViT's `rope`)
 
 
 _TOWER = dict(wrappers=("vision_model.",), patch="embeddings.patch_embedding",
@@ -114,11 +122,19 @@ _LAYOUTS = {
                       layer_norm_eps=1e-6, image_size=224),
         dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bicubic_squash_half"),
 }
+_LAYOUTS["hf_dinov3"] = _Layout(
+    "DINOv3ViTConfig", ("",), "embeddings.patch_embeddings", None, "layer.{}.",
+    {"LayerNorm_0": "norm1", f"{_ATTN}/query": "attention.q_proj", f"{_ATTN}/key": "attention.k_proj",
+     f"{_ATTN}/value": "attention.v_proj", f"{_ATTN}/out": "attention.o_proj", "LayerNorm_1": "norm2",
+     "MlpBlock_0/Dense_0": "mlp.up_proj", "MlpBlock_0/Dense_1": "mlp.down_proj"},
+    "norm", dict(num_attention_heads=6, hidden_act="gelu", layer_norm_eps=1e-5, image_size=224,
+                 rope_theta=100.0),
+    cls="embeddings.cls_token", policy="hf_bilinear_squash_imagenet", rope="dinov3")
 # config.json's model_type -> (layout, the section holding the vision settings)
 MODEL_TYPES = {"vit": ("hf_vit", None), "dinov2": ("hf_dinov2", None),
                "dinov2_with_registers": ("hf_dinov2", None), "clip": ("hf_clip", "vision_config"),
                "clip_vision_model": ("hf_clip", None), "siglip": ("hf_siglip", "vision_config"),
-               "siglip_vision_model": ("hf_siglip", None)}
+               "siglip_vision_model": ("hf_siglip", None), "dinov3_vit": ("hf_dinov3", None)}
 
 
 def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
@@ -174,6 +190,13 @@ def _gelu(name: str) -> str:
   return _GELUS[name]
 
 
+def _silu(name: str) -> str:
+  """A gated MLP's activation: SiLU, as our SwiGLU (its GELU field then unused)."""
+  if name != "silu":
+    raise io.CheckpointError(f"hidden_act={name!r} in a gated MLP; our SwiGLU gates with SiLU.")
+  return "exact"
+
+
 def _position_embedding(keys: io.Keys, name: str) -> tuple[np.ndarray, str]:
   """(1, T, D) and its evidence; an ONNX export splits DINOv2's into a class row
   (`embeddings.Concat`) and the grid rows (`embeddings.Reshape`)."""
@@ -199,7 +222,7 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
     cfg["image_size"], ev["image_size"] = shape[2], f"the ONNX graph's input {shape}"
   elif crop:
     cfg["image_size"], ev["image_size"] = crop
-  elif s.section is not None:
+  elif s.section is not None or not grid:  # rotary embeddings: no grid to read it from
     s.get("image_size", "image_size", cfg, ev)
   else:
     cfg["image_size"] = grid * cfg["patch_size"]
@@ -228,7 +251,14 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Lay
                           [(src + n[f"{_ATTN}/{q}"], slice(None)) for q in ("query", "key", "value")],
                           src + n[f"{_ATTN}/out"])
     io.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
-    if keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
+    if keys.has(f"{src}mlp.gate_proj.weight"):  # DINOv3's gated MLP: silu(gate) * up
+      (wg, bg), (wu, bu) = (io.take_torch_linear(keys, f"{src}mlp.{n}") for n in ("gate_proj", "up_proj"))
+      w2, b2 = io.take_torch_linear(keys, f"{src}mlp.down_proj")
+      p[f"{ours}/MlpBlock_0/Dense_0/kernel"] = np.concatenate([wg, wu], axis=1)
+      p[f"{ours}/MlpBlock_0/Dense_0/bias"] = np.concatenate([bg, bu])
+      p[f"{ours}/MlpBlock_0/Dense_1/kernel"], p[f"{ours}/MlpBlock_0/Dense_1/bias"] = w2, b2
+      kinds.add((w2.shape[0], "swiglu"))
+    elif keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
       w1, b1 = io.take_torch_linear(keys, f"{src}mlp.weights_in")
       w2, b2 = io.take_torch_linear(keys, f"{src}mlp.weights_out")
       p[f"{ours}/MlpBlock_0/Dense_0/kernel"], p[f"{ours}/MlpBlock_0/Dense_0/bias"] = w1, b1
@@ -245,8 +275,8 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Lay
   if len(kinds) > 1:
     raise io.CheckpointError(f"{keys.path}: the layers' MLPs differ ({sorted(kinds)}).")
   (cfg["mlp_dim"], cfg["mlp"]), = kinds
-  fc2 = next(k for k in keys.flat if k.startswith(layer.format(0)) and (
-      k.endswith(n["MlpBlock_0/Dense_1"] + ".weight") or k.endswith("mlp.weights_out.weight")))
+  fc2 = next(k for k in keys.flat if k.startswith(layer.format(0)) and k.endswith(
+      (n["MlpBlock_0/Dense_1"] + ".weight", "mlp.weights_out.weight", "mlp.down_proj.weight")))
   ev["mlp_dim"] = ev["mlp"] = keys.shape(fc2)
 
 
@@ -321,6 +351,43 @@ def _patch_embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict, name: str) -> 
   ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
 
 
+def _tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str,
+            layout: _Layout) -> None:
+  """The class and register tokens, the position embedding (the class token's row
+  folded into the token, as ours keeps it) or the rotary one, and the resolution."""
+  d = cfg["width"]
+  cfg["class_token"] = layout.cls is not None
+  cls = keys.take(base + layout.cls).reshape(1, 1, -1) if layout.cls else None
+  if cls is not None:
+    ev["class_token"] = keys.shape(base + layout.cls)
+  cfg["num_registers"], ev["num_registers"] = 0, "no embeddings.register_tokens"
+  if keys.has(f"{base}embeddings.register_tokens"):  # after the class token, no position embedding
+    reg = keys.take(f"{base}embeddings.register_tokens")
+    if reg.shape[1]:  # DINOv3 keeps an empty (1, 0, D) one where it has none
+      p["reg"] = reg
+    cfg["num_registers"] = reg.shape[1]
+    ev["num_registers"] = keys.shape(f"{base}embeddings.register_tokens")
+  if layout.pos is None:  # rotary embeddings only, computed for the grid in use
+    p["cls"], cfg["posemb"], cfg["rope"] = cls, "none", layout.rope
+    ev["posemb"] = ev["rope"] = f"{layout.upstream}: rotary embeddings, no position embedding"
+    s.get("rope_theta", "rope_theta", cfg, ev, float)
+    _input_size(keys, s, cfg, ev, 0)
+    return
+  pe, pe_ev = _position_embedding(keys, base + layout.pos)
+  if cls is not None:
+    if cls.shape[-1] != d or pe.shape[-1] != d:
+      raise io.CheckpointError(f"{keys.path}: {keys.shape(base + layout.cls)} and the position "
+                               f"embedding ({pe_ev}) should have width {d}.")
+    p["cls"], pe = cls + pe[:, :1], pe[:, 1:]
+  grid = math.isqrt(pe.shape[1])
+  if grid * grid != pe.shape[1] or pe.shape[-1] != d:
+    raise io.CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) is not "
+                             f"{'a class row and ' * bool(layout.cls)}a square grid of width {d}.")
+  p["pos_embedding"] = pe
+  cfg["posemb"], ev["posemb"] = "learn", pe_ev
+  _input_size(keys, s, cfg, ev, grid)
+
+
 def read(keys: io.Keys) -> io.Reading:
   fmt = keys.fmt
   layout = _LAYOUTS[fmt]
@@ -342,7 +409,8 @@ def read(keys: io.Keys) -> io.Reading:
     s.assumed.append("num_heads")
   else:
     s.get("num_heads", "num_attention_heads", cfg, ev)
-  s.get("gelu", "hidden_act", cfg, ev, _gelu)
+  gated = keys.has(f"{base}{layout.layer.format(0)}mlp.gate_proj.weight")
+  s.get("gelu", "hidden_act", cfg, ev, _silu if gated else _gelu)
   s.get("ln_eps", "layer_norm_eps", cfg, ev, float)
   if keys.has(f"{base}embeddings.mask_token"):  # replaces masked patches in pretraining only
     keys.take(f"{base}embeddings.mask_token")
@@ -352,27 +420,7 @@ def read(keys: io.Keys) -> io.Reading:
   if layout.pre_norm:
     io.take_torch_norm(keys, p, base + layout.pre_norm, "norm_pre")
     ev["pre_norm"] = keys.shape(f"{base}{layout.pre_norm}.weight")
-  pe, pe_ev = _position_embedding(keys, base + layout.pos)
-  cfg["class_token"] = layout.cls is not None
-  if layout.cls:  # the class token's embedding row folded into it, as ours keeps it
-    cls = keys.take(base + layout.cls).reshape(1, 1, -1)
-    if cls.shape[-1] != d or pe.shape[-1] != d:
-      raise io.CheckpointError(f"{keys.path}: {keys.shape(base + layout.cls)} and the position "
-                               f"embedding ({pe_ev}) should have width {d}.")
-    p["cls"], pe = cls + pe[:, :1], pe[:, 1:]
-    ev["class_token"] = keys.shape(base + layout.cls)
-  cfg["num_registers"], ev["num_registers"] = 0, "no embeddings.register_tokens"
-  if keys.has(f"{base}embeddings.register_tokens"):  # after the class token, no position embedding
-    p["reg"] = keys.take(f"{base}embeddings.register_tokens")
-    cfg["num_registers"] = p["reg"].shape[1]
-    ev["num_registers"] = keys.shape(f"{base}embeddings.register_tokens")
-  grid = math.isqrt(pe.shape[1])
-  if grid * grid != pe.shape[1] or pe.shape[-1] != d:
-    raise io.CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) is not "
-                             f"{'a class row and ' * bool(layout.cls)}a square grid of width {d}.")
-  p["pos_embedding"] = pe
-  cfg["posemb"], ev["posemb"] = "learn", pe_ev
-  _input_size(keys, s, cfg, ev, grid)
+  _tokens(keys, p, cfg, ev, s, base, layout)
   _head(keys, p, cfg, ev, s, fmt)
   cfg["distilled"] = False
   policy = (keys.meta and keys.meta.policy()) or (
@@ -385,8 +433,11 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
   """Heads split; the embedding's grid resized from its own square to the
   input's, as transformers does on each forward."""
   del native
-  grid = math.isqrt(r.params["pos_embedding"].shape[1])
   vit_timm_io.split_heads(cfg, r, path)
+  if "pos_embedding" not in r.params:  # rotary: computed for any grid
+    vit_io.adapt(cfg, r, None, path)
+    return
+  grid = math.isqrt(r.params["pos_embedding"].shape[1])
   layout = _LAYOUTS[r.fmt]
   if r.config.get("num_registers") and r.fmt == "hf_dinov2":
     weights = preprocess.bicubic_weights  # Dinov2WithRegisters interpolates with antialias

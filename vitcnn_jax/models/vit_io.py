@@ -256,13 +256,15 @@ def default_format(model) -> str:
 
 # Options of later ViTs that Google's files cannot hold (their value in Google's ViTs).
 _TIMM_ONLY = dict(num_registers=0, distilled=False, pre_norm=False, fc_norm=False, mlp="gelu", ln_eps=1e-6,
-                  layer_scale=False, patch_bias=True, head_bias=True)
+                  layer_scale=False, patch_bias=True, head_bias=True, rope="")
 
 
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
   other = {k: getattr(model, k) for k, v in _TIMM_ONLY.items() if getattr(model, k) != v}
   if model.class_token not in (None, model.pool == "token"):
     other["class_token"] = model.class_token
+  if model.posemb == "none" or model.pool == "token_gap":
+    other.update(posemb=model.posemb, pool=model.pool)
   if other:
     raise ValueError(f"Google's ViT formats have no {other}; save as .safetensors (timm's "
                      "layout).")

@@ -307,6 +307,9 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
   """Our params under timm's names and layouts: a state dict that timm's ViT,
   built with the model's options and no_embed_class=True, loads strictly."""
   del fmt
+  if model.rope or model.pool == "token_gap":
+    raise ValueError("timm's VisionTransformer has no rotary embedding or pool 'token_gap'; "
+                     "this model is read, not written.")
   if model.posemb != "learn" or model.pool == "0" or model.representation_size or model.no_skip:
     raise ValueError("timm's ViT has no fixed sin-cos embedding, pool '0', pre_logits or "
                      "blocks without skips; save this model as an npz (big_vision).")
