@@ -12,7 +12,7 @@ from types import ModuleType
 import flax.linen as nn
 
 from vitcnn_jax.models import (bit_io, convnext_hf_io, convnext_io, mixer_io, resnet_hf_io, resnet_io,
-                               resnet_onnx_io, vit_hf_io, vit_io, vit_timm_io)
+                               resnet_onnx_io, vit_eva_io, vit_hf_io, vit_io, vit_timm_io)
 from vitcnn_jax.models.bit import BiT
 from vitcnn_jax.models.convnext import ConvNeXt
 from vitcnn_jax.models.mixer import Mixer
@@ -36,7 +36,7 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vit", ViT, (vit_io, vit_timm_io, vit_hf_io)), Family("bit", BiT, (bit_io,)),
+    Family("vit", ViT, (vit_io, vit_eva_io, vit_timm_io, vit_hf_io)), Family("bit", BiT, (bit_io,)),
     Family("mixer", Mixer, (mixer_io,)), Family("convnext", ConvNeXt, (convnext_io, convnext_hf_io)),
     Family("resnet", ResNet, (resnet_io, resnet_hf_io, resnet_onnx_io)))}
 

@@ -222,6 +222,15 @@ def take_head(keys: Keys, p: dict, cfg: dict, ev: dict,
     cfg["num_classes"], ev["num_classes"] = None, f"no {kernel} in the file"
 
 
+def take_head_torch(keys: Keys, p: dict, cfg: dict, ev: dict, name: str = "head") -> None:
+  """A torch Linear classifier `name`, if the file has one."""
+  if keys.has(f"{name}.weight"):
+    p["head/kernel"], p["head/bias"] = take_torch_linear(keys, name)
+    cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape(f"{name}.weight")
+  else:
+    cfg["num_classes"], ev["num_classes"] = None, f"no {name}.weight in the file"
+
+
 # PyTorch state dicts (timm's safetensors): torch's leaf names, and its layouts read as Flax's.
 TORCH_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}  # ours -> torch's
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from vitcnn_jax import preprocess
 from vitcnn_jax.models import io
+from vitcnn_jax.models import timm_config
 from vitcnn_jax.models import vit_io
 
 FORMATS = {
@@ -112,9 +113,10 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
     raise io.CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
   cfg["depth"], ev["depth"] = len(idx), f"blocks.0..{len(idx) - 1}"
   d = cfg["width"]
-  h = cfg["num_heads"] = HEADS.get(d, max(d // 64, 1))
-  ev["num_heads"] = f"not in a state dict; {h} for width {d} (timm's models)"
-  assumed.append("num_heads")
+  s = timm_config.Settings(keys, "timm")
+  s.heads(cfg, ev, HEADS.get(d, max(d // 64, 1)))
+  assumed += s.assumed
+  h = cfg["num_heads"]
   scaled = [keys.has(f"blocks.{i}.ls1.gamma") for i in idx]
   if any(scaled) and not all(scaled):
     raise io.CheckpointError(f"{keys.path}: layer scale (blocks.N.ls1.gamma) in blocks "
@@ -248,14 +250,18 @@ def read(keys: io.Keys) -> io.Reading:
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.weight in the file"
   cfg["representation_size"] = None
-  # Numerics no tensor records: timm's defaults (CLIP towers, told by norm_pre: eps 1e-5).
-  cfg["gelu"], ev["gelu"] = "exact", "not in a state dict; timm's default nn.GELU (erf)"
+  # Numerics no tensor records: its config.json's architecture, else timm's defaults
+  # (CLIP towers, told by norm_pre: eps 1e-5).
+  s = timm_config.Settings(keys, "timm")
+  s.get("gelu", cfg, ev, "exact", "timm's default nn.GELU (erf)")
   clip = cfg["pre_norm"]
-  cfg["ln_eps"] = 1e-5 if clip else 1e-6
-  ev["ln_eps"] = ("not in a state dict; CLIP's 1e-5 (the file has norm_pre)" if clip else
-                  "not in a state dict; timm's ViT default 1e-6")
-  assumed += ["gelu", "ln_eps"]
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed))
+  s.get("ln_eps", cfg, ev, 1e-5 if clip else 1e-6,
+        "CLIP's 1e-5 (the file has norm_pre)" if clip else "timm's ViT default 1e-6")
+  if s.config:
+    if "pool" in assumed:
+      assumed.remove("pool")
+      s.pool(cfg, ev, cfg["pool"], ev["pool"])
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed + s.assumed), policy=s.policy())
 
 
 def default_format(model) -> str:

@@ -1,0 +1,94 @@
+"""What a timm hub repository's config.json says of its ViT beyond the weights.
+
+timm writes `architecture` (its model function's name, e.g.
+`vit_base_patch16_clip_quickgelu_224`), `model_args` (the arguments given beside
+it), `global_pool` and `pretrained_cfg` (the evaluation transform). The model
+function's name fixes what a state dict cannot say (heads, activation, LayerNorm
+eps, DINOv3's rotary base): `ARCHITECTURES` holds those facts of timm's model
+functions, checked against timm itself in the tests. Without a config.json (or
+for a name not listed), the format's defaults are assumed and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from vitcnn_jax import preprocess
+from vitcnn_jax.models import io
+
+# Heads of timm's ViT model functions by their size word (vit_<size>_patch...).
+_HEADS = {"tiny": 3, "small": 6, "small_plus": 6, "medium": 8, "base": 12, "large": 16,
+          "huge": 16, "huge_plus": 20, "giant": 16, "gigantic": 16, "so400m": 16, "7b": 32}
+_SIZE = re.compile(r"(?:vit|deit3?)_(small_plus|huge_plus|7b|[a-z0-9]+?)_patch")
+_POOLS = {"avg": "gap", "token": "token", "map": "map", "": "token"}
+
+
+def architecture(name: str) -> dict[str, Any]:
+  """The settings timm's model function `name` fixes that a state dict does not
+  hold: num_heads (by size), gelu, ln_eps, and a DINOv3's rope_theta."""
+  out: dict[str, Any] = {}
+  if m := _SIZE.match(name):
+    if m[1] in _HEADS:
+      out["num_heads"] = _HEADS[m[1]]
+  if "dinov3" in name:
+    out.update(gelu="exact", ln_eps=1e-5, rope_theta=100.0)
+  elif "siglip" in name:  # timm builds them with nn.GELU (erf), big_vision with tanh's
+    out.update(gelu="exact", ln_eps=1e-6)
+  elif "clip" in name:
+    out.update(gelu="quick" if "quickgelu" in name else "exact", ln_eps=1e-5)
+  else:
+    out.update(gelu="exact", ln_eps=1e-6)
+  return out
+
+
+class Settings:
+  """A timm file's settings: its config.json's, else assumed (and recorded so)."""
+
+  def __init__(self, keys: io.Keys, what: str):
+    config = keys.meta.config if keys.meta and "architecture" in keys.meta.config else None
+    self.config, self.what, self.assumed = config, what, []
+    self.known = architecture(config["architecture"]) if config else {}
+    self.args = config.get("model_args") or {} if config else {}
+
+  def _stated(self, field: str, cfg: dict, ev: dict, value: Any, why: str) -> None:
+    cfg[field], ev[field] = value, why
+
+  def get(self, field: str, cfg: dict, ev: dict, default: Any, why: str) -> None:
+    """cfg[field] from config.json (its architecture, model_args or pretrained_cfg)."""
+    if field == "image_size" and self.config:
+      size = self.args.get("img_size") or self.config.get("pretrained_cfg", {}).get("input_size")
+      if size:
+        size = size[-1] if isinstance(size, (list, tuple)) else size
+        return self._stated(field, cfg, ev, int(size), f"config.json (timm) input size {size}")
+    if field in self.known:
+      return self._stated(field, cfg, ev, self.known[field],
+                          f"config.json architecture {self.config['architecture']!r}")
+    cfg[field], ev[field] = default, f"not in the weights{' or config.json' * bool(self.config)}; {why}"
+    self.assumed.append(field)
+    return None
+
+  def heads(self, cfg: dict, ev: dict, usual: int) -> None:
+    """num_heads: model_args, the architecture's size, else `usual` (assumed)."""
+    if "num_heads" in self.args:
+      return self._stated("num_heads", cfg, ev, int(self.args["num_heads"]),
+                          f"config.json model_args num_heads={self.args['num_heads']}")
+    return self.get("num_heads", cfg, ev, usual,
+                    f"{usual} for width {cfg['width']} ({self.what}'s published models)")
+
+  def pool(self, cfg: dict, ev: dict, default: str, why: str) -> None:
+    pool = self.args.get("global_pool", self.config.get("global_pool")) if self.config else None
+    if pool in _POOLS:
+      return self._stated("pool", cfg, ev, _POOLS[pool], f"config.json global_pool={pool!r}")
+    return self.get("pool", cfg, ev, default, why)
+
+  def policy(self) -> tuple[str, str] | None:
+    """timm's evaluation transform from pretrained_cfg, as one of our policies."""
+    pre = (self.config or {}).get("pretrained_cfg") or {}
+    mean, std = pre.get("mean"), pre.get("std")
+    stat = next((k for k, v in preprocess.STATS.items() if mean and std and all(
+        abs(a - b) < 1e-6 for a, b in zip((*mean, *std), (*v[0], *v[1])))), None)
+    if pre.get("interpolation") != "bicubic" or pre.get("crop_mode", "center") != "center" or not stat:
+      return None
+    crop = pre.get("crop_pct", 0.875)
+    return f"bicubic_crop{crop:g}_{stat}", f"its config.json (timm's pretrained_cfg: crop_pct {crop})"
