@@ -45,6 +45,9 @@ MODELS = {
                                       layer_norm_eps=1e-6),
                    ["stage0/block00/out", "stage1/block00/out"],
                    dict(grn=True, layer_scale=False, head_eps=1e-6)),
+    "dinov3_convnext": (T.DINOv3ConvNextModel, T.DINOv3ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 2]),
+                        ["stage0/block00/out", "stage1/block01/out"],
+                        dict(layer_scale=True, head_eps=1e-6, widths=(8, 16))),
 }
 
 
@@ -75,7 +78,8 @@ def test_transformers_folder_matches_transformers(folders, name, caplog):
   c = checkpoints.load(folder)
   ref = hf_ref.run(model, x)
   out, points = compiled(c.model, c.params, x, capture=MODELS[name][2])
-  for point, hidden in zip(MODELS[name][2], ref.hidden_states[1:]):
+  stages = ref.hidden_states[-len(MODELS[name][2]):]  # after the stem's (ResNet, ConvNext)
+  for point, hidden in zip(MODELS[name][2], stages):
     hidden = hidden.numpy().transpose(0, 2, 3, 1)
     assert_close(points[point], hidden, TOL * float(np.abs(hidden).max()), f"{name} {point}")
   final = ref.logits if hasattr(ref, "logits") else ref.pooler_output.reshape(2, -1)
