@@ -1,0 +1,59 @@
+"""Every analysis on the families that transformers' folders bring: a RoPE ViT
+with registers (DINOv3, saved by transformers) beside a transformers ResNet,
+each where its definition applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hf_ref
+from conftest import NO_FIGURES
+import vitcnn_jax as vj
+
+T = hf_ref.transformers
+N = 16
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  root = tmp_path_factory.mktemp("hf_analyses")
+  vit = T.DINOv3ViTModel(T.DINOv3ViTConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                           intermediate_size=96, image_size=32, patch_size=8,
+                                           num_register_tokens=2))
+  resnet = T.ResNetModel(T.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1]))
+  return {"vit": {"checkpoint": hf_ref.save(hf_ref.randomized(vit), root / "vit")},
+          "resnet": {"checkpoint": hf_ref.save(hf_ref.randomized(resnet, 1), root / "resnet"),
+                     "resolution": 32}}
+
+
+@pytest.fixture(scope="module")
+def images():
+  rng = np.random.default_rng(0)
+  return rng.integers(0, 256, (N, 32, 32, 3)).astype(np.uint8), np.arange(N) % 2
+
+
+def test_every_analysis_runs_on_a_rope_vit_with_registers_and_a_transformers_resnet(models, images):
+  grey, labels = images
+  small = dict(batch_size=8, num_examples=N, **NO_FIGURES)
+  r = vj.cka(models, grey, layers="blocks", repeats=1, **small)
+  np.testing.assert_allclose(np.diag(r["cka_vit_vit"]), 1, atol=1e-5)
+  assert np.isfinite(r["cka_resnet_vit"]).all()
+  r = vj.skip_ratio(models, grey, **small)
+  assert r["vit_ratio"].shape == (2, 2, 1 + 2 + 16) and (r["vit_ratio"] > 0).all()
+  assert r.summary["models"]["vit"]["prefix_tokens"] == ["cls", "reg", "reg"]
+  r = vj.pc_share(models, grey, layers="blocks", **small)
+  assert r.summary["models"].keys() == models.keys()
+  r = vj.receptive_field(models, grey, num_examples=4, batch_size=4, **NO_FIGURES)
+  assert r["vit_maps"].shape[1:] == (32, 32) and np.isfinite(r["resnet_maps"]).all()
+  r = vj.attention_distance({"vit": models["vit"]}, grey, **small)
+  d = r["mean_distance"]  # blocks x heads, in pixels: between one patch and the grid's extent
+  assert d.shape == (2, 3) and (d > 0).all() and (d < 32 * np.sqrt(2)).all()
+  r = vj.localization({"vit": models["vit"]}, grey, **small)
+  assert r.summary["prefix_tokens"] == ["cls", "reg", "reg"]
+  r = vj.head_subsets({"vit": {**models["vit"], "capture": "all"},
+                       "resnet": {**models["resnet"], "capture": "block1/**"}}, grey, **small)
+  assert np.isfinite(r["cka"]).all()
+  r = vj.linear_probe(models, grey, labels=labels, test=(grey, labels), layers="blocks",
+                      batch_size=8, shots=2, seeds=1, **NO_FIGURES)
+  assert set(r.summary["models"]) == set(models)
