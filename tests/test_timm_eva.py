@@ -28,6 +28,13 @@ MODELS = {
                dict(rope="dinov3", num_registers=4, ln_eps=1e-5, pool="gap", layer_scale=True)),
     "dinov3_qkvb_swiglu": ("vit_small_plus_patch16_dinov3_qkvb", dict(global_pool="token"),
                            dict(rope="dinov3", mlp="swiglu", pool="token")),
+    "eva02_tiny": ("eva02_tiny_patch14_224", dict(num_classes=5),
+                   dict(rope="eva02", rope_ref=16, mlp="swiglu", pool="gap", fc_norm=True, ln_eps=1e-6)),
+    "eva02_base": ("eva02_base_patch14_224", dict(num_classes=0),
+                   dict(rope="eva02", mlp="swiglu", mlp_norm=True, num_classes=None)),
+    "pe_core": ("vit_pe_core_base_patch16_224", dict(num_classes=8),
+                dict(rope="pe", rope_ref=14, rope_offset=1.0, pool="map", map_heads=8,
+                     map_prefix=True, pre_norm=True, patch_bias=False, ln_eps=1e-5)),
     "clip_quickgelu": ("vit_base_patch16_clip_quickgelu_224", dict(num_classes=4),
                        dict(gelu="quick", ln_eps=1e-5, pre_norm=True)),
 }
@@ -104,7 +111,8 @@ def test_other_resolutions_recompute_the_rotary_embedding_as_timm(folders):
   assert_close(out, final, TOL * float(np.abs(final).max()), "48 px")
 
 
-@pytest.mark.parametrize("fn", ["vit_small_patch16_dinov3", "vit_base_patch16_dinov3",
+@pytest.mark.parametrize("fn", ["vit_small_patch16_dinov3", "vit_base_patch16_dinov3", "eva02_large_patch14_448",
+                                "vit_pe_core_large_patch14_336", "eva02_small_patch14_336",
                                 "vit_huge_plus_patch16_dinov3", "vit_7b_patch16_dinov3",
                                 "vit_base_patch16_224", "vit_large_patch14_clip_quickgelu_224",
                                 "vit_so400m_patch14_siglip_224", "vit_medium_patch16_gap_256",

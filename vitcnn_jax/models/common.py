@@ -138,10 +138,12 @@ class Capture:
 class MlpBlock(nn.Module):
   """Dense -> GELU -> Dense, the MLP of every ViT and Mixer block; or, `kind`
   "swiglu", Dense to twice the hidden width -> SiLU(first half) * second half ->
-  Dense (timm's packed SwiGLU, DINOv2-g)."""
+  Dense (timm's packed SwiGLU, DINOv2-g). `norm_eps`: a LayerNorm (`norm`) on the
+  hidden features before the last Dense (EVA-02's scale_mlp)."""
   mlp_dim: int
   gelu: str = "tanh"
   kind: str = "gelu"
+  norm_eps: float | None = None
 
   @nn.compact
   def __call__(self, x: Array, capture: Capture, out: dict) -> Array:
@@ -155,6 +157,8 @@ class MlpBlock(nn.Module):
     if glu:
       h = jax.nn.silu(h[..., :self.mlp_dim]) * h[..., self.mlp_dim:]
     h = capture.put(out, "hidden", h if glu else get_gelu(self.gelu)(h))
+    if self.norm_eps is not None:
+      h = nn.LayerNorm(epsilon=self.norm_eps, name="norm")(h)
     return nn.Dense(d, name="Dense_1",
                     kernel_init=nn.initializers.xavier_uniform(),
                     bias_init=nn.initializers.normal(1e-6))(h)

@@ -20,7 +20,8 @@ from vitcnn_jax.models import io
 # Heads of timm's ViT model functions by their size word (vit_<size>_patch...).
 _HEADS = {"tiny": 3, "small": 6, "small_plus": 6, "medium": 8, "base": 12, "large": 16,
           "huge": 16, "huge_plus": 20, "giant": 16, "gigantic": 16, "so400m": 16, "7b": 32}
-_SIZE = re.compile(r"(?:vit|deit3?)_(small_plus|huge_plus|7b|[a-z0-9]+?)_patch")
+_SIZE = re.compile(r"(?:vit|deit3?|eva02|vit_pe_core)_(small_plus|huge_plus|7b|[a-z0-9]+?)_patch")
+_GRID = re.compile(r"_patch(\d+)_(\d+)")  # patch, then input size
 _POOLS = {"avg": "gap", "token": "token", "map": "map", "": "token"}
 
 
@@ -32,7 +33,15 @@ def architecture(name: str) -> dict[str, Any]:
     if m[1] in _HEADS:
       out["num_heads"] = _HEADS[m[1]]
   if "dinov3" in name:
-    out.update(gelu="exact", ln_eps=1e-5, rope_theta=100.0)
+    out.update(gelu="exact", ln_eps=1e-5, rope="dinov3", rope_theta=100.0, rope_ref=0, rope_offset=0.)
+  elif name.startswith("eva02"):  # its RoPE on a 16 x 16 reference grid at every size
+    out.update(gelu="exact", ln_eps=1e-6, rope="eva02", rope_theta=1e4, rope_ref=16, rope_offset=0.)
+  elif name.startswith("vit_pe_core"):  # reference grid: the native one; 8-head attention pool
+    grid = _GRID.search(name)
+    out.update(gelu="exact", ln_eps=1e-5, rope="pe", rope_theta=1e4, map_heads=8,
+               rope_offset=0. if "gigantic" in name else 1.)
+    if grid:
+      out["rope_ref"] = int(grid[2]) // int(grid[1])
   elif "siglip" in name:  # timm builds them with nn.GELU (erf), big_vision with tanh's
     out.update(gelu="exact", ln_eps=1e-6)
   elif "clip" in name:

@@ -8,7 +8,7 @@ embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
 Position embeddings are learned (`posemb="learn"`), big_vision's fixed 2-D
 sin-cos (`"sincos2d"`, computed for the grid in use) or none (`"none"`), and
 rotary embeddings of the queries and keys may add to them (`rope`: DINOv3's,
-computed for the grid in use). Pooling: `token` (cls),
+EVA-02's or the Perception Encoder's, computed for the grid in use). Pooling: `token` (cls),
 `gap`, `map` (big_vision's attention pooling), `0` (big_vision's first
 patch token, no cls) or `token_gap` (the class token beside the patch tokens'
 mean: transformers' DINOv2 classifiers).
@@ -35,7 +35,7 @@ from vitcnn_jax.models import common
 
 POOLS = ("token", "gap", "map", "0", "token_gap")
 POSEMBS = ("learn", "sincos2d", "none")
-ROPES = ("", "dinov3")
+ROPES = ("", "dinov3", "eva02", "pe")
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
@@ -85,17 +85,32 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.) -
   return pe[None].astype(np.float32)
 
 
-def rope_dinov3(h: int, w: int, head_dim: int, theta: float = 100.) -> tuple[np.ndarray, np.ndarray]:
-  """DINOv3's rotary embedding of an h x w grid: (cos, sin), each (h*w, head_dim).
-  Each patch's centre in [-1, 1] per axis; head_dim/4 periods theta**(4j/head_dim);
-  angles 2 pi coord / period, the row's then the column's, repeated for the two
-  halves that rotate together (`_rotate_half`)."""
+def rotary(kind: str, h: int, w: int, head_dim: int, theta: float, ref: int = 0,
+           offset: float = 0.) -> tuple[np.ndarray, np.ndarray]:
+  """(cos, sin), each (h*w, head_dim): the rotary embedding of an h x w grid, for
+  rotations of dims i and i + head_dim/2 together (`_rotate_half`). head_dim/4
+  frequencies per axis, the first axis's in the first quarter (and third):
+  dinov3  each patch's centre in [-1, 1] per axis; angles 2 pi coord / theta**(4j/hd);
+          rows first.
+  eva02   the patch index scaled to a `ref`-wide grid, (i + offset) / S * ref;
+          angles coord * theta**(-j/(hd/4)); rows first.
+  pe      as eva02, columns first (the Perception Encoder: offset 1 but in its
+          gigantic model).
+  EVA-02's and PE's own rotations pair dims 2i and 2i+1: their readers reorder
+  each head's query and key dims (evens, then odds) to this, which leaves every
+  dot product of a query and a key as it was."""
   if head_dim % 4:
-    raise ValueError(f"rope='dinov3' needs a head width divisible by 4, got {head_dim}.")
-  periods = theta ** (4 * np.arange(head_dim // 4) / head_dim)
-  y, x = np.mgrid[:h, :w]
-  coords = np.stack([(y.reshape(-1) + .5) / h, (x.reshape(-1) + .5) / w], axis=1) * 2 - 1
-  angles = (2 * np.pi * coords[:, :, None] / periods).reshape(h * w, -1)
+    raise ValueError(f"rope={kind!r} needs a head width divisible by 4, got {head_dim}.")
+  j = np.arange(head_dim // 4)
+  y, x = (a.reshape(-1).astype(np.float64) for a in np.mgrid[:h, :w])
+  if kind == "dinov3":
+    coords = np.stack([(y + .5) / h, (x + .5) / w], axis=1) * 2 - 1
+    angles = 2 * np.pi * coords[:, :, None] / theta ** (4 * j / head_dim)
+  else:
+    order = (0, 1) if kind == "eva02" else (1, 0)
+    coords = np.stack([(y + offset) / h * ref, (x + offset) / w * ref], axis=1)[:, order]
+    angles = coords[:, :, None] * theta ** (-j / (head_dim // 4))
+  angles = angles.reshape(h * w, -1)
   angles = np.concatenate([angles, angles], axis=1)
   return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
@@ -155,6 +170,11 @@ class BlockOptions:
   mlp: str = "gelu"  # or "swiglu" (packed, DINOv2-g)
   ln_eps: float = 1e-6  # CLIP: 1e-5
   layer_scale: bool = False  # a learned per-channel scale on each branch (DeiT III, DINOv2)
+  mlp_norm: bool = False  # a LayerNorm on the MLP's hidden features (EVA-02 B/L)
+
+  @property
+  def mlp_norm_eps(self) -> float | None:
+    return self.ln_eps if self.mlp_norm else None
 
 
 class EncoderBlock(nn.Module):
@@ -183,7 +203,8 @@ class EncoderBlock(nn.Module):
     capture.put(out, "attn/out", y)
     x = capture.put(out, "attn/residual", self._residual(x, y))
     y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1", o.ln_eps)(x))
-    y = common.MlpBlock(self.mlp_dim, o.gelu, o.mlp, name="MlpBlock_0")(y, capture.child("mlp"), out)
+    y = common.MlpBlock(self.mlp_dim, o.gelu, o.mlp, o.mlp_norm_eps, name="MlpBlock_0")(
+        y, capture.child("mlp"), out)
     if o.layer_scale:
       y = y * self.param("ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "mlp/out", y)
@@ -258,8 +279,13 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   layer_scale: bool = False
   patch_bias: bool = True
   head_bias: bool = True
-  rope: str = ""  # rotary embeddings of the patch tokens' queries and keys: "" or "dinov3"
-  rope_theta: float = 100.0  # their base period
+  rope: str = ""  # rotary embeddings of the patch tokens' queries and keys (`rotary`)
+  rope_theta: float = 100.0  # their base period (DINOv3 100, EVA-02 and PE 1e4)
+  rope_ref: int = 0  # EVA-02's and PE's reference grid (ref_feat_shape)
+  rope_offset: float = 0.  # and their patch index's offset (PE: 1)
+  mlp_norm: bool = False  # a LayerNorm on the MLP's hidden features (EVA-02 B/L's scale_mlp)
+  map_heads: int = 0  # the attention pool's heads (0: num_heads; PE: 8)
+  map_prefix: bool = False  # the attention pool reads the prefix tokens too (PE)
 
   family = "vit"
   # Anatomy (models/anatomy.py).
@@ -284,7 +310,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
 
   @property
   def options(self) -> BlockOptions:
-    return BlockOptions(self.gelu, self.mlp, self.ln_eps, self.layer_scale)
+    return BlockOptions(self.gelu, self.mlp, self.ln_eps, self.layer_scale, self.mlp_norm)
 
   @property
   def num_prefix_tokens(self) -> int:
@@ -333,7 +359,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
                          (1, h * w, d), x.dtype)  # prefix tokens hold their own
     elif self.posemb == "sincos2d":
       x = x + jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
-    rope = rope_dinov3(h, w, d // self.num_heads, self.rope_theta) if self.rope else None
+    rope = (rotary(self.rope, h, w, d // self.num_heads, self.rope_theta, self.rope_ref,
+                   self.rope_offset) if self.rope else None)
     prefix = []
     if self.has_class_token:
       prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype))
@@ -378,7 +405,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
 
   def _pool(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     """The class token (`token`), the first token (`0`), the spatial tokens' mean
-    (`gap`), both side by side (`token_gap`), or attention pooling over them (`map`)."""
+    (`gap`), both side by side (`token_gap`), or attention pooling over them (`map`;
+    over every token with `map_prefix`)."""
     if self.pool in ("token", "0"):
       return x[:, 0]
     spatial = x[:, self.num_prefix_tokens:]
@@ -386,5 +414,5 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
       return spatial.mean(axis=1)
     if self.pool == "token_gap":
       return jnp.concatenate([x[:, 0], spatial.mean(axis=1)], axis=-1)
-    return MAPHead(self.mlp_dim, self.num_heads, self.options, name="MAPHead_0")(
-        spatial, capture.child("map"), out)
+    return MAPHead(self.mlp_dim, self.map_heads or self.num_heads, self.options, name="MAPHead_0")(
+        x if self.map_prefix else spatial, capture.child("map"), out)

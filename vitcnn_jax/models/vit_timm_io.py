@@ -165,7 +165,7 @@ def _map_head(keys: io.Keys, p: dict, cfg: dict) -> None:
                              "from the blocks' MLP; our MAP head shares their width.")
 
 
-def _tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
+def tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
   """Prefix tokens, pooling and the position embedding (prefix rows folded)."""
   prefix = []
   if keys.has("cls_token"):
@@ -234,7 +234,7 @@ def read(keys: io.Keys) -> io.Reading:
   if cfg["pre_norm"]:
     io.take_torch_norm(keys, p, "norm_pre", "norm_pre")
   _blocks(keys, p, cfg, ev, assumed)
-  _tokens(keys, p, cfg, ev, assumed)
+  tokens(keys, p, cfg, ev, assumed)
   if cfg["distilled"] and cfg["pool"] != "token":
     raise io.CheckpointError(f"{keys.path}: a dist_token needs a cls_token and no fc_norm "
                              "(DeiT's distilled head reads both tokens).")
@@ -313,9 +313,9 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
   """Our params under timm's names and layouts: a state dict that timm's ViT,
   built with the model's options and no_embed_class=True, loads strictly."""
   del fmt
-  if model.rope or model.pool == "token_gap":
-    raise ValueError("timm's VisionTransformer has no rotary embedding or pool 'token_gap'; "
-                     "this model is read, not written.")
+  if model.rope or model.pool == "token_gap" or model.mlp_norm or model.map_heads or model.map_prefix:
+    raise ValueError("timm's VisionTransformer has no rotary embedding, pool 'token_gap', MLP "
+                     "norm or attention pool of its own heads; this model is read, not written.")
   if model.posemb != "learn" or model.pool == "0" or model.representation_size or model.no_skip:
     raise ValueError("timm's ViT has no fixed sin-cos embedding, pool '0', pre_logits or "
                      "blocks without skips; save this model as an npz (big_vision).")
