@@ -12,11 +12,12 @@ from types import ModuleType
 import flax.linen as nn
 
 from vitcnn_jax.models import (bit_io, convnext_hf_io, convnext_io, mixer_io, resnet_hf_io, resnet_io,
-                               resnet_onnx_io, vit_eva_io, vit_hf_io, vit_io, vit_timm_io)
+                               resnet_onnx_io, swin_io, vit_eva_io, vit_hf_io, vit_io, vit_timm_io)
 from vitcnn_jax.models.bit import BiT
 from vitcnn_jax.models.convnext import ConvNeXt
 from vitcnn_jax.models.mixer import Mixer
 from vitcnn_jax.models.resnet import ResNet
+from vitcnn_jax.models.swin import Swin
 from vitcnn_jax.models.vit import ViT
 
 
@@ -38,7 +39,8 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("vit", ViT, (vit_io, vit_eva_io, vit_timm_io, vit_hf_io)), Family("bit", BiT, (bit_io,)),
     Family("mixer", Mixer, (mixer_io,)), Family("convnext", ConvNeXt, (convnext_io, convnext_hf_io)),
-    Family("resnet", ResNet, (resnet_io, resnet_hf_io, resnet_onnx_io)))}
+    Family("resnet", ResNet, (resnet_io, resnet_hf_io, resnet_onnx_io)),
+    Family("swin", Swin, (swin_io,)))}
 
 
 def family_of(model: nn.Module) -> Family:
@@ -52,4 +54,5 @@ def get_model(family: str, **kwargs) -> nn.Module:
   return FAMILIES[family].module(**kwargs)
 
 
-__all__ = ["BiT", "ConvNeXt", "FAMILIES", "Family", "Mixer", "ResNet", "ViT", "family_of", "get_model"]
+__all__ = ["BiT", "ConvNeXt", "FAMILIES", "Family", "Mixer", "ResNet", "Swin", "ViT", "family_of",
+           "get_model"]

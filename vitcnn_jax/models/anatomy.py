@@ -65,6 +65,9 @@ def require(model: Anatomy, what: str, where: str) -> None:
          "residuals": lambda: bool(model.residuals())}[what]
   if not has():
     kind = type(model).__name__
+    if what == "attention" and getattr(model, "attention_kind", ""):
+      raise ValueError(f"{where}: this analysis needs a model with attention it can read, and a "
+                       f"{kind}'s is {model.attention_kind}, which it does not read yet.")
     raise ValueError(f"{where}: this analysis needs a model with {what}, and a {kind} has none.")
 
 
