@@ -9,7 +9,8 @@ Variants (`:arg`, comma-separated): a pair name `b16_r50` (default), `b32_r50`,
 ViT against supervised modern CNN), `deit3_b16_convnext_b` (both supervised, as
 Vishniakov et al. 2024 compare them), `siglip_b16_convnext_b`, `dinov3_b16_convnext_b`
 (DINOv3's ViT-B/16 against the ConvNeXt-B distilled from its ViT-7B: one objective, one
-dataset, two architectures; both at 224 px); offline: `demo`,
+dataset, two architectures; both at 224 px), `vit_swin_resnet` (Swin-B between ViT-B/16
+and BiT-R50x1: all three pairs); offline: `demo`,
 `demo3`, `demo_mixer` or `demo_measures`; the real pretrained pair (`make real`):
 `real` or `real_measures`; then `examples=`, `batch=`,
 `repeats=`, `seed=`, e.g. `configs/cka_vit_resnet.py:l16_r152,examples=2560,repeats=10`.
@@ -49,6 +50,10 @@ PAIRS = {  # names in zoo.ZOO, also the labels
 }
 # ViTs of a pair run at their file's resolution, but DINOv2's (518 px) and DINOv3's (256)
 # at 224 like the others: an embedding resampled as timm does, or rotary ones recomputed.
+# Three models: Swin, the hierarchical ViT, between the paper's ViT and ResNet (each
+# pretrained on ImageNet-21k; the ViT and Swin then fine-tuned on ImageNet-1k).
+TRIPLES = {"vit_swin_resnet": (("vit", "ViT-B/16 ImageNet"), ("swin", "Swin-B"),
+                               ("resnet", "BiT-R50x1"))}
 AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
@@ -66,6 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.demo_models(config, DEMOS[arg.variant])
   elif pair == "real":
     common.real_models(config)
+  elif pair in TRIPLES:
+    config.models = {name: common.model(zoo_name, "paper", zoo_name, resolution=224)
+                     for name, zoo_name in TRIPLES[pair]}
+    config.data = common.imagenet_validation()
   elif pair in PAIRS:
     vit, bit = PAIRS[pair]
     config.models = dict(
@@ -74,7 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = common.imagenet_validation()
   else:
     raise ValueError(f"Unknown variant {arg.variant!r}; expected one of "
-                     f"{sorted(PAIRS) + sorted(DEMOS) + ['real']} "
+                     f"{sorted(PAIRS) + sorted(TRIPLES) + sorted(DEMOS) + ['real']} "
                      "(a pair with `_measures`: every measure).")
   if arg.variant.endswith("_measures"):  # every measure side by side, against its null, intervals
     config.measures, config.null, config.bootstrap = tuple(MEASURES), True, 50

@@ -101,6 +101,7 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
 @pytest.mark.parametrize("config_file,variant,names", [
     ("cka_vit_resnet", "dinov2_b14_convnext_b", ("DINOv2-B/14", "ConvNeXt-B")),
     ("cka_vit_resnet", "dinov3_b16_convnext_b", ("DINOv3-B/16", "DINOv3 ConvNeXt-B")),
+    ("cka_vit_resnet", "vit_swin_resnet", ("ViT-B/16 ImageNet", "Swin-B", "BiT-R50x1")),
     ("cka_vit_resnet", "deit3_b16_convnext_b", ("DeiT3-B/16", "ConvNeXt-B")),
     ("cka_vit_resnet", "siglip_b16_convnext_b", ("SigLIP-B/16", "ConvNeXt-B")),
     ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16"))])
@@ -198,3 +199,27 @@ def test_the_dinov3_pair_runs_offline_on_tiny_stand_ins_in_the_hub_cache(offline
   jobs.run(config, str(tmp_path / "wd"))
   z = np.load(tmp_path / "wd" / "cka.npz")
   assert np.isfinite(z["cka_resnet_vit"]).all() and z["cka_vit_vit"].shape[0] > 2
+
+
+def test_the_swin_config_runs_offline_on_tiny_stand_ins(offline_hub, tmp_path):
+  """configs/cka_vit_resnet.py:vit_swin_resnet with Swin-B found in the hub cache (a
+  tiny timm Swin written there by save_for_hf) and tiny Google npz files standing in
+  for the gs:// ViT and BiT: every pair of the three in one job."""
+  import upstream_files as uf  # noqa: PLC0415
+  from configs import cka_vit_resnet  # noqa: PLC0415
+  from vitcnn_jax import jobs  # noqa: PLC0415
+  snapshot = os.path.dirname(_cache(offline_hub, zoo.ZOO["Swin-B"].location[len(zoo.HF_HUB):]))
+  swin = timm_ref.timm.create_model("swin_base_patch4_window7_224", pretrained=False, img_size=32,
+                                    patch_size=2, embed_dim=8, depths=(2, 2), num_heads=(1, 2),
+                                    window_size=4)
+  timm_ref.timm.models.save_for_hf(swin.eval(), snapshot, safe_serialization=True)
+  config = cka_vit_resnet.get_config("vit_swin_resnet,examples=16,batch=8,repeats=1")
+  config.models.vit.checkpoint = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))
+  config.models.resnet.checkpoint = uf.save(tmp_path / "bit.npz", uf.bt_bit(0))
+  for spec in config.models.values():
+    spec.overrides.resolution = 32
+  config.data = zoo.data_spec("synthetic", num_examples=16)
+  jobs.run(config, str(tmp_path / "wd"))
+  z = np.load(tmp_path / "wd" / "cka.npz")
+  assert {"cka_resnet_swin", "cka_resnet_vit", "cka_swin_vit"} <= set(z.files)
+  assert np.isfinite(z["cka_resnet_swin"]).all() and z["cka_swin_swin"].shape[0] > 4

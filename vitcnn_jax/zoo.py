@@ -112,6 +112,12 @@ ZOO = {
     "PE-Core-B/16": Entry(HF_HUB + "timm/vit_pe_core_base_patch16_224.fb",
                           "Meta's Perception Encoder core ViT-B/16 (rotary embeddings, attention "
                           "pool), contrastive image-text", policy="bicubic_crop1_half"),
+    "Swin-T": Entry(HF_HUB + "timm/swin_tiny_patch4_window7_224.ms_in1k",
+                    "Swin-T (shifted windows of 7, patch 4), supervised, ImageNet-1k",
+                    policy="bicubic_crop0.9_imagenet"),
+    "Swin-B": Entry(HF_HUB + "timm/swin_base_patch4_window7_224.ms_in22k_ft_in1k",
+                    "Swin-B (shifted windows of 7, patch 4), ImageNet-21k then ImageNet-1k",
+                    policy="bicubic_crop0.9_imagenet"),
     "ResNet-50": Entry(HF_HUB + "timm/resnet50.a1_in1k",
                        "timm's ResNet-50 (v1.5), ImageNet-1k, the 'ResNet strikes back' A1 recipe",
                        dict(stride_in="3x3", bn_eps=1e-5), "bicubic_crop0.95_imagenet"),
