@@ -1,6 +1,6 @@
 """Every analysis on the families that transformers' folders bring: a RoPE ViT
-with registers (DINOv3, saved by transformers) beside a transformers ResNet,
-each where its definition applies."""
+with registers (DINOv3), a Swin and a ResNet, each saved by transformers, each
+analysis where its definition applies (a Swin's windowed attention is refused)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def models(tmp_path_factory):
                                            intermediate_size=96, image_size=32, patch_size=8,
                                            num_register_tokens=2))
   resnet = T.ResNetModel(T.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1]))
+  swin = T.SwinModel(T.SwinConfig(image_size=32, patch_size=2, embed_dim=8, depths=[2, 2],
+                                  num_heads=[1, 2], window_size=4))
   return {"vit": {"checkpoint": hf_ref.save(hf_ref.randomized(vit), root / "vit")},
+          "swin": {"checkpoint": hf_ref.save(hf_ref.randomized(swin, 2), root / "swin")},
           "resnet": {"checkpoint": hf_ref.save(hf_ref.randomized(resnet, 1), root / "resnet"),
                      "resolution": 32}}
 
@@ -33,19 +36,23 @@ def images():
   return rng.integers(0, 256, (N, 32, 32, 3)).astype(np.uint8), np.arange(N) % 2
 
 
-def test_every_analysis_runs_on_a_rope_vit_with_registers_and_a_transformers_resnet(models, images):
+def test_every_analysis_runs_on_a_rope_vit_with_registers_a_swin_and_a_transformers_resnet(
+    models, images):
   grey, labels = images
   small = dict(batch_size=8, num_examples=N, **NO_FIGURES)
   r = vj.cka(models, grey, layers="blocks", repeats=1, **small)
   np.testing.assert_allclose(np.diag(r["cka_vit_vit"]), 1, atol=1e-5)
   assert np.isfinite(r["cka_resnet_vit"]).all()
+  assert np.isfinite(r["cka_swin_vit"]).all() and r["cka_swin_swin"].shape == (4, 4)
   r = vj.skip_ratio(models, grey, **small)
   assert r["vit_ratio"].shape == (2, 2, 1 + 2 + 16) and (r["vit_ratio"] > 0).all()
+  assert np.isfinite(r["swin_ratio"]).all() and (r["swin_ratio"] > 0).all()
   assert r.summary["models"]["vit"]["prefix_tokens"] == ["cls", "reg", "reg"]
   r = vj.pc_share(models, grey, layers="blocks", **small)
   assert r.summary["models"].keys() == models.keys()
   r = vj.receptive_field(models, grey, num_examples=4, batch_size=4, **NO_FIGURES)
   assert r["vit_maps"].shape[1:] == (32, 32) and np.isfinite(r["resnet_maps"]).all()
+  assert np.isfinite(r["swin_maps"]).all() and r["swin_maps"].shape[1:] == (32, 32)
   r = vj.attention_distance({"vit": models["vit"]}, grey, **small)
   d = r["mean_distance"]  # blocks x heads, in pixels: between one patch and the grid's extent
   assert d.shape == (2, 3) and (d > 0).all() and (d < 32 * np.sqrt(2)).all()
@@ -57,3 +64,9 @@ def test_every_analysis_runs_on_a_rope_vit_with_registers_and_a_transformers_res
   r = vj.linear_probe(models, grey, labels=labels, test=(grey, labels), layers="blocks",
                       batch_size=8, shots=2, seeds=1, **NO_FIGURES)
   assert set(r.summary["models"]) == set(models)
+
+
+def test_attention_analyses_refuse_a_swin(models, images):
+  for analysis in ("attention_distance", "localization"):
+    with pytest.raises(ValueError, match=r"(attention it can read|tokens).*Swin"):
+      getattr(vj, analysis)({"vit": models["swin"]}, images[0], batch_size=8, num_examples=N)
