@@ -32,6 +32,8 @@ MODELS = {
                    dict(rope="eva02", rope_ref=16, mlp="swiglu", pool="gap", fc_norm=True, ln_eps=1e-6)),
     "eva02_base": ("eva02_base_patch14_224", dict(num_classes=0),
                    dict(rope="eva02", mlp="swiglu", mlp_norm=True, num_classes=None)),
+    "eva02_clip": ("eva02_base_patch16_clip_224", dict(num_classes=5),
+                   dict(rope="eva02", rope_ref=16, attn_norm=True, mlp_norm=True, pool="token")),
     "pe_core": ("vit_pe_core_base_patch16_224", dict(num_classes=8),
                 dict(rope="pe", rope_ref=14, rope_offset=1.0, pool="map", map_heads=8,
                      map_prefix=True, pre_norm=True, patch_bias=False, ln_eps=1e-5)),
@@ -87,10 +89,14 @@ def test_timm_hub_folder_matches_timm_with_nothing_assumed(folders, name, caplog
   assert "config.json" in c.policy_from
   x = _images()
   blocks, final = _blocks(model, x)
-  out, points = compiled(c.model, c.params, x, capture="block*/out")
+  m = c.model
+  out, points = compiled(m, c.params, x, capture="block*/out")
   for i, ref in enumerate(blocks):
     assert_close(points[f"block{i:02d}/out"], ref, TOL * float(np.abs(ref).max()), f"{name} block {i}")
   assert_close(out, final, TOL * float(np.abs(final).max()), f"{name} output")
+  if m.attn_norm:  # its heads are normed together: no head has a contribution of its own
+    with pytest.raises(ValueError, match="joined outputs"):
+      m.head_projection(c.params, 0)
 
 
 def test_a_dinov3_file_without_config_json_assumes_and_says_so(folders, tmp_path, caplog):

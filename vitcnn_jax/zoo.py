@@ -109,6 +109,10 @@ ZOO = {
     "EVA-02-B/14": Entry(HF_HUB + "timm/eva02_base_patch14_224.mim_in22k",
                          "EVA-02 ViT-B/14 (rotary embeddings, SwiGLU), masked image modelling "
                          "against EVA-CLIP features on ImageNet-21k", policy="bicubic_crop0.9_clip"),
+    "EVA-02-B/16": Entry(HF_HUB + "timm/eva02_base_patch16_clip_224.merged2b",
+                         "EVA-02-CLIP ViT-B/16 image tower (rotary embeddings, SwiGLU, inner "
+                         "attention norm), contrastive image-text on Merged-2B",
+                         policy="bicubic_crop0.9_clip"),
     "PE-Core-B/16": Entry(HF_HUB + "timm/vit_pe_core_base_patch16_224.fb",
                           "Meta's Perception Encoder core ViT-B/16 (rotary embeddings, attention "
                           "pool), contrastive image-text", policy="bicubic_crop1_half"),

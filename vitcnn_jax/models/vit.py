@@ -132,9 +132,12 @@ class Attention(nn.Module):
   """Multi-head dot-product attention, exposing weights and per-head outputs.
 
   Same parameters and arithmetic as flax.linen.MultiHeadDotProductAttention
-  (query scaled by 1/sqrt(head_dim) before the product, float32 softmax).
+  (query scaled by 1/sqrt(head_dim) before the product, float32 softmax);
+  `norm_eps`: a LayerNorm (`norm`) on the heads' joined outputs before the output
+  projection (EVA-02's CLIP towers).
   """
   num_heads: int
+  norm_eps: float | None = None
 
   @nn.compact
   def __call__(self, q_in: jax.Array, kv_in: jax.Array, capture: common.Capture, out: dict,
@@ -159,6 +162,9 @@ class Attention(nn.Module):
       q, k = _rotated(q, rope), _rotated(k, rope)
     weights = capture.put(out, "weights", jax.nn.softmax(q @ k.swapaxes(-1, -2), axis=-1))
     heads = capture.put(out, "heads", by_head(weights @ v))
+    if self.norm_eps is not None:
+      joined = heads.reshape(*heads.shape[:-2], d)
+      heads = nn.LayerNorm(epsilon=self.norm_eps, name="norm")(joined).reshape(heads.shape)
     return nn.DenseGeneral(d, axis=(-2, -1), name="out",
                            kernel_init=nn.initializers.xavier_uniform())(heads)
 
@@ -171,6 +177,7 @@ class BlockOptions:
   ln_eps: float = 1e-6  # CLIP: 1e-5
   layer_scale: bool = False  # a learned per-channel scale on each branch (DeiT III, DINOv2)
   mlp_norm: bool = False  # a LayerNorm on the MLP's hidden features (EVA-02 B/L)
+  attn_norm: bool = False  # a LayerNorm on the heads' joined outputs (EVA-02's CLIP towers)
 
   @property
   def mlp_norm_eps(self) -> float | None:
@@ -196,8 +203,8 @@ class EncoderBlock(nn.Module):
     o = self.options
     capture.put(out, "in", x)
     y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0", o.ln_eps)(x))
-    y = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
-        y, y, capture.child("attn"), out, rope)
+    y = Attention(self.num_heads, o.ln_eps if o.attn_norm else None,
+                  name="MultiHeadDotProductAttention_0")(y, y, capture.child("attn"), out, rope)
     if o.layer_scale:
       y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
@@ -284,6 +291,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   rope_ref: int = 0  # EVA-02's and PE's reference grid (ref_feat_shape)
   rope_offset: float = 0.  # and their patch index's offset (PE: 1)
   mlp_norm: bool = False  # a LayerNorm on the MLP's hidden features (EVA-02 B/L's scale_mlp)
+  attn_norm: bool = False  # a LayerNorm on the heads' joined outputs (EVA-02 CLIP's scale_attn_inner)
   map_heads: int = 0  # the attention pool's heads (0: num_heads; PE: 8)
   map_prefix: bool = False  # the attention pool reads the prefix tokens too (PE)
 
@@ -310,7 +318,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
 
   @property
   def options(self) -> BlockOptions:
-    return BlockOptions(self.gelu, self.mlp, self.ln_eps, self.layer_scale, self.mlp_norm)
+    return BlockOptions(self.gelu, self.mlp, self.ln_eps, self.layer_scale, self.mlp_norm,
+                        self.attn_norm)
 
   @property
   def num_prefix_tokens(self) -> int:
@@ -321,6 +330,9 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
             for b in range(self.depth)]
 
   def head_projection(self, params, block: int) -> jax.Array:
+    if self.attn_norm:
+      raise ValueError("this ViT norms its heads' joined outputs before projecting them (EVA-02's "
+                       "CLIP towers): a head's own contribution to the output is not defined.")
     return params["Transformer"][f"encoderblock_{block}"]["MultiHeadDotProductAttention_0"][
         "out"]["kernel"]
 

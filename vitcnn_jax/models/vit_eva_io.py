@@ -97,9 +97,8 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
   idx = keys.indices(r"blocks\.(\d+)\.")
   if not idx or idx[0] != 0:
     raise io.CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
-  if keys.has("blocks.0.attn.norm.weight"):
-    raise io.CheckpointError(f"{keys.path}: blocks.N.attn.norm (EVA-02's CLIP towers' inner "
-                             "attention norm) is not supported.")
+  cfg["attn_norm"] = keys.has("blocks.0.attn.norm.weight")  # EVA-02's CLIP towers
+  ev["attn_norm"] = "blocks.0.attn.norm.weight" + ("" if cfg["attn_norm"] else ": absent")
   cfg["depth"], ev["depth"] = len(idx), f"blocks.0..{len(idx) - 1}"
   d, kinds = cfg["width"], set()
   cfg["layer_scale"] = keys.has("blocks.0.gamma_1")
@@ -108,6 +107,8 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
     io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
     _attention(keys, p, src, f"{ours}/{_ATTN}", d)
+    if cfg["attn_norm"]:
+      io.take_torch_norm(keys, p, f"{src}.attn.norm", f"{ours}/{_ATTN}/norm")
     io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
     kinds.add(_mlp(keys, p, src, f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:

@@ -257,7 +257,7 @@ def default_format(model) -> str:
 # Options of later ViTs that Google's files cannot hold (their value in Google's ViTs).
 _TIMM_ONLY = dict(num_registers=0, distilled=False, pre_norm=False, fc_norm=False, mlp="gelu", ln_eps=1e-6,
                   layer_scale=False, patch_bias=True, head_bias=True, rope="", mlp_norm=False,
-                  map_heads=0, map_prefix=False)
+                  map_heads=0, map_prefix=False, attn_norm=False)
 
 
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:

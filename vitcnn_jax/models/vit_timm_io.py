@@ -74,7 +74,7 @@ def split_heads(cfg: dict, r: io.Reading, path: str) -> None:
   for k, v in r.params.items():
     if f"{_ATTN}/out/kernel" in k:
       r.params[k] = v.reshape(h, d // h, v.shape[-1])
-    elif _ATTN in k and "/out/" not in k:
+    elif any(f"{_ATTN}/{q}/" in k for q in ("query", "key", "value")):
       r.params[k] = v.reshape(*v.shape[:-2], h, d // h)
 
 
@@ -313,7 +313,8 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
   """Our params under timm's names and layouts: a state dict that timm's ViT,
   built with the model's options and no_embed_class=True, loads strictly."""
   del fmt
-  if model.rope or model.pool == "token_gap" or model.mlp_norm or model.map_heads or model.map_prefix:
+  if (model.rope or model.pool == "token_gap" or model.mlp_norm or model.map_heads or model.map_prefix
+      or model.attn_norm):
     raise ValueError("timm's VisionTransformer has no rotary embedding, pool 'token_gap', MLP "
                      "norm or attention pool of its own heads; this model is read, not written.")
   if model.posemb != "learn" or model.pool == "0" or model.representation_size or model.no_skip:
