@@ -13,6 +13,7 @@ import numpy as np
 
 from vitcnn_jax.models import convnext
 from vitcnn_jax.models import io
+from vitcnn_jax.models import timm_config
 
 FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1, "
                             "stages.S.downsample.0/1, stages.S.blocks.B.{conv_dw, norm, "
@@ -87,8 +88,9 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("head.fc.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"
-  cfg["image_size"], ev["image_size"] = 224, "not in the file (a conv net runs at any size); 224"
-  return io.Reading(keys.fmt, cfg, ev, p, ("image_size",))
+  s = timm_config.Settings(keys, "timm's ConvNeXt")  # a hub folder's config.json, if any
+  s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:

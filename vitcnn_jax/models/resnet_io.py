@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax.models import io
+from vitcnn_jax.models import timm_config
 from vitcnn_jax.models import resnet
 
 FORMATS = {"timm_resnet": "timm's or torchvision's ResNet state dict (.safetensors): conv1, "
@@ -82,12 +83,13 @@ def read(keys: io.Keys) -> io.Reading:
     cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("fc.weight")
   else:
     cfg["num_classes"], ev["num_classes"] = None, "no fc.weight in the file"
-  cfg.update(batchnorm=True, pool_pad=(1, 1), stride_in="3x3", bn_eps=1e-5, image_size=224)
-  ev.update(batchnorm="bn1.running_var", pool_pad="torch's MaxPool2d(3, 2, padding=1)",
-            stride_in="not in a state dict; timm's and torchvision's 3x3 (v1.5)",
-            bn_eps="not in a state dict; torch's BatchNorm2d default 1e-5",
-            image_size="not in the file (a conv net runs at any size); 224")
-  return io.Reading(keys.fmt, cfg, ev, p, ("stride_in", "bn_eps", "image_size"))
+  cfg.update(batchnorm=True, pool_pad=(1, 1))
+  ev.update(batchnorm="bn1.running_var", pool_pad="torch's MaxPool2d(3, 2, padding=1)")
+  s = timm_config.Settings(keys, "timm's ResNet")  # a hub folder's config.json, if any
+  s.get("stride_in", cfg, ev, "3x3", "timm's and torchvision's 3x3 (v1.5)")
+  s.get("bn_eps", cfg, ev, 1e-5, "torch's BatchNorm2d default 1e-5")
+  s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
+  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:

@@ -32,6 +32,8 @@ def architecture(name: str) -> dict[str, Any]:
   if m := _SIZE.match(name):
     if m[1] in _HEADS:
       out["num_heads"] = _HEADS[m[1]]
+  if re.fullmatch(r"resnet\d+", name):  # timm's plain ResNets: torchvision's v1.5
+    return dict(stride_in="3x3", bn_eps=1e-5)
   if "dinov3" in name:
     out.update(gelu="exact", ln_eps=1e-5, rope="dinov3", rope_theta=100.0, rope_ref=0, rope_offset=0.)
   elif name.startswith("eva02"):  # its RoPE on a 16 x 16 reference grid at every size

@@ -1,7 +1,7 @@
-"""RoPE ViTs in timm's Eva layout (DINOv3 as timm publishes it) and timm hub
-folders with their config.json: tiny models built by timm's own model functions,
-saved by timm's `save_for_hf` (config.json beside model.safetensors), loaded by
-us with nothing assumed and matching timm at every block and at the output."""
+"""timm hub folders (timm's `save_for_hf`: config.json beside model.safetensors):
+RoPE ViTs in timm's Eva layout (DINOv3, EVA-02, the Perception Encoder), a CLIP
+ViT, a ResNet and a ConvNeXt, built by timm's own model functions and loaded by us
+with nothing assumed, matching timm at every block and at the output."""
 
 from __future__ import annotations
 
@@ -136,3 +136,25 @@ def test_the_architecture_table_is_timms(fn):
   gelu = {"GELU": "tanh" if getattr(block.mlp.act, "approximate", "none") == "tanh" else "exact",
           "QuickGELU": "quick", "GELUTanh": "tanh", "SiLU": said["gelu"]}[act]
   assert said["gelu"] == gelu, (fn, act)
+
+
+@pytest.mark.parametrize("fn,kwargs,family", [
+    ("resnet18", dict(channels=(8, 16, 24, 32), stem_width=8), "resnet"),
+    ("convnext_tiny", dict(depths=(1, 1, 1, 1), dims=(8, 16, 24, 32)), "convnext")])
+def test_timm_cnn_hub_folders_load_with_nothing_assumed(fn, kwargs, family, tmp_path, caplog):
+  """A timm hub folder of a ResNet or ConvNeXt: its config.json's architecture and
+  pretrained_cfg say what the state dict cannot (stride, BatchNorm eps, input size,
+  preprocessing); the same file alone assumes them, and says so."""
+  model = _randomized(timm.create_model(fn, pretrained=False, num_classes=3, **kwargs))
+  timm.models.save_for_hf(model, str(tmp_path / "hub"), safe_serialization=True)
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    c = checkpoints.load(str(tmp_path / "hub"))
+  assert c.model.family == family and not c.assumed and "assumed" not in caplog.text
+  assert c.model.image_size == 224 and "config.json" in c.policy_from
+  x = _images(64)
+  with torch.no_grad():
+    ref = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  out, _ = compiled(c.model, c.params, x)
+  assert_close(out, ref, network(20_000) * float(np.abs(ref).max()), fn)
+  shutil.copy(tmp_path / "hub" / "model.safetensors", tmp_path / "w.safetensors")
+  assert "image_size" in checkpoints.load(str(tmp_path / "w.safetensors")).assumed
