@@ -214,3 +214,33 @@ def test_inspect_says_what_came_from_the_weights_config_json_or_an_assumption(fo
   r = run_main(f"--config={ROOT}/configs/inspect.py", f"--config.checkpoint={tmp_path / 'w.safetensors'}",
                f"--workdir={tmp_path / 'b'}")
   assert "from assumed: num_heads, gelu, ln_eps" in r.stdout and "from config.json: nothing" in r.stdout
+
+
+OLD_STYLE = {  # settings as older preprocessor_config.json files write them (ints), and newer ones
+    "clip_int": (T.CLIPImageProcessor, dict(size=24, crop_size=24), "hf_bicubic_crop1_clip", 24),
+    "vit_int": (T.ViTImageProcessor, dict(size=24, resample=2), "hf_bilinear_squash_half", 24),
+    "convnext_384": (T.ConvNextImageProcessor, dict(size={"shortest_edge": 384}, resample=3),
+                     "hf_bicubic_squash_half", 384),
+    "convnext_224": (T.ConvNextImageProcessor, dict(size={"shortest_edge": 32}, crop_pct=0.875),
+                     "hf_bicubic_crop0.875_half", 32),
+    "convnext_feature_extractor": (  # facebook/convnext-*, microsoft/resnet-*: an int size, old key
+        T.ConvNextImageProcessor, dict(size=32, crop_pct=0.875, feature_extractor_type="ConvNextFeatureExtractor",
+                                       image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]),
+        "hf_bicubic_crop0.875_imagenet", 32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_STYLE))
+def test_int_sizes_and_convnext_processors_are_read_as_transformers_reads_them(name):
+  cls, kwargs, policy, size = OLD_STYLE[name]
+  processor = cls(**kwargs)
+  settings = {**processor.to_dict(), **kwargs}
+  settings.pop("image_processor_type" if "feature_extractor_type" in kwargs else "", None)
+  settings.setdefault("feature_extractor_type" if "feature_extractor_type" in kwargs else
+                      "image_processor_type", cls.__name__)
+  got, _ = preprocess.from_hf_processor(settings)
+  assert got == policy and preprocess.hf_input_size(settings)[0] == size
+  image = np.random.default_rng(1).integers(0, 256, (size + 13, size * 2 - 5, 3)).astype(np.uint8)
+  ref = processor(images=image, return_tensors="np").pixel_values[0].transpose(1, 2, 0)
+  ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(image, size, policy)[None], policy))[0]
+  assert_close(ours, ref, 1.001 / 255 / min(preprocess.stats(policy)[1]), name)

@@ -77,26 +77,53 @@ def check_policy(policy: str) -> None:
 _PIL_FILTERS = {2: "bilinear", 3: "bicubic"}
 
 
+_SHORTER_SIDE = ("CLIP", "Bit", "ConvNext")  # processors whose int `size` is the shorter side's
+
+
+def _hf_geometry(pre: dict) -> tuple[dict, dict | None, bool]:
+  """(size, crop size, whether it crops) of an image processor's settings, old
+  configs' int sizes read as transformers reads them."""
+  kind = pre.get("image_processor_type") or pre.get("feature_extractor_type", "")  # older files'
+  shorter = any(k in kind for k in _SHORTER_SIDE)
+  size, crop = pre.get("size"), pre.get("crop_size")
+  if isinstance(size, int):
+    size = {"shortest_edge": size} if shorter else {"height": size, "width": size}
+  if isinstance(crop, int):
+    crop = {"height": crop, "width": crop}
+  return size or {}, crop, bool(pre.get("do_center_crop", shorter and "ConvNext" not in kind))
+
+
+def hf_input_size(pre: dict) -> tuple[int, str] | None:
+  """(size, evidence): the square size an image processor hands its model."""
+  size, crop, center = _hf_geometry(pre)
+  if "crop_pct" in pre and "shortest_edge" in size:  # ConvNeXt's: that side, cropped or squashed
+    return int(size["shortest_edge"]), f"preprocessor_config.json size={size} (crop_pct {pre['crop_pct']})"
+  for key, value in (("crop_size", crop), ("size", size)) if center else (("size", size),):
+    if value and value.get("height") and value.get("height") == value.get("width"):
+      return int(value["height"]), f"preprocessor_config.json {key}={value}"
+  return None
+
+
 def from_hf_processor(pre: dict) -> tuple[str, str] | None:
   """(policy, where it is stated) of a transformers image processor's settings
   (preprocessor_config.json), or None where no policy of ours reproduces them."""
-  kind = pre.get("image_processor_type", "image processor")
-  size, crop = pre.get("size"), pre.get("crop_size")
+  kind = pre.get("image_processor_type") or pre.get("feature_extractor_type", "image processor")
+  size, crop, center = _hf_geometry(pre)
   pil = _PIL_FILTERS.get(pre.get("resample", 2 if "ViT" in kind else 3))
   stat = next((k for k, (m, sd) in STATS.items()
                if np.allclose(pre.get("image_mean", ()), m, atol=1e-6)
                and np.allclose(pre.get("image_std", ()), sd, atol=1e-6)), None)
   if not pre.get("do_resize", True) or not pil or not stat or not pre.get("do_normalize", True):
     return None
-  short = size.get("shortest_edge") if isinstance(size, dict) else size
+  short = size.get("shortest_edge")
   where = f"its preprocessor_config.json ({kind}: size {size}"
-  if isinstance(size, dict) and "height" in size and size["height"] == size.get("width"):
-    if not pre.get("do_center_crop") or crop in (None, size):
+  if "height" in size and size["height"] == size.get("width") and (not center or crop in (None, size)):
+    return f"hf_{pil}_squash_{stat}", where + ")"
+  if short and center and crop and crop.get("height") == crop.get("width"):
+    return f"hf_{pil}_crop{_exact(crop['height'] / short)}_{stat}", where + f", crop {crop})"
+  if short and "crop_pct" in pre:  # ConvNeXt's: crop below 384, squash from 384 on
+    if short >= 384:
       return f"hf_{pil}_squash_{stat}", where + ")"
-  if isinstance(short, int) and pre.get("do_center_crop") and isinstance(crop, (dict, int)):
-    c = crop["height"] if isinstance(crop, dict) else crop
-    return f"hf_{pil}_crop{_exact(c / short)}_{stat}", where + f", crop {crop})"
-  if isinstance(short, int) and "crop_pct" in pre and short < 384:  # ConvNeXt's processor
     return f"hf_{pil}_crop{_exact(pre['crop_pct'])}_{stat}", where + f", crop_pct {pre['crop_pct']})"
   return None
 

@@ -28,7 +28,7 @@ FORMATS = {"hf_convnext": "Hugging Face transformers' ConvNextModel / ConvNextV2
            "hf_dinov3_convnext": "Hugging Face transformers' DINOv3ConvNextModel "
                                  "(facebook/dinov3-convnext-*)"}
 SUFFIX = None  # read, never written
-POLICY = "hf_bilinear_crop0.875_imagenet"  # ConvNextImageProcessor: crop_pct 0.875 at 224
+POLICY = "hf_bicubic_crop0.875_imagenet"  # ConvNextImageProcessor: crop_pct 0.875 at 224
 OVERRIDABLE = ()
 # format -> where each piece sits, the classifiers' prefixes, its config class's layer_norm_eps
 _NAMES: dict[str, dict[str, Any]] = {

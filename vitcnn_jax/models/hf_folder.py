@@ -41,15 +41,7 @@ class Meta:
 
   def input_size(self) -> tuple[int, str] | None:
     """(size, evidence): the square size its image processor hands the model."""
-    pre = self.preprocessor
-    size = pre.get("size")
-    if "crop_pct" in pre and isinstance(size, dict) and "shortest_edge" in size:  # ConvNeXt's
-      return int(size["shortest_edge"]), f"{PREPROCESSOR} size={size} (crop_pct {pre['crop_pct']})"
-    for key in ("crop_size", "size") if pre.get("do_center_crop") else ("size",):
-      size = pre.get(key)
-      if isinstance(size, dict) and size.get("height") and size.get("height") == size.get("width"):
-        return int(size["height"]), f"{PREPROCESSOR} {key}={size}"
-    return None
+    return preprocess.hf_input_size(self.preprocessor) if self.preprocessor else None
 
 
 def is_folder(path: str) -> bool:

@@ -21,7 +21,7 @@ from vitcnn_jax.models import resnet_io
 FORMATS = {"hf_resnet": "Hugging Face transformers' ResNetModel / ResNetForImageClassification "
                         "(microsoft/resnet-*)"}
 SUFFIX = None  # read, never written
-POLICY = "hf_bilinear_crop0.875_imagenet"  # microsoft/resnet-*'s ConvNextImageProcessor
+POLICY = "hf_bicubic_crop0.875_imagenet"  # microsoft/resnet-*'s ConvNextImageProcessor
 OVERRIDABLE = ("stride_in", "bn_eps", "input_order")
 _ROOT = "embedder.embedder"
 
