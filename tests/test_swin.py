@@ -78,3 +78,12 @@ def test_attention_analyses_refuse_a_swin_by_name(folders):
                                        r"windowed, which it does not read yet"):
     vj.attention_distance({"vit": {"checkpoint": folders["timm"][0]}}, images, batch_size=8,
                           num_examples=8)
+
+
+def test_a_map_smaller_than_the_window_is_refused(folders):
+  """At 16 px the second stage's map (4x4) still fits the window; at 8 px it is 2x2."""
+  c = checkpoints.load(folders["timm"][0], resolution=16)
+  out, _ = compiled(c.model, c.params, np.zeros((1, 16, 16, 3), np.float32))
+  assert np.isfinite(out).all()
+  with pytest.raises(ValueError, match=r"2x2 map is smaller than the 4x4 window"):
+    c.model.apply({"params": c.params}, np.zeros((1, 8, 8, 3), np.float32))

@@ -10,8 +10,8 @@ into window x window windows (every second block first rolled up and left by
 window // 2, with the wrapped-around regions kept apart by a -100 attention mask)
 -> multi-head attention within each window, a learned bias per head and relative
 offset added to the logits -> windows put back (and rolled back) -> + input;
-LayerNorm -> MLP (exact GELU) -> + input. A map no larger than the window is one
-window, unshifted. Head: LayerNorm, the tokens' mean, Dense. LayerNorm eps 1e-5
+LayerNorm -> MLP (exact GELU) -> + input. A map the window's size is one window,
+unshifted. Head: LayerNorm, the tokens' mean, Dense. LayerNorm eps 1e-5
 (torch's default, timm and transformers alike).
 
 Representation points (`out` names), per block `stageS/blockBB/` on (B, H, W, C)
@@ -41,11 +41,13 @@ MASKED = -100.0  # the logit bias between tokens of different regions in a shift
 
 
 def window_geometry(size: tuple[int, int], window: int, shifted: bool) -> tuple[int, int]:
-  """(window, shift) at a map of `size`: a map no larger than the window is one
-  window and is not shifted (as both upstreams)."""
-  if min(size) <= window:
-    return min(size), 0
-  return window, window // 2 if shifted else 0
+  """(window, shift) at a map of `size`: a map the window's size is one window, not
+  shifted (as both upstreams: the published models' last stage). A smaller map is
+  refused: there timm resizes the bias table and transformers fails."""
+  if min(size) < window:
+    raise ValueError(f"Swin: a {size[0]}x{size[1]} map is smaller than the {window}x{window} "
+                     "window; use an input size whose last stage's map is at least the window.")
+  return window, window // 2 if shifted and min(size) > window else 0
 
 
 def relative_index(window: int) -> np.ndarray:

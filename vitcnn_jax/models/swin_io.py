@@ -140,8 +140,11 @@ def _settings(keys: io.Keys, cfg: dict, ev: dict, fmt: str) -> list[str]:
       raise io.CheckpointError(f"{keys.path}: config.json hidden_act={config.get('hidden_act')!r}, "
                                f"use_absolute_embeddings={config.get('use_absolute_embeddings')!r}; "
                                "our Swin has exact GELU and no absolute embedding.")
-    cfg["ln_eps"] = float(config.get("layer_norm_eps", 1e-5))
-    ev["ln_eps"] = f"config.json layer_norm_eps={cfg['ln_eps']}"
+    if float(config.get("layer_norm_eps", 1e-5)) != 1e-5:  # its stem's and merges' stay at 1e-5
+      raise io.CheckpointError(f"{keys.path}: config.json layer_norm_eps={config['layer_norm_eps']}; "
+                               "transformers' Swin norms its blocks with it but its stem and merges "
+                               "with 1e-5, and our Swin has one eps.")
+    ev["ln_eps"] = "config.json layer_norm_eps=1e-05 (transformers' stem and merges: 1e-5 too)"
     size = keys.meta.input_size()
     cfg["image_size"], ev["image_size"] = size or (int(config.get("image_size", 224)),
                                                    "config.json image_size")
