@@ -86,6 +86,7 @@ def _hf_geometry(pre: dict) -> tuple[dict, dict | None, bool]:
   kind = pre.get("image_processor_type") or pre.get("feature_extractor_type", "")  # older files'
   shorter = any(k in kind for k in _SHORTER_SIDE)
   size, crop = pre.get("size"), pre.get("crop_size")
+  size, crop = (v if isinstance(v, (int, dict)) else None for v in (size, crop))
   if isinstance(size, int):
     size = {"shortest_edge": size} if shorter else {"height": size, "width": size}
   if isinstance(crop, int):
@@ -110,10 +111,12 @@ def from_hf_processor(pre: dict) -> tuple[str, str] | None:
   kind = pre.get("image_processor_type") or pre.get("feature_extractor_type", "image processor")
   size, crop, center = _hf_geometry(pre)
   pil = _PIL_FILTERS.get(pre.get("resample", 2 if "ViT" in kind else 3))
-  stat = next((k for k, (m, sd) in STATS.items()
-               if np.allclose(pre.get("image_mean", ()), m, atol=1e-6)
-               and np.allclose(pre.get("image_std", ()), sd, atol=1e-6)), None)
-  if not pre.get("do_resize", True) or not pil or not stat or not pre.get("do_normalize", True):
+  mean, std = (np.ravel(np.asarray(pre.get(k) or (), np.float64)) for k in ("image_mean", "image_std"))
+  stat = next((k for k, (m, sd) in STATS.items() if mean.shape == std.shape == (3,)
+               and np.allclose(mean, m, atol=1e-6) and np.allclose(std, sd, atol=1e-6)), None)
+  rescaled = pre.get("do_rescale", True) and abs(pre.get("rescale_factor", 1 / 255) - 1 / 255) < 1e-9
+  if not pre.get("do_resize", True) or not pil or not stat or not pre.get("do_normalize", True) or (
+      not rescaled):
     return None
   short = size.get("shortest_edge")
   where = f"its preprocessor_config.json ({kind}: size {size}"

@@ -21,6 +21,7 @@ import numpy as np
 
 from vitcnn_jax.models import convnext
 from vitcnn_jax.models import convnext_io
+from vitcnn_jax.models import hf_folder
 from vitcnn_jax.models import io
 
 FORMATS = {"hf_convnext": "Hugging Face transformers' ConvNextModel / ConvNextV2Model and their "
@@ -116,7 +117,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["image_size"], ev["image_size"] = size or (
       224, "not in the file (a conv net runs at any size); 224")
   return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
-                    policy=keys.meta and keys.meta.policy())
+                    policy=hf_folder.policy(keys.meta, POLICY, "that of facebook/convnext-*"))
 
 
 def _head_eps(keys: io.Keys, cfg: dict, ev: dict, n: dict[str, Any]) -> list[str]:

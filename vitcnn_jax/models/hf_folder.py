@@ -44,6 +44,20 @@ class Meta:
     return preprocess.hf_input_size(self.preprocessor) if self.preprocessor else None
 
 
+def policy(meta: Meta | None, fallback: str, what: str) -> tuple[str, str]:
+  """(policy, where it comes from): the image processor's, else `fallback` (`what`
+  says whose), with a warning where the folder's processor is none of our policies."""
+  if meta and meta.preprocessor:
+    found = meta.policy()
+    if found:
+      return found
+    io.log.warning("%s: its preprocessor_config.json (%s) matches none of our policies; using "
+                   "%s (%s). Set the model's policy if it was evaluated otherwise.", meta.folder,
+                   meta.preprocessor.get("image_processor_type", "image processor"), fallback, what)
+    return fallback, f"its preprocessor_config.json matching none of ours; {what}"
+  return fallback, f"no preprocessor_config.json; {what}"
+
+
 def is_folder(path: str) -> bool:
   return not fileio.is_remote(path) and os.path.isdir(path)
 

@@ -64,15 +64,23 @@ def digest(path: str) -> str:
   if path.startswith(IN_MEMORY):
     return path[len(IN_MEMORY):]
   file, _ = split_tower(path)
-  if file not in _DIGESTS and os.path.isdir(file):  # a model folder: every file in it
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(file)):
-      if os.path.isfile(os.path.join(file, name)):
-        h.update(f"{name}:{digest(os.path.join(file, name))};".encode())
-    _DIGESTS[file] = h.hexdigest()[:16]
+  if file not in _DIGESTS and os.path.isdir(file):  # a model folder: its weights and settings
+    names = [n for n in os.listdir(file) if n.endswith((".safetensors", ".json"))]
+    _DIGESTS[file] = _combined(file, names)
   if file not in _DIGESTS:
     _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]
+  beside = os.path.join(os.path.dirname(file), "config.json")  # it may decide the architecture
+  if str(file).endswith(".safetensors") and not fileio.is_remote(file) and os.path.exists(beside):
+    return hashlib.sha256(f"{_DIGESTS[file]};{_combined(os.path.dirname(file), ['config.json'])}"
+                          .encode()).hexdigest()[:16]
   return _DIGESTS[file]
+
+
+def _combined(folder: str, names: list[str]) -> str:
+  h = hashlib.sha256()
+  for name in sorted(names):
+    h.update(f"{name}:{digest(os.path.join(folder, name))};".encode())
+  return h.hexdigest()[:16]
 
 
 _PICKLES = (".pth", ".pt", ".bin", ".ckpt", ".pkl", ".pickle")
@@ -96,9 +104,13 @@ def decode_arrays(path: str, data: bytes) -> dict[str, np.ndarray]:
   float32 where floating point."""
   if str(path).lower().endswith(".safetensors") or _is_safetensors(data):
     flat = _read_safetensors(path, data)
-    # BatchNorm's step counters (int64) are training state, not weights.
-    return {k: v for k, v in flat.items() if not k.endswith(".num_batches_tracked")}
+    # BatchNorm's step counters and the integer index buffers older transformers files
+    # carry (CLIP's position_ids, Swin's relative_position_index) are not weights.
+    return {k: v for k, v in flat.items() if not k.endswith(_INDEX_BUFFERS)}
   return _read_npz(path, data)
+
+
+_INDEX_BUFFERS = (".num_batches_tracked", ".position_ids", ".relative_position_index")
 
 
 def _is_safetensors(data: bytes) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcnn_jax.models import hf_folder
 from vitcnn_jax.models import io
 from vitcnn_jax.models import resnet_io
 
@@ -111,7 +112,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["image_size"], ev["image_size"] = size or (
       224, "not in the file (a conv net runs at any size); 224")
   return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
-                    policy=keys.meta and keys.meta.policy())
+                    policy=hf_folder.policy(keys.meta, POLICY, "that of microsoft/resnet-*"))
 
 
 def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcnn_jax.models import hf_folder
 from vitcnn_jax.models import io
 from vitcnn_jax.models import swin
 from vitcnn_jax.models import timm_config
@@ -159,7 +160,7 @@ def _settings(keys: io.Keys, cfg: dict, ev: dict, fmt: str) -> list[str]:
 
 def _policy(keys: io.Keys, fmt: str) -> tuple[str, str] | None:
   if fmt == "hf_swin":
-    return keys.meta and keys.meta.policy()
+    return hf_folder.policy(keys.meta, "hf_bicubic_squash_imagenet", "that of microsoft/swin-*")
   return timm_config.Settings(keys, "timm's Swin").policy()
 
 

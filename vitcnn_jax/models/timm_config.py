@@ -44,12 +44,12 @@ def architecture(name: str) -> dict[str, Any]:
                rope_offset=0. if "gigantic" in name else 1.)
     if grid:
       out["rope_ref"] = int(grid[2]) // int(grid[1])
-  elif "siglip" in name:  # timm builds them with nn.GELU (erf), big_vision with tanh's
-    out.update(gelu="exact", ln_eps=1e-6)
+  elif "siglip" in name:  # SigLIP and SigLIP 2 towers differ in their GELU: left assumed
+    out.update(ln_eps=1e-6)
   elif "clip" in name:
     out.update(gelu="quick" if "quickgelu" in name else "exact", ln_eps=1e-5)
-  else:
-    out.update(gelu="exact", ln_eps=1e-6)
+  elif name.startswith(("vit_", "deit")) and not any(k in name for k in ("pe_", "eva", "naflex")):
+    out.update(gelu="exact", ln_eps=1e-6)  # timm's plain ViTs and DeiTs
   return out
 
 
@@ -68,8 +68,8 @@ class Settings:
   def get(self, field: str, cfg: dict, ev: dict, default: Any, why: str) -> None:
     """cfg[field] from config.json (its architecture, model_args or pretrained_cfg)."""
     if field == "image_size" and self.config:
-      size = self.args.get("img_size") or self.config.get("pretrained_cfg", {}).get("input_size")
-      if size:
+      size = self.args.get("img_size") or (self.config.get("pretrained_cfg") or {}).get("input_size")
+      if isinstance(size, (int, list, tuple)) and size:
         size = size[-1] if isinstance(size, (list, tuple)) else size
         return self._stated(field, cfg, ev, int(size), f"config.json (timm) input size {size}")
     if field in self.known:
@@ -80,10 +80,14 @@ class Settings:
     return None
 
   def heads(self, cfg: dict, ev: dict, usual: int) -> None:
-    """num_heads: model_args, the architecture's size, else `usual` (assumed)."""
+    """num_heads: model_args, else the architecture's size where the width agrees
+    (64-wide heads, or `usual`, the width's published count), else `usual`, assumed."""
     if "num_heads" in self.args:
       return self._stated("num_heads", cfg, ev, int(self.args["num_heads"]),
                           f"config.json model_args num_heads={self.args['num_heads']}")
+    h = self.known.get("num_heads")
+    if h and h != usual and cfg["width"] != 64 * h:  # a size word of another width (giant, plus)
+      self.known = {k: v for k, v in self.known.items() if k != "num_heads"}
     return self.get("num_heads", cfg, ev, usual,
                     f"{usual} for width {cfg['width']} ({self.what}'s published models)")
 
@@ -96,6 +100,8 @@ class Settings:
   def policy(self) -> tuple[str, str] | None:
     """timm's evaluation transform from pretrained_cfg, as one of our policies."""
     pre = (self.config or {}).get("pretrained_cfg") or {}
+    if not isinstance(pre, dict):
+      return None
     mean, std = pre.get("mean"), pre.get("std")
     stat = next((k for k, v in preprocess.STATS.items() if mean and std and all(
         abs(a - b) < 1e-6 for a, b in zip((*mean, *std), (*v[0], *v[1])))), None)

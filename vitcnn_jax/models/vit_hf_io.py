@@ -45,6 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vitcnn_jax import preprocess
+from vitcnn_jax.models import hf_folder
 from vitcnn_jax.models import io
 from vitcnn_jax.models import vit_io
 from vitcnn_jax.models import vit_timm_io
@@ -423,9 +424,8 @@ def read(keys: io.Keys) -> io.Reading:
   _tokens(keys, p, cfg, ev, s, base, layout)
   _head(keys, p, cfg, ev, s, fmt)
   cfg["distilled"] = False
-  policy = (keys.meta and keys.meta.policy()) or (
-      layout.policy, "no preprocessor_config.json; that of the published "
-      f"{layout.upstream.removesuffix('Config').removesuffix('Vision')} models")
+  policy = hf_folder.policy(keys.meta, layout.policy, "that of the published "
+                            f"{layout.upstream.removesuffix('Config').removesuffix('Vision')} models")
   return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=policy)
 
 
