@@ -244,3 +244,17 @@ def test_int_sizes_and_convnext_processors_are_read_as_transformers_reads_them(n
   ref = processor(images=image, return_tensors="np").pixel_values[0].transpose(1, 2, 0)
   ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(image, size, policy)[None], policy))[0]
   assert_close(ours, ref, 1.001 / 255 / min(preprocess.stats(policy)[1]), name)
+
+
+def test_integer_index_buffers_of_older_hub_files_are_left_out(folders, tmp_path):
+  """Hub files saved by older transformers carry CLIP's `position_ids` (int64): not
+  weights, so they are left out, as BatchNorm's step counters are."""
+  import safetensors.numpy  # noqa: PLC0415
+  folder, _ = folders["clip"]
+  shutil.copytree(folder, tmp_path / "clip")
+  path = tmp_path / "clip" / "model.safetensors"
+  flat = safetensors.numpy.load_file(str(path))
+  flat["vision_model.embeddings.position_ids"] = np.arange(17, dtype=np.int64)[None]
+  safetensors.numpy.save_file(flat, str(path))
+  c = checkpoints.load(str(tmp_path / "clip"))
+  assert c.fmt == "hf_clip" and not c.assumed
