@@ -258,3 +258,13 @@ def test_integer_index_buffers_of_older_hub_files_are_left_out(folders, tmp_path
   safetensors.numpy.save_file(flat, str(path))
   c = checkpoints.load(str(tmp_path / "clip"))
   assert c.fmt == "hf_clip" and not c.assumed
+
+
+def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
+  import json  # noqa: PLC0415
+  shutil.copytree(folders["dinov2"][0], tmp_path / "m")
+  config = json.loads((tmp_path / "m" / "config.json").read_text())
+  (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+  with pytest.raises(checkpoints.CheckpointError, match=r"config.json hidden_size=64, but the weights "
+                                                        r"show 48: the config.json belongs to another"):
+    checkpoints.load(str(tmp_path / "m"))

@@ -173,3 +173,13 @@ def test_a_size_word_of_another_width_leaves_the_heads_assumed():
   cfg = {"width": 1024}  # a 64-wide-head reading of the same word is kept
   s.heads(cfg, ev, 16)
   assert cfg["num_heads"] == 16 and not s.assumed
+
+
+def test_an_eva_architecture_of_unknown_rotary_embedding_is_refused(folders, tmp_path):
+  import json  # noqa: PLC0415
+  shutil.copytree(folders["eva02_tiny"][0], tmp_path / "m")
+  config = json.loads((tmp_path / "m" / "config.json").read_text())
+  (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "architecture": "eva_giant_patch14_224"}))
+  with pytest.raises(checkpoints.CheckpointError, match=r"'eva_giant_patch14_224' is an Eva-layout model "
+                                                        r"whose rotary embedding \(if any\) we do not know"):
+    checkpoints.load(str(tmp_path / "m"))

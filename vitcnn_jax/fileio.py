@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import socket
 import tempfile
@@ -157,7 +158,6 @@ def hub_folder(location: str, weights: str = "model.safetensors") -> str:
     path = get(weights)
   except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
     try:
-      import json  # pylint: disable=g-import-not-at-top
       with open(get(weights + ".index.json"), encoding="utf-8") as f:
         shards = sorted(set(json.load(f)["weight_map"].values()))
       path = [get(s) for s in shards][0]

@@ -43,6 +43,7 @@ class Anatomy(Protocol):
   prefix_tokens: tuple[str, ...]  # tokens before the spatial ones, e.g. ("cls",)
   num_prefix_tokens: int
   num_heads: int  # 0 without attention
+  attention_kind: str  # "" (plain), or a kind the attention analyses do not read ("windowed")
   default_policy: str  # the preprocessing it was trained with
   layer_presets: dict[str, tuple[str, ...]]  # "paper", "blocks", "all" -> capture patterns
 
@@ -65,7 +66,7 @@ def require(model: Anatomy, what: str, where: str) -> None:
          "residuals": lambda: bool(model.residuals())}[what]
   if not has():
     kind = type(model).__name__
-    if what == "attention" and getattr(model, "attention_kind", ""):
+    if what == "attention" and model.attention_kind:
       raise ValueError(f"{where}: this analysis needs a model with attention it can read, and a "
                        f"{kind}'s is {model.attention_kind}, which it does not read yet.")
     raise ValueError(f"{where}: this analysis needs a model with {what}, and a {kind} has none.")
@@ -85,6 +86,7 @@ class PatchTokens:
   block `blockNN` has the residual connections `RESIDUALS` names, as (sublayer,
   skip, branch, out) relative to the block."""
   RESIDUALS = ()
+  attention_kind = ""
 
   @property
   def sublayers(self) -> tuple[str, ...]:
@@ -114,6 +116,7 @@ class ParamsAsRead:
 
 class FeatureMaps:
   """The anatomy of a network of feature maps rather than tokens (ResNet, ConvNeXt)."""
+  attention_kind = ""
   grid = None
   token_pixels = None
   prefix_tokens = ()

@@ -120,12 +120,18 @@ def read(folder: str) -> tuple[dict[str, np.ndarray], Meta | None]:
 
 
 def beside(file: str) -> Meta | None:
-  """The settings of a lone `.safetensors` file's folder (a hub cache snapshot),
-  where its config.json describes a model (transformers' `model_type` or timm's
-  `architecture`); None otherwise."""
+  """The settings of a lone `.safetensors` file's folder (a hub cache snapshot), if
+  the file is that folder's own weights (`model.safetensors` or a shard its index
+  names) and its config.json describes a model (transformers' `model_type` or
+  timm's `architecture`); None otherwise."""
   if fileio.is_remote(file) or not str(file).endswith(".safetensors"):
     return None
-  meta = settings(os.path.dirname(os.path.abspath(file)))
+  folder = os.path.dirname(os.path.abspath(file))
+  index = os.path.join(folder, INDEX)
+  named = {WEIGHTS} | (set(_json(index).get("weight_map", {}).values()) if os.path.exists(index) else set())
+  if os.path.basename(file) not in named:  # another file beside the folder's own weights
+    return None
+  meta = settings(folder)
   if meta and ("model_type" in meta.config or "architecture" in meta.config):
     return meta
   return None

@@ -167,7 +167,7 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
   def attention(self) -> list[anatomy.AttentionLayer]:
     return []
 
-  def head_projection(self, params, block: int):
+  def head_projection(self, params: dict, block: int) -> jax.Array:
     raise ValueError("A Swin's windowed attention heads are not read by head analyses yet.")
 
   @nn.compact

@@ -27,7 +27,9 @@ _POOLS = {"avg": "gap", "token": "token", "map": "map", "": "token"}
 
 def architecture(name: str) -> dict[str, Any]:
   """The settings timm's model function `name` fixes that a state dict does not
-  hold: num_heads (by size), gelu, ln_eps, and a DINOv3's rope_theta."""
+  hold: num_heads (by its size word), gelu, ln_eps, a RoPE ViT's rotary embedding
+  (rope, rope_theta, rope_ref, rope_offset) and PE's pool heads, a ResNet's stride
+  and BatchNorm eps."""
   out: dict[str, Any] = {}
   if m := _SIZE.match(name):
     if m[1] in _HEADS:

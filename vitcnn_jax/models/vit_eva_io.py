@@ -121,11 +121,16 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
 
 def _rope(keys: io.Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
   """Which rotary embedding: config.json's architecture, else told by the file."""
+  if s.config and "rope" not in s.known:
+    raise io.CheckpointError(
+        f"{keys.path}: config.json architecture {s.config['architecture']!r} is an Eva-layout model "
+        "whose rotary embedding (if any) we do not know; DINOv3's, EVA-02's and PE core's are read.")
   guess = "dinov3" if not keys.has("pos_embed") else "pe" if keys.has("attn_pool.latent") else "eva02"
   rope, theta, ref, offset, eps, why = _GUESSES[guess]
   s.get("rope", cfg, ev, rope, f"{why} rotary embedding")
   s.get("rope_theta", cfg, ev, theta, f"{why} base")
-  s.get("rope_ref", cfg, ev, ref or cfg["image_size"] // cfg["patch_size"], f"{why} reference grid")
+  s.get("rope_ref", cfg, ev, ref if guess != "pe" else cfg["image_size"] // cfg["patch_size"],
+        f"{why} reference grid")
   s.get("rope_offset", cfg, ev, offset, f"{why} index offset")
   s.get("ln_eps", cfg, ev, eps, f"{why} LayerNorm eps")
 

@@ -169,7 +169,14 @@ class _Settings:
       self.where = f"config.json{f' {sub}.' if sub else ' '}"
     self.assumed: list[str] = []
 
-  def get(self, field: str, key: str, cfg: dict, ev: dict, convert=lambda v: v,
+  def agrees(self, read: dict[str, int], path: str) -> None:
+    """config.json describes these weights: each key it has equals what they show."""
+    for key, value in read.items():
+      if self.section and key in self.section and self.section[key] != value:
+        raise io.CheckpointError(f"{path}: config.json {key}={self.section[key]!r}, but the weights "
+                                 f"show {value}: the config.json belongs to another model.")
+
+  def get(self, field: str, key: str, cfg: dict, ev: dict, convert: Callable[[Any], Any] = lambda v: v,
           default: Any = None) -> Any:
     """cfg[field] from config.json's `key`, with its evidence."""
     default = self.layout.defaults[key] if default is None else default
@@ -186,7 +193,7 @@ class _Settings:
 
 def _gelu(name: str) -> str:
   if name not in _GELUS:
-    raise io.CheckpointError(f"hidden_act={name!r} is not an activation our ViT has "
+    raise io.CheckpointError(f"config.json hidden_act={name!r} is not an activation our ViT has "
                              f"({sorted(_GELUS)}).")
   return _GELUS[name]
 
@@ -194,7 +201,8 @@ def _gelu(name: str) -> str:
 def _silu(name: str) -> str:
   """A gated MLP's activation: SiLU, as our SwiGLU (its GELU field then unused)."""
   if name != "silu":
-    raise io.CheckpointError(f"hidden_act={name!r} in a gated MLP; our SwiGLU gates with SiLU.")
+    raise io.CheckpointError(f"config.json hidden_act={name!r} in a gated MLP; our SwiGLU gates "
+                             "with SiLU.")
   return "exact"
 
 
@@ -416,6 +424,8 @@ def read(keys: io.Keys) -> io.Reading:
   if keys.has(f"{base}embeddings.mask_token"):  # replaces masked patches in pretraining only
     keys.take(f"{base}embeddings.mask_token")
   _blocks(keys, p, cfg, ev, base, layout)
+  s.agrees({"hidden_size": cfg["width"], "num_hidden_layers": cfg["depth"],
+            "patch_size": cfg["patch_size"]}, keys.path)
   io.take_torch_norm(keys, p, base + layout.final, "Transformer/encoder_norm")
   cfg["pre_norm"] = layout.pre_norm is not None
   if layout.pre_norm:
