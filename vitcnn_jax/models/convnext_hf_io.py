@@ -107,11 +107,7 @@ def read(keys: io.Keys) -> io.Reading:
   io.take_torch_norm(keys, p, base + n["stem_norm"], "stem_norm")
   _stages(keys, p, cfg, ev, base, n)
   io.take_torch_norm(keys, p, base + n["final"], "head_norm")
-  if keys.has("classifier.weight"):
-    w = convnext_io.dense(keys, p, "classifier", "head")
-    cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("classifier.weight")
-  else:
-    cfg["num_classes"], ev["num_classes"] = None, "no classifier in the file"
+  io.take_head_torch(keys, p, cfg, ev, "classifier")
   assumed = _head_eps(keys, cfg, ev, n)
   size = keys.meta and keys.meta.input_size()
   cfg["image_size"], ev["image_size"] = size or (

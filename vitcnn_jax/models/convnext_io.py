@@ -83,11 +83,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["layer_scale"] = keys.has("stages.0.blocks.0.gamma")
   ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
   io.take_torch_norm(keys, p, "head.norm", "head_norm")
-  if keys.has("head.fc.weight"):
-    w = dense(keys, p, "head.fc", "head")
-    cfg["num_classes"], ev["num_classes"] = w.shape[1], keys.shape("head.fc.weight")
-  else:
-    cfg["num_classes"], ev["num_classes"] = None, "no head.fc.weight in the file"
+  io.take_head_torch(keys, p, cfg, ev, "head.fc")
   s = timm_config.Settings(keys, "timm's ConvNeXt")  # a hub folder's config.json, if any
   s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
   return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())

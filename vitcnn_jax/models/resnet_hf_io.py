@@ -98,11 +98,7 @@ def read(keys: io.Keys) -> io.Reading:
         _conv_bn(keys, p, f"{src}.shortcut", f"{ours}/conv_proj", f"{ours}/bn_proj")
   cfg["depth"], ev["depth"] = tuple(depth), f"{base}encoder.stages.S.layers.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), f"{base}encoder.stages.S.layers.0.layer.1"
-  if keys.has("classifier.1.weight"):
-    p["head/kernel"], p["head/bias"] = io.take_torch_linear(keys, "classifier.1")
-    cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("classifier.1.weight")
-  else:
-    cfg["num_classes"], ev["num_classes"] = None, "no classifier in the file"
+  io.take_head_torch(keys, p, cfg, ev, "classifier.1")
   assumed = _settings(keys, cfg, ev)
   cfg.update(batchnorm=True, pool_pad=(1, 1), bn_eps=1e-5)
   ev.update(batchnorm=f"{root}.normalization.running_var",

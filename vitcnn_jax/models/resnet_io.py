@@ -78,11 +78,7 @@ def read(keys: io.Keys) -> io.Reading:
         bn(keys, p, f"{src}.downsample.1", f"{ours}/bn_proj")
   cfg["depth"], ev["depth"] = tuple(depth), "layerS.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), "layerS.0.conv2.weight"
-  if keys.has("fc.weight"):
-    p["head/kernel"], p["head/bias"] = io.take_torch_linear(keys, "fc")
-    cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("fc.weight")
-  else:
-    cfg["num_classes"], ev["num_classes"] = None, "no fc.weight in the file"
+  io.take_head_torch(keys, p, cfg, ev, "fc")
   cfg.update(batchnorm=True, pool_pad=(1, 1))
   ev.update(batchnorm="bn1.running_var", pool_pad="torch's MaxPool2d(3, 2, padding=1)")
   s = timm_config.Settings(keys, "timm's ResNet")  # a hub folder's config.json, if any

@@ -124,11 +124,7 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["mlp_ratio"], ev["mlp_ratio"] = fc1.shape[0] / fc1.shape[1], keys.shape(
       f"{base}{n['stage'].format(0)}.blocks.0.{n['fc1']}.weight")
   io.take_torch_norm(keys, p, base + n["final"], "norm")
-  if keys.has(f"{n['head']}.weight"):
-    p["head/kernel"], p["head/bias"] = io.take_torch_linear(keys, n["head"])
-    cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape(f"{n['head']}.weight")
-  else:
-    cfg["num_classes"], ev["num_classes"] = None, f"no {n['head']}.weight in the file"
+  io.take_head_torch(keys, p, cfg, ev, n["head"])
   return io.Reading(fmt, cfg, ev, p, tuple(_settings(keys, cfg, ev, fmt)), policy=_policy(keys, fmt))
 
 

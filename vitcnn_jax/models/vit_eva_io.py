@@ -84,13 +84,11 @@ def _mlp(keys: io.Keys, p: dict, src: str, ours: str) -> tuple[int, str, bool]:
   """(hidden width, kind, inner norm): timm's SwiGLU (silu(fc1_g) * fc1_x) as our packed one."""
   if not keys.has(f"{src}.mlp.fc1_g.weight"):
     return (*vit_timm_io.mlp(keys, p, f"{src}.mlp", ours), False)
-  (wg, bg), (wx, bx) = (io.take_torch_linear(keys, f"{src}.mlp.{n}") for n in ("fc1_g", "fc1_x"))
-  p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = np.concatenate([wg, wx], 1), np.concatenate([bg, bx])
-  p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = io.take_torch_linear(keys, f"{src}.mlp.fc2")
+  hidden = vit_timm_io.gated_mlp(keys, p, f"{src}.mlp.fc1_g", f"{src}.mlp.fc1_x", f"{src}.mlp.fc2", ours)
   norm = keys.has(f"{src}.mlp.norm.weight")
   if norm:
     io.take_torch_norm(keys, p, f"{src}.mlp.norm", f"{ours}/norm")
-  return wg.shape[1], "swiglu", norm
+  return hidden, "swiglu", norm
 
 
 def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:

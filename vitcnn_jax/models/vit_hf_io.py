@@ -261,12 +261,8 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Lay
                           src + n[f"{_ATTN}/out"])
     io.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
     if keys.has(f"{src}mlp.gate_proj.weight"):  # DINOv3's gated MLP: silu(gate) * up
-      (wg, bg), (wu, bu) = (io.take_torch_linear(keys, f"{src}mlp.{n}") for n in ("gate_proj", "up_proj"))
-      w2, b2 = io.take_torch_linear(keys, f"{src}mlp.down_proj")
-      p[f"{ours}/MlpBlock_0/Dense_0/kernel"] = np.concatenate([wg, wu], axis=1)
-      p[f"{ours}/MlpBlock_0/Dense_0/bias"] = np.concatenate([bg, bu])
-      p[f"{ours}/MlpBlock_0/Dense_1/kernel"], p[f"{ours}/MlpBlock_0/Dense_1/bias"] = w2, b2
-      kinds.add((w2.shape[0], "swiglu"))
+      kinds.add((vit_timm_io.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
+                                       f"{src}mlp.down_proj", f"{ours}/MlpBlock_0"), "swiglu"))
     elif keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
       w1, b1 = io.take_torch_linear(keys, f"{src}mlp.weights_in")
       w2, b2 = io.take_torch_linear(keys, f"{src}mlp.weights_out")

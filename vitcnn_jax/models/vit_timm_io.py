@@ -107,6 +107,15 @@ def mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
   return w2.shape[0], "gelu"
 
 
+def gated_mlp(keys: io.Keys, p: dict, gate: str, value: str, down: str, ours: str) -> int:
+  """A SwiGLU stored as two linears, silu(gate(x)) * value(x), as our packed one
+  (the gate's half first); its hidden width."""
+  (wg, bg), (wv, bv) = (io.take_torch_linear(keys, n) for n in (gate, value))
+  p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = np.concatenate([wg, wv], 1), np.concatenate([bg, bv])
+  p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = io.take_torch_linear(keys, down)
+  return wg.shape[1]
+
+
 def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
   idx = keys.indices(r"blocks\.(\d+)\.")
   if not idx or idx[0] != 0:
