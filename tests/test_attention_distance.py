@@ -13,22 +13,34 @@ from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, likely, network
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.models import vit
+
+
+def grid_distances(grid: tuple[int, int], patch: int) -> np.ndarray:
+  """(N, N) float64 pixel distances between the patches of a row-major grid."""
+  at = np.indices(grid).reshape(2, -1).T * patch
+  return np.sqrt(((at[:, None] - at[None]) ** 2).sum(-1))
 
 
 @pytest.mark.parametrize("grid,patch,expected", [(14, 16, 116.49), (7, 32, 115.50), (16, 14, 116.57)])
 def test_uniform_attention_gives_the_ceiling(grid, patch, expected):
   n = grid * grid
-  dist = jnp.asarray(ad.distance_matrix((grid, grid), patch), jnp.float32)
+  model = vit.ViT(num_classes=None, patch_size=patch, width=8, depth=1, mlp_dim=8, num_heads=2,
+                  image_size=grid * patch)
+  layer = model.attention()[0]
+  assert (layer.num_heads, layer.num_prefix, layer.positions.shape) == (2, 1, (1, n, 2))
+  ceiling = ad.uniform_distance(layer)  # float64
+  assert abs(ceiling - expected) <= 0.005  # the published value's last digit
+  assert_close(ad.distances(layer)[0], grid_distances((grid, grid), patch), 1e-12 * ceiling, "grid")
+  dist = jnp.asarray(grid_distances((grid, grid), patch), jnp.float32)
   w = jnp.full((2, 3, n, n), 1.0 / n)
   got = np.asarray(ad.mean_distance(w, dist, 0))
-  ceiling = ad.distance_matrix((grid, grid), patch).mean()  # float64
-  assert abs(ceiling - expected) <= 0.005  # the published value's last digit
   # float32: n*n products summed, relative likely(n * n) of the result.
   assert_close(got, np.full(got.shape, ceiling), likely(n * n) * ceiling, "uniform")
 
 
 def test_self_attention_only_gives_zero_and_neighbours_give_the_patch_size():
-  dist = jnp.asarray(ad.distance_matrix((5, 5), 16), jnp.float32)
+  dist = jnp.asarray(grid_distances((5, 5), 16), jnp.float32)
   eye = jnp.eye(25)[None, None]
   assert float(np.abs(ad.mean_distance(eye, dist, 0)).max()) == 0.0
   right = np.zeros((25, 25))
@@ -41,11 +53,11 @@ def test_self_attention_only_gives_zero_and_neighbours_give_the_patch_size():
 def test_cls_conventions():
   grid, patch = 14, 16
   t = grid * grid + 1
-  dist = jnp.asarray(ad.distance_matrix((grid, grid), patch), jnp.float32)
+  dist = jnp.asarray(grid_distances((grid, grid), patch), jnp.float32)
   w = jnp.full((1, 1, t, t), 1.0 / t)
   dropped = float(ad.mean_distance(w, dist, 1, "drop")[0, 0])
   renorm = float(ad.mean_distance(w, dist, 1, "renormalize")[0, 0])
-  ceiling = ad.distance_matrix((grid, grid), patch).mean()  # 116.49 px
+  ceiling = grid_distances((grid, grid), patch).mean()  # 116.49 px
   bound = likely(t * t) * ceiling
   assert_close(renorm, ceiling, bound, "renormalize")
   assert_close(dropped, ceiling * (t - 1) / t, bound, "drop")  # CLS mass counts as distance 0
@@ -68,14 +80,15 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   idx = data.sample(40, 24, 0, 0)
   imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
   out = forward(model, params, imgs, "**/attn/weights")
-  d = ad.distance_matrix((4, 4), 8)
+  d = grid_distances((4, 4), 8)
   # Attention weights from two float32 forwards (compiled separately), then 24 x 16 x 16 sums.
   bound = d.max() * (network(VIT_ROUNDINGS) + likely(24 * 16 * 16))
   for i in range(2):
     w = np.asarray(out[f"block{i:02d}/attn/weights"], np.float64)[:, :, 1:, 1:]
     ref = (w * d).sum(-1).mean(-1).mean(0)
     assert_close(got[i], ref, bound, f"block {i}")
-  assert summary["uniform_ceiling_px"] == pytest.approx(d.mean())
+  assert summary["uniform_ceiling_px"] == pytest.approx([d.mean()] * 2)
+  assert (summary["grid"], summary["token_pixels"], summary["heads"]) == ([4, 4], [8, 8], [3, 3])
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):

@@ -23,6 +23,11 @@ def test_cka_uniformity_and_lower_half():
   s = {"models": kinds, "mean_off_diagonal_cka": {"vit": 0.8, "resnet": 0.6},
        "lower_half_best_match": {"resnet_in_vit": 0.2}}
   assert _verdicts("cka", s) == [True, True]
+  # A Swin (attention, no token grid) and a Mixer (tokens, no attention) are neither ViT nor CNN.
+  mixed = dict(s, models=_models(vit=(True, True), resnet=(False, False), swin=(True, False),
+                                 mixer=(False, True)),
+               mean_off_diagonal_cka={"vit": 0.8, "resnet": 0.6, "swin": 0.9, "mixer": 0.3})
+  assert _verdicts("cka", mixed) == [True, True]
   s.update(mean_off_diagonal_cka={"vit": 0.5, "resnet": 0.6}, lower_half_best_match={"resnet_in_vit": 0.6})
   assert _verdicts("cka", s) == [False, False]
   alone = {"models": _models(vit=(True, True)), "mean_off_diagonal_cka": {"vit": 0.8},
@@ -35,6 +40,14 @@ def test_attention_local_and_global_heads():
   assert _verdicts("attention_distance", s) == [True]
   s["mean_distance_px"] = [[70.0, 75.0], [70.0, 75.0]]  # no local head
   assert _verdicts("attention_distance", s) == [False]
+  # A Swin: stages of 1 and 2 heads, each block read against its own window's uniform distance.
+  swin = {"mean_distance_px": [[4.0], [9.0], [17.0, 18.0], [17.0, 18.0]],
+          "uniform_ceiling_px": [10.0, 10.0, 20.0, 20.0], "blocks": [0, 1, 2, 3]}
+  assert _verdicts("attention_distance", swin) == [False]  # block 0's one head is local only
+  swin["mean_distance_px"][0] = [4.0, 9.0]
+  assert _verdicts("attention_distance", swin) == [True]
+  swin["mean_distance_px"][-1] = [15.0, 18.0]  # global against stage 0's window, not its own
+  assert _verdicts("attention_distance", swin) == [False]
 
 
 def test_head_subsets_correlation():

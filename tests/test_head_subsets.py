@@ -10,9 +10,9 @@ import pytest
 import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, likely, network
+from test_attention_distance import grid_distances
 from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints, data
-from vitcnn_jax.analyses import attention_distance as ad
 from vitcnn_jax.analyses import head_subsets as hs
 
 
@@ -45,7 +45,7 @@ def test_config_end_to_end_matches_direct_computation(tmp_path, tap):
   imgs = (np.stack(data.SyntheticSource(40, 32, 0).images(idx)).astype(np.float32) - 127.5) / 127.5
   ov = forward(mv, pv, imgs, "block00/attn/*")
   orr = forward(mr, pr, imgs, "block1/unit0[12]/out")
-  d = ad.distance_matrix((4, 4), 8)
+  d = grid_distances((4, 4), 8)
   w = np.asarray(ov["block00/attn/weights"], np.float64)[:, :, 1:, 1:]
   assert_close(s["head_distance_px"], (w * d).sum(-1).mean(-1).mean(0),
                d.max() * (network(VIT_ROUNDINGS) + likely(32 * 16 * 16)), "head distances")

@@ -1,6 +1,7 @@
 """Every analysis on the families that transformers' folders bring: a RoPE ViT
 with registers (DINOv3), a Swin and a ResNet, each saved by transformers, each
-analysis where its definition applies (a Swin's windowed attention is refused)."""
+analysis where its definition applies (a Swin's attention in its windows, measured
+on the image; per-token analyses refuse its maps)."""
 
 from __future__ import annotations
 
@@ -53,20 +54,30 @@ def test_every_analysis_runs_on_a_rope_vit_with_registers_a_swin_and_a_transform
   r = vj.receptive_field(models, grey, num_examples=4, batch_size=4, **NO_FIGURES)
   assert r["vit_maps"].shape[1:] == (32, 32) and np.isfinite(r["resnet_maps"]).all()
   assert np.isfinite(r["swin_maps"]).all() and r["swin_maps"].shape[1:] == (32, 32)
-  r = vj.attention_distance({"vit": models["vit"]}, grey, **small)
-  d = r["mean_distance"]  # blocks x heads, in pixels: between one patch and the grid's extent
+  r = vj.attention_distance({"vit": models["vit"], "swin": models["swin"]}, grey, **small)
+  d = r["mean_distance_vit"]  # blocks x heads, in pixels: between one patch and the grid's extent
   assert d.shape == (2, 3) and (d > 0).all() and (d < 32 * np.sqrt(2)).all()
+  d, s = r["mean_distance_swin"], r.summary["models"]["swin"]
+  # Stages of 1 and 2 heads (the missing one NaN); within 4x4 windows of 2 then 4 px tokens.
+  assert d.shape == (4, 2) and np.isnan(d[:2, 1]).all() and s["heads"] == [1, 1, 2, 2]
+  assert [len(h) for h in s["mean_distance_px"]] == [1, 1, 2, 2] and s["windowed"]
+  assert (d[:2, 0] < 3 * 2 * np.sqrt(2)).all() and (d[2:] < 3 * 4 * np.sqrt(2)).all()
+  assert s["uniform_ceiling_px"][2] == pytest.approx(2 * s["uniform_ceiling_px"][0])
   r = vj.localization({"vit": models["vit"]}, grey, **small)
   assert r.summary["prefix_tokens"] == ["cls", "reg", "reg"]
   r = vj.head_subsets({"vit": {**models["vit"], "capture": "all"},
                        "resnet": {**models["resnet"], "capture": "block1/**"}}, grey, **small)
   assert np.isfinite(r["cka"]).all()
+  r = vj.head_subsets({"vit": {**models["swin"], "capture": "all"},
+                       "resnet": {**models["resnet"], "capture": "block1/**"}}, grey, block=2,
+                      subset_size=1, **small)
+  assert np.isfinite(r["cka"]).all() and r.summary["subsets"] in ([[0], [1]], [[1], [0]])
   r = vj.linear_probe(models, grey, labels=labels, test=(grey, labels), layers="blocks",
                       batch_size=8, shots=2, seeds=1, **NO_FIGURES)
   assert set(r.summary["models"]) == set(models)
 
 
-def test_attention_analyses_refuse_a_swin(models, images):
-  for analysis in ("attention_distance", "localization"):
-    with pytest.raises(ValueError, match=r"(attention it can read|tokens).*Swin"):
-      getattr(vj, analysis)({"vit": models["swin"]}, images[0], batch_size=8, num_examples=N)
+def test_per_token_analyses_refuse_a_swin(models, images):
+  with pytest.raises(ValueError, match=r"config.models.vit: this analysis needs a model with tokens, "
+                                       r"and a Swin has none"):
+    vj.localization({"vit": models["swin"]}, images[0], batch_size=8, num_examples=N)

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import hf_ref
 import timm_ref
 from conftest import compiled
-from numerics import VIT_ROUNDINGS, assert_close, network
+from numerics import VIT_ROUNDINGS, assert_close, likely, network
 from vitcnn_jax import checkpoints
+from vitcnn_jax.analyses import attention_distance as ad
 
 torch, timm, T = timm_ref.torch, timm_ref.timm, hf_ref.transformers
 TOL = network(VIT_ROUNDINGS)
@@ -71,19 +73,62 @@ def test_swin_matches_its_upstream_at_every_stage(folders, name, caplog):
   assert_close(out, logits, TOL * float(np.abs(logits).max()), f"{name} logits")
 
 
-def test_attention_analyses_refuse_a_swin_by_name(folders):
-  import vitcnn_jax as vj  # noqa: PLC0415
-  images = np.zeros((8, 32, 32, 3), np.uint8)
-  with pytest.raises(ValueError, match=r"needs a model with attention it can read.*Swin's is "
-                                       r"windowed, which it does not read yet"):
-    vj.attention_distance({"vit": {"checkpoint": folders["timm"][0]}}, images, batch_size=8,
-                          num_examples=8)
+def test_swin_attention_distances_match_transformers_windows_on_the_image(folders):
+  """Each block's head distances from our weights and `attention()` geometry against
+  transformers' own attention weights, its windows placed by its own roll and
+  window partition: shifted windows in both stages, masked pairs included."""
+  from transformers.models.swin import modeling_swin as ms  # noqa: PLC0415
+  folder, hm = folders["hf"]
+  c = checkpoints.load(folder)
+  x = _images()
+  _, out = compiled(c.model, c.params, x, capture=c.model.layer_presets["attention"])
+  hm.set_attn_implementation("eager")
+  weights = []
+  hooks = [m.register_forward_hook(lambda m, i, o: weights.append(o[1].numpy()))
+           for m in hm.modules() if isinstance(m, ms.SwinAttention)]
+  with torch.no_grad():
+    hm(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2).copy()))
+  for h in hooks:
+    h.remove()
+  blocks = [m for m in hm.modules() if isinstance(m, ms.SwinLayer)]
+  layers = c.model.attention()
+  assert [a.num_heads for a in layers] == [1, 1, 2, 2] and len(weights) == len(blocks) == 4
+  shifts = []
+  for layer, w, block in zip(layers, weights, blocks):
+    size, pixels = block.input_resolution[0], 32 // block.input_resolution[0]
+    ws, shift = block.window_size, block.shift_size
+    shifts.append(shift)
+    at = torch.stack(torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij"), -1)[None]
+    at = ms.window_partition(torch.roll(at.double(), (-shift, -shift), (1, 2)), ws)
+    centres = (at.reshape(-1, ws * ws, 2).numpy() + 0.5) * pixels
+    d = np.linalg.norm(centres[:, :, None] - centres[:, None], axis=-1)
+    w = w.astype(np.float64).reshape(len(x), -1, *w.shape[1:])  # (B, windows, H, N, N)
+    ref = (w * d[None, :, None]).sum(-1).mean(axis=(1, 3)).mean(0)
+    got = np.asarray(ad.mean_distance(out[layer.weights], jnp.asarray(ad.distances(layer), jnp.float32),
+                                      layer.num_prefix)).mean(0)
+    # Weights of two float32 forwards, then windows x N x N products summed.
+    assert_close(got, ref, d.max() * (TOL + likely(d.size)), layer.weights)
+    if shift:  # the mask: only pairs within one region of the rolled map attend
+      assert_close(np.where(layer.allowed[None, :, None], 0, w), 0, 1e-30, "masked weights")
+  assert shifts == [0, 2, 0, 2]
 
 
-def test_a_map_smaller_than_the_window_is_refused(folders):
-  """At 16 px the second stage's map (4x4) still fits the window; at 8 px it is 2x2."""
-  c = checkpoints.load(folders["timm"][0], resolution=16)
-  out, _ = compiled(c.model, c.params, np.zeros((1, 16, 16, 3), np.float32))
-  assert np.isfinite(out).all()
-  with pytest.raises(ValueError, match=r"2x2 map is smaller than the 4x4 window"):
-    c.model.apply({"params": c.params}, np.zeros((1, 8, 8, 3), np.float32))
+def test_swin_heads_through_their_projection_give_the_attention_output(folders):
+  """Per-head outputs (window after window) through `head_projection`, placed on
+  the map by `attention()`'s token centres, give the block's attention output: an
+  unshifted block and a shifted one, where the roll must be undone."""
+  c = checkpoints.load(folders["hf"][0])
+  m = c.model
+  x = _images()
+  for layer in m.attention()[:2]:
+    prefix = layer.weights.removesuffix("/weights")
+    _, out = compiled(m, c.params, x, capture=[f"{prefix}/heads", f"{prefix}/out"])
+    kernel = np.asarray(m.head_projection(c.params, layer.block), np.float64)
+    stage, block = prefix.split("/")[:2]
+    bias = np.asarray(c.params[f"{stage}_{block}"]["attn"]["out"]["bias"], np.float64)
+    y = np.einsum("bthd,hdc->btc", np.asarray(out[f"{prefix}/heads"], np.float64), kernel) + bias
+    rows, cols = (layer.positions.reshape(-1, 2) // 2).astype(int).T  # 2 px tokens in stage 0
+    placed = np.zeros(out[f"{prefix}/out"].shape)
+    placed[:, rows, cols] = y
+    ref = np.asarray(out[f"{prefix}/out"])
+    assert_close(placed, ref, TOL * float(np.abs(ref).max()), prefix)

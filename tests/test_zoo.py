@@ -4,6 +4,7 @@ cache offline (a local cache directory standing in for the hub)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -104,7 +105,8 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
     ("cka_vit_resnet", "vit_swin_resnet", ("ViT-B/16 ImageNet", "Swin-B", "BiT-R50x1")),
     ("cka_vit_resnet", "deit3_b16_convnext_b", ("DeiT3-B/16", "ConvNeXt-B")),
     ("cka_vit_resnet", "siglip_b16_convnext_b", ("SigLIP-B/16", "ConvNeXt-B")),
-    ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16"))])
+    ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16")),
+    ("attention_distance", "vit_vs_swin", ("ViT-B/16 ImageNet", "Swin-B"))])
 def test_todays_config_variants_name_zoo_models(config_file, variant, names):
   import importlib  # noqa: PLC0415
   from vitcnn_jax import analyses  # noqa: PLC0415
@@ -204,9 +206,10 @@ def test_the_dinov3_pair_runs_offline_on_tiny_stand_ins_in_the_hub_cache(offline
 def test_the_swin_config_runs_offline_on_tiny_stand_ins(offline_hub, tmp_path):
   """configs/cka_vit_resnet.py:vit_swin_resnet with Swin-B found in the hub cache (a
   tiny timm Swin written there by save_for_hf) and tiny Google npz files standing in
-  for the gs:// ViT and BiT: every pair of the three in one job."""
+  for the gs:// ViT and BiT: every pair of the three in one job; then
+  configs/attention_distance.py:vit_vs_swin on the same files."""
   import upstream_files as uf  # noqa: PLC0415
-  from configs import cka_vit_resnet  # noqa: PLC0415
+  from configs import attention_distance, cka_vit_resnet  # noqa: PLC0415
   from vitcnn_jax import jobs  # noqa: PLC0415
   snapshot = os.path.dirname(_cache(offline_hub, zoo.ZOO["Swin-B"].location[len(zoo.HF_HUB):]))
   swin = timm_ref.timm.create_model("swin_base_patch4_window7_224", pretrained=False, img_size=32,
@@ -223,3 +226,15 @@ def test_the_swin_config_runs_offline_on_tiny_stand_ins(offline_hub, tmp_path):
   z = np.load(tmp_path / "wd" / "cka.npz")
   assert {"cka_resnet_swin", "cka_resnet_vit", "cka_swin_vit"} <= set(z.files)
   assert np.isfinite(z["cka_resnet_swin"]).all() and z["cka_swin_swin"].shape[0] > 4
+  s = json.loads((tmp_path / "wd" / "cka.json").read_text())
+  assert list(s["lower_half_best_match"]) == ["resnet_in_vit"]  # the Swin is neither CNN nor ViT
+  # The same Swin's attention distance beside the ViT's (configs/attention_distance.py:vit_vs_swin).
+  config = attention_distance.get_config("vit_vs_swin,examples=16,batch=8")
+  config.models.vit.checkpoint = uf.save(tmp_path / "vit.npz", uf.vt_vit(0))
+  for spec in config.models.values():
+    spec.overrides.resolution = 32
+  config.data = zoo.data_spec("synthetic", num_examples=16)
+  jobs.run(config, str(tmp_path / "attn"))
+  s = json.loads((tmp_path / "attn" / "attention_distance.json").read_text())
+  assert s["models"]["swin"]["heads"] == [1, 1, 2, 2] and s["models"]["swin"]["windowed"]
+  assert (tmp_path / "attn" / "attention_distance_compare.png").exists()

@@ -180,9 +180,12 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
 
 
 @styled
-def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Sequence[int] | None,
-                       label: str, ceiling: float, path: str) -> None:
-  """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block."""
+def attention_distance(mean: Sequence[np.ndarray], blocks: Sequence[int],
+                       plot_blocks: Sequence[int] | None, label: str, ceiling: np.ndarray,
+                       path: str) -> None:
+  """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block.
+  `mean`: each block's head distances (stages may differ in heads); `ceiling`:
+  each block's uniform-attention distance (a Swin's grows stage by stage)."""
   chosen = list(plot_blocks) if plot_blocks else sorted({blocks[0], blocks[min(1, len(blocks) - 1)],
                                                          blocks[-2] if len(blocks) > 1 else blocks[0],
                                                          blocks[-1]})
@@ -190,38 +193,47 @@ def attention_distance(mean: np.ndarray, blocks: Sequence[int], plot_blocks: Seq
   if missing:
     raise ValueError(f"plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
-  heads = np.arange(1, mean.shape[1] + 1)
-  for b in chosen:
-    ax1.plot(heads, np.sort(mean[list(blocks).index(b)]), "o-", ms=4, label=f"block {b}")
+  one_ceiling = np.ptp(ceiling) < 1e-6 * max(float(ceiling.max()), 1.0)
+  for c, b in enumerate(chosen):
+    row = mean[list(blocks).index(b)]
+    ax1.plot(np.arange(1, len(row) + 1), np.sort(row), "o-", ms=4, color=f"C{c}", label=f"block {b}")
+    if not one_ceiling:
+      ax1.axhline(ceiling[list(blocks).index(b)], color=f"C{c}", ls="--", lw=0.9)
   ax1.set_xlabel("head, sorted by distance")
-  ax1.set_title("Sorted heads of some blocks")
+  ax1.set_title("Sorted heads of some blocks" + ("" if one_ceiling else "\n(dashed: each block's "
+                                                  "uniform attention)"))
   for i, b in enumerate(blocks):
-    ax2.scatter(np.full(mean.shape[1], b), mean[i], s=14, c="C0",
-                label="one head" if i == 0 else None)
+    ax2.scatter(np.full(len(mean[i]), b), mean[i], s=14, c="C0", label="one head" if i == 0 else None)
   ax2.set_xlabel("block")
   ax2.set_title("Every head of every block")
+  if one_ceiling:
+    ax1.axhline(ceiling[0], color="grey", ls="--", lw=0.9, label="uniform attention")
+    ax2.axhline(ceiling[0], color="grey", ls="--", lw=0.9, label="uniform attention")
+  else:
+    ax2.step(blocks, ceiling, where="mid", color="grey", ls="--", lw=0.9, label="uniform attention")
+  top = max(float(ceiling.max()), max(float(r.max()) for r in mean)) * 1.08
   for ax in (ax1, ax2):
-    ax.axhline(ceiling, color="grey", ls="--", lw=0.9, label="uniform attention")
-    ax.set_ylim(0, max(ceiling, float(mean.max())) * 1.08)
+    ax.set_ylim(0, top)
     ax.set_ylabel("mean attention distance (px)")
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right" if one_ceiling else "upper left", fontsize="small")
   fig.suptitle(f"Mean attention distance: {label}")
   save_figure(fig, path)
 
 
 @styled
-def attention_distance_compare(models: Sequence[tuple[np.ndarray, Sequence[int], str, float]],
-                               path: str) -> None:
-  """Several ViTs' mean distances against relative depth: per model, the mean
+def attention_distance_compare(
+    models: Sequence[tuple[Sequence[np.ndarray], Sequence[int], str, np.ndarray]], path: str) -> None:
+  """Several models' mean distances against relative depth: per model, the mean
   over heads with the band from its nearest to its farthest head, as a fraction
-  of its uniform-attention distance (grids and patches differ between models)."""
+  of each block's uniform-attention distance (grids, patches and windows differ)."""
   fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
   for i, (mean, blocks, label, ceiling) in enumerate(models):
     depth = np.asarray(blocks, np.float64) / max(max(blocks), 1)
-    rel = np.asarray(mean) / ceiling
-    ax.fill_between(depth, rel.min(axis=1), rel.max(axis=1), color=f"C{i}", alpha=0.18, lw=0)
-    ax.plot(depth, rel.mean(axis=1), "o-", ms=4, color=f"C{i}", label=label)
+    rel = [np.asarray(r) / c for r, c in zip(mean, ceiling)]
+    ax.fill_between(depth, [r.min() for r in rel], [r.max() for r in rel], color=f"C{i}", alpha=0.18,
+                    lw=0)
+    ax.plot(depth, [r.mean() for r in rel], "o-", ms=4, color=f"C{i}", label=label)
   ax.axhline(1.0, color="grey", ls="--", lw=0.9, label="uniform attention")
   ax.set_xlabel("relative depth (block / last block)")
   ax.set_ylabel("attention distance / uniform distance")

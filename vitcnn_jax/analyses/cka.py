@@ -136,12 +136,14 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     summary.update({
         "mean_cka": {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs},
         "mean_off_diagonal_cka": {a.name: off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
-        # Fig 2: for a model without tokens (a CNN) and one with attention (a ViT).
+        # Fig 2: for a CNN (neither attention nor tokens) and a ViT (attention over one
+        # token grid); a Swin (attention over maps) is neither.
         "lower_half_best_match": {
             f"{cnn.name}_in_{vit.name}": _lower_half_match(mean[rc, rv])
             for _, a, b, r, c in pairs if a is not b
             for cnn, vit, rc, rv in ((a, b, r, c), (b, a, c, r))
-            if cnn.model.grid is None and attention[vit.name]},
+            if cnn.model.grid is None and not attention[cnn.name]
+            and vit.model.grid is not None and attention[vit.name]},
         "max_std_over_repeats": float(per_repeat["linear_cka"].std(axis=0).max())})
   if not measures.only_linear(spec) or config.get("bootstrap", 0):
     summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
@@ -245,9 +247,12 @@ def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> 
 
 
 def _uniformity(s: dict) -> declaration.Verdict:
+  """Every ViT (attention over one token grid) against every CNN (neither): a
+  Swin, with attention over maps, and a Mixer, with tokens but no attention, are neither."""
   within = {k: (m, s["mean_off_diagonal_cka"][k]) for k, m in s["models"].items()}
-  return declaration.above({m["label"]: v for m, v in within.values() if m["attention"]},
-                           {m["label"]: v for m, v in within.values() if not m["tokens"]})
+  return declaration.above(
+      {m["label"]: v for m, v in within.values() if m["attention"] and m["tokens"]},
+      {m["label"]: v for m, v in within.values() if not m["attention"] and not m["tokens"]})
 
 
 def _lower_half(s: dict) -> declaration.Verdict:
@@ -277,7 +282,8 @@ DECLARATION = declaration.Declaration(
             "ViT representations are more uniform across depth than a ResNet's: CKA between "
             "ViT layers stays high over most of the network, while the ResNet shows a "
             "stage-wise block structure (here: the mean off-diagonal CKA within every model "
-            "with attention is above that within every model without tokens).", _uniformity),
+            "with attention over one token grid is above that within every model with "
+            "neither attention nor tokens).", _uniformity),
         declaration.Finding(
             "Across models, the lower half of the ResNet matches about the lowest quarter of "
             "the ViT (here: the ViT layer most similar to each layer of the ResNet's lower "

@@ -10,6 +10,9 @@ Tap point (`config.tap`; the paper leaves it open): "heads" (default) takes the
 subset's per-head outputs before the output projection, flattened over tokens
 (CLS excluded) and head channels; "projected" passes only the subset's heads
 through the block's output projection (bias excluded).
+
+The "vit" may be any model whose attention the anatomy places on the image: a
+Swin's first block is read in its windows, distances in image pixels.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
     layers = self.vit.model.attention()
     if not 0 <= config.block < len(layers):
       raise ValueError(f"config.block={config.block} is outside 0..{len(layers) - 1}.")
-    self.layer, self.heads = layers[config.block], self.vit.model.num_heads
+    self.layer = layers[config.block]
+    self.heads = self.layer.num_heads
     self.subset_size = config.subset_size or max(1, self.heads // 4)
     self.res_names = list(self.res.names)
     one_pass = config.tap == "heads"
@@ -72,16 +76,14 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
 
   def spatial_heads(self, out: dict):
     """(B, N, H, hd) per-head outputs of the spatial tokens, from the captured points."""
-    return out[self.layer.heads][:, self.vit.model.num_prefix_tokens:]
+    return out[self.layer.heads][:, self.layer.num_prefix:]
 
   def step(self, forward, labels, mask) -> dict:
     del labels
     out = forward("vit")
-    dist = jnp.asarray(ad.distance_matrix(self.vit.model.grid,
-                                          ad.square_patch(self.vit.model, "config.models.vit")),
-                       jnp.float32)
+    dist = jnp.asarray(ad.distances(self.layer), jnp.float32)
     w = out[self.layer.weights]
-    sums = {"distance": ad.mean_distance(w, dist, self.vit.model.num_prefix_tokens, "drop").T @ mask}
+    sums = {"distance": ad.mean_distance(w, dist, self.layer.num_prefix, "drop").T @ mask}
     if self.config.tap == "heads":
       heads = self.spatial_heads(out)
       res = forward("resnet")
@@ -162,7 +164,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
 
 DECLARATION = declaration.Declaration(
     name="head_subsets", build=HeadSubsets, models=declaration.Models(required=("vit", "resnet")),
-    needs=(("vit", "attention"), ("vit", "tokens")),
+    needs=(("vit", "attention"),),
     defaults=DEFAULTS, layers="all", figures="Fig 5", hsic_minibatches=True,
     key_numbers=key_numbers,
     findings=(declaration.Finding(

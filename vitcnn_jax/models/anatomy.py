@@ -1,6 +1,6 @@
 """What an analysis may ask of a model, whatever its family.
 
-Every family (`ViT`, `BiT`, `Mixer`, `ConvNeXt`) implements `Anatomy`; analyses read these
+Every family (`ViT`, `BiT`, `ResNet`, `Mixer`, `ConvNeXt`, `Swin`) implements `Anatomy`; analyses read these
 members and refuse a model that lacks what they need (`require`), naming it.
 Point names are those of the model's `out` dict (`models/*.py` docstrings).
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Protocol, Sequence
+
+import numpy as np
 
 from vitcnn_jax.models import common
 
@@ -24,13 +26,30 @@ class Residual:
   has_skip: bool = True
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AttentionLayer:
-  """A block's multi-head attention: its weights (B,H,Q,K) and per-head outputs
-  (B,T,H,hd), before the output projection."""
+  """A block's multi-head attention and where its tokens lie on the image, so that
+  attention can be measured in pixels whatever the family.
+
+  `weights`: (B, H, T, T) over every token, or (B, windows, H, T, T) within windows.
+  `heads`: (B, tokens, H, hd) per-head outputs before the output projection, window
+  after window. `positions`: (windows, N, 2) the pixel centre (row, column) of each
+  window's spatial tokens, which follow `num_prefix` tokens (class token, registers)
+  that lie nowhere. `allowed`: (windows, N, N) the pairs the layer's mask lets attend
+  (None: all)."""
   block: int
   weights: str
   heads: str
+  num_heads: int
+  positions: np.ndarray
+  num_prefix: int = 0
+  allowed: np.ndarray | None = None
+
+
+def grid_centres(grid: tuple[int, int], pixels: tuple[int, int]) -> np.ndarray:
+  """(rows * columns, 2) pixel centres of a row-major grid of tokens `pixels` in size."""
+  rows, cols = np.divmod(np.arange(grid[0] * grid[1]), grid[1])
+  return (np.stack([rows, cols], axis=-1) + 0.5) * np.asarray(pixels, np.float64)
 
 
 class Anatomy(Protocol):
@@ -42,8 +61,6 @@ class Anatomy(Protocol):
   token_pixels: tuple[int, int] | None  # pixels per token (patch size)
   prefix_tokens: tuple[str, ...]  # tokens before the spatial ones, e.g. ("cls",)
   num_prefix_tokens: int
-  num_heads: int  # 0 without attention
-  attention_kind: str  # "" (plain), or a kind the attention analyses do not read ("windowed")
   default_policy: str  # the preprocessing it was trained with
   layer_presets: dict[str, tuple[str, ...]]  # "paper", "blocks", "all" -> capture patterns
 
@@ -65,11 +82,8 @@ def require(model: Anatomy, what: str, where: str) -> None:
   has = {"attention": lambda: bool(model.attention()), "tokens": lambda: model.grid is not None,
          "residuals": lambda: bool(model.residuals())}[what]
   if not has():
-    kind = type(model).__name__
-    if what == "attention" and model.attention_kind:
-      raise ValueError(f"{where}: this analysis needs a model with attention it can read, and a "
-                       f"{kind}'s is {model.attention_kind}, which it does not read yet.")
-    raise ValueError(f"{where}: this analysis needs a model with {what}, and a {kind} has none.")
+    raise ValueError(f"{where}: this analysis needs a model with {what}, and a "
+                     f"{type(model).__name__} has none.")
 
 
 def capture_patterns(model: Anatomy, capture: str | Sequence[str]) -> list[str]:
@@ -86,7 +100,6 @@ class PatchTokens:
   block `blockNN` has the residual connections `RESIDUALS` names, as (sublayer,
   skip, branch, out) relative to the block."""
   RESIDUALS = ()
-  attention_kind = ""
 
   @property
   def sublayers(self) -> tuple[str, ...]:
@@ -115,8 +128,7 @@ class ParamsAsRead:
 
 
 class FeatureMaps:
-  """The anatomy of a network of feature maps rather than tokens (ResNet, ConvNeXt)."""
-  attention_kind = ""
+  """The anatomy of a network of feature maps rather than tokens (ResNet, ConvNeXt, Swin)."""
   grid = None
   token_pixels = None
   prefix_tokens = ()
@@ -125,7 +137,6 @@ class FeatureMaps:
 
 class NoAttention:
   """The anatomy of a model without attention (Mixer, ResNet)."""
-  num_heads = 0
 
   def attention(self) -> list[AttentionLayer]:
     return []

@@ -15,8 +15,11 @@ unshifted. Head: LayerNorm, the tokens' mean, Dense. LayerNorm eps 1e-5
 (torch's default, timm and transformers alike).
 
 Representation points (`out` names), per block `stageS/blockBB/` on (B, H, W, C)
-maps: in, ln1, attn/weights (B, windows, heads, N, N), attn/out, attn/residual,
-ln2, mlp/hidden, mlp/out, out; around them stem, stageS/merge, pre_logits, logits.
+maps: in, ln1, attn/weights (B, windows, heads, N, N), attn/heads (B, windows * N,
+heads, hd: before the output projection), attn/out, attn/residual, ln2,
+mlp/hidden, mlp/out, out; around them stem, stageS/merge, pre_logits, logits.
+`attention()` places every window's tokens on the image (the roll undone), so
+attention distances are in image pixels.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ LAYER_PRESETS = {
               "stage*/block*/mlp/hidden", "stage*/block*/mlp/out", "stage*/block*/out"),
     "blocks": ("stage*/block*/out",),
     "all": ("**",),
+    "attention": ("stage*/block*/attn/weights",),  # every block's attention weights
 }
 MASKED = -100.0  # the logit bias between tokens of different regions in a shifted window
 
@@ -59,18 +63,52 @@ def relative_index(window: int) -> np.ndarray:
   return dy * (2 * window - 1) + dx
 
 
-def shift_mask(size: tuple[int, int], window: int, shift: int) -> np.ndarray:
-  """(windows, N, N): 0 between tokens of one region of the rolled map, MASKED
-  between tokens that the roll brought together from opposite edges."""
+def check_tiles(size: tuple[int, int], window: int) -> None:
+  if size[0] % window or size[1] % window:
+    raise ValueError(f"Swin: a {size[0]}x{size[1]} map does not tile into {window}x{window} windows; "
+                     "use an input size whose maps at every stage are multiples of the window.")
+
+
+def to_windows(x: np.ndarray | jax.Array, window: int) -> np.ndarray | jax.Array:
+  """(..., H, W, C) -> (..., windows, window * window, C): windows row-major, and
+  tokens row-major within each."""
+  *lead, h, w, c = x.shape
+  x = x.reshape(*lead, h // window, window, w // window, window, c)
+  return x.swapaxes(-4, -3).reshape(*lead, -1, window * window, c)
+
+
+def regions(size: tuple[int, int], window: int, shift: int) -> np.ndarray:
+  """(windows, N) the region of the rolled map each window's token lies in: the
+  roll brings the regions from opposite edges together, and they stay apart."""
   h, w = size
-  region = np.zeros((h, w), np.int64)
+  region = np.zeros((h, w, 1), np.int64)
   bounds = lambda n: ((0, n - window), (n - window, n - shift), (n - shift, n))  # noqa: E731
   for i, (y0, y1) in enumerate(bounds(h)):
     for j, (x0, x1) in enumerate(bounds(w)):
       region[y0:y1, x0:x1] = 3 * i + j
-  windows = region.reshape(h // window, window, w // window, window).transpose(0, 2, 1, 3)
-  windows = windows.reshape(-1, window * window)
-  return np.where(windows[:, :, None] == windows[:, None, :], 0., MASKED).astype(np.float32)
+  return to_windows(region, window)[..., 0]
+
+
+def shift_mask(size: tuple[int, int], window: int, shift: int) -> np.ndarray:
+  """(windows, N, N): 0 between tokens of one region of the rolled map, MASKED
+  between tokens that the roll brought together from opposite edges."""
+  r = regions(size, window, shift)
+  return np.where(r[:, :, None] == r[:, None, :], 0., MASKED).astype(np.float32)
+
+
+def window_layout(size: tuple[int, int], window: int, shift: int, pixels: int
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+  """Where a block's window tokens lie on the image, the roll undone: (windows, N, 2)
+  pixel centres of tokens `pixels` in size, and (windows, N, N) the pairs its mask
+  lets attend (None unshifted)."""
+  check_tiles(size, window)
+  rows, cols = np.meshgrid(np.arange(size[0]), np.arange(size[1]), indexing="ij")
+  at = np.stack([np.roll(rows, -shift, 0), np.roll(cols, -shift, 1)], axis=-1)  # as the forward rolls
+  centres = (to_windows(at, window) + 0.5) * pixels
+  if not shift:
+    return centres, None
+  r = regions(size, window, shift)
+  return centres, r[:, :, None] == r[:, None, :]
 
 
 class WindowAttention(nn.Module):
@@ -83,13 +121,11 @@ class WindowAttention(nn.Module):
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
     b, h, w, c = x.shape
     ws, s, heads = self.window, self.shift, self.num_heads
-    if h % ws or w % ws:
-      raise ValueError(f"Swin: a {h}x{w} map does not tile into {ws}x{ws} windows; use an input "
-                       "size whose maps at every stage are multiples of the window.")
+    check_tiles((h, w), ws)
     if s:
       x = jnp.roll(x, (-s, -s), axis=(1, 2))
     n = ws * ws
-    win = x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, -1, n, c)
+    win = to_windows(x, ws)
     hd = c // heads
     proj = lambda name: nn.Dense(c, name=name)(win).reshape(b, -1, n, heads, hd).transpose(0, 1, 3, 2, 4)  # noqa: E731
     q, k, v = proj("query") / jnp.sqrt(hd).astype(x.dtype), proj("key"), proj("value")
@@ -99,9 +135,9 @@ class WindowAttention(nn.Module):
     if s:
       logits = logits + jnp.asarray(shift_mask((h, w), ws, s))[None, :, None]
     weights = capture.put(out, "weights", jax.nn.softmax(logits, axis=-1))
-    y = (weights @ v).transpose(0, 1, 3, 2, 4).reshape(b, -1, n, c)
-    y = nn.Dense(c, name="out")(y)
-    y = y.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+    y = capture.put(out, "heads", (weights @ v).transpose(0, 1, 3, 2, 4).reshape(b, -1, heads, hd))
+    y = nn.Dense(c, name="out")(y.reshape(b, -1, n, c))
+    y = y.reshape(b, h // ws, w // ws, ws, ws, c).swapaxes(2, 3).reshape(b, h, w, c)
     return jnp.roll(y, (s, s), axis=(1, 2)) if s else y
 
 
@@ -149,8 +185,6 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
   stem = "stem"
   default_policy = "bicubic_crop0.9_imagenet"  # timm's Swin evaluation
   layer_presets = LAYER_PRESETS
-  num_heads = 0  # its windowed attention is not read by the attention analyses (yet)
-  attention_kind = "windowed"
 
   @property
   def num_blocks(self) -> int:
@@ -165,10 +199,23 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
                                  ("mlp", "attn/residual", "mlp/out", "out"))]
 
   def attention(self) -> list[anatomy.AttentionLayer]:
-    return []
+    layers = []
+    rows, cols = common.patch_grid(self.patch_size, self.image_size)
+    for s, (heads, depth) in enumerate(zip(self.heads, self.depths)):
+      size = (rows // 2 ** s, cols // 2 ** s)
+      for b in range(depth):
+        ws, shift = window_geometry(size, self.window, b % 2 == 1)
+        centres, allowed = window_layout(size, ws, shift, self.patch_size * 2 ** s)
+        name = f"stage{s}/block{b:02d}"
+        layers.append(anatomy.AttentionLayer(len(layers), f"{name}/attn/weights", f"{name}/attn/heads",
+                                             heads, centres, allowed=allowed))
+    return layers
 
   def head_projection(self, params: dict, block: int) -> jax.Array:
-    raise ValueError("A Swin's windowed attention heads are not read by head analyses yet.")
+    stage, name = self._block_names()[block].split("/")
+    kernel = params[f"{stage}_{name}"]["attn"]["out"]["kernel"]
+    heads = self.heads[int(stage.removeprefix("stage"))]
+    return kernel.reshape(heads, -1, kernel.shape[-1])
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

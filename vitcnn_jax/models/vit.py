@@ -54,6 +54,7 @@ LAYER_PRESETS = {
               "block*/out"),
     "blocks": ("block*/out",),
     "all": ("**",),
+    "attention": ("block*/attn/weights",),  # every block's attention weights
 }
 
 
@@ -326,7 +327,9 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     return len(self.prefix_tokens)
 
   def attention(self) -> list[anatomy.AttentionLayer]:
-    return [anatomy.AttentionLayer(b, f"block{b:02d}/attn/weights", f"block{b:02d}/attn/heads")
+    centres = anatomy.grid_centres(self.grid, self.token_pixels)[None]  # one window: every token
+    return [anatomy.AttentionLayer(b, f"block{b:02d}/attn/weights", f"block{b:02d}/attn/heads",
+                                   self.num_heads, centres, self.num_prefix_tokens)
             for b in range(self.depth)]
 
   def head_projection(self, params, block: int) -> jax.Array:
