@@ -5,6 +5,7 @@ cache offline (a local cache directory standing in for the hub)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ import timm_ref
 from conftest import require
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
+from vitcnn_jax import fileio
 from vitcnn_jax import loading
 from vitcnn_jax import packaged
 from vitcnn_jax import preprocess
@@ -31,12 +33,11 @@ def test_every_entry_names_a_public_file_and_its_preprocessing():
   assert set(ASKED) <= set(zoo.ZOO)
   for name, e in zoo.ZOO.items():
     assert e.location.startswith(("gs://", zoo.HF_HUB, packaged.SCHEME)), name
-    assert e.url.startswith("https://") and " " not in e.url, name
-    if e.location.startswith(zoo.HF_HUB):
-      assert e.url.endswith("/resolve/main/model.safetensors") and (e.policy or e.settings), name
-    if e.location.startswith(packaged.SCHEME):  # the package's page, at the pinned version
-      pin = packaged.MODELS[e.location[len(packaged.SCHEME):].split(":")[0]].pin
-      assert e.url == "https://pypi.org/project/{}/{}/".format(*pin.split("==")) and e.policy, name
+    assert " " not in e.location, name
+    if e.location.startswith(zoo.HF_HUB):  # ORG/REPO: a repository, its settings beside
+      assert e.location.count("/") == 1, name
+    if e.location.startswith(packaged.SCHEME):  # a pinned package's file, as it runs it
+      assert e.location[len(packaged.SCHEME):].split(":")[0] in packaged.MODELS and e.policy, name
     preprocess.check_policy(e.policy or "resize")
     assert e.what, name
   assert zoo.ZOO["CLIP-B/16"].overrides["gelu"] == "quick"  # what OpenAI's file cannot say
@@ -88,6 +89,52 @@ def test_a_hub_file_not_in_the_cache_says_how_to_fetch_it(offline_hub):
                                               r"download .*https://huggingface.co/timm/"):
     checkpoints.load("ConvNeXt-B")
   assert "not in huggingface_hub's cache" in loading.unreachable("ConvNeXt-B")
+  with pytest.raises(FileNotFoundError, match=r"huggingface-cli download org/missing "
+                                              r"model.safetensors config.json "
+                                              r"preprocessor_config.json`.*into one folder"):
+    checkpoints.load("hf-hub:org/missing")
+
+
+def _entry_not_found(name: str) -> Exception:
+  """The hub's answer for a file the repository lacks (built without an HTTP response)."""
+  from huggingface_hub import errors  # noqa: PLC0415
+  e = errors.RemoteEntryNotFoundError.__new__(errors.RemoteEntryNotFoundError)
+  Exception.__init__(e, f"404 Entry Not Found: {name}")
+  return e
+
+
+def test_settings_the_repository_lacks_are_quiet_and_those_not_fetched_are_warned(
+    offline_hub, monkeypatch, caplog):
+  weights = _cache(offline_hub, "org/vit")
+  open(weights, "wb").close()
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    assert fileio.hub_folder("hf-hub:org/vit") == os.path.dirname(weights)
+  # Offline, never cached: either may exist; each warned, with the command that fetches them.
+  assert caplog.text.count("could not be fetched (LocalEntryNotFoundError)") == 2
+  assert "huggingface-cli download org/vit config.json preprocessor_config.json" in caplog.text
+  caplog.clear()
+  for name in fileio.HF_SETTINGS:  # what huggingface_hub records when the hub answered 404
+    marker = offline_hub / "models--org--vit" / ".no_exist" / ("0" * 40) / name
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    fileio.hub_folder("hf-hub:org/vit")
+  assert "could not be fetched" not in caplog.text
+  # Online: the hub says the repository lacks them (quiet), or lacks the weights (refused).
+  files = {"model.safetensors": weights}
+  def download(repo, name, **_):
+    if name in files:
+      return files[name]
+    raise _entry_not_found(name)
+  monkeypatch.setattr(hub, "hf_hub_download", download)
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    fileio.hub_folder("hf-hub:org/other")
+  assert "could not be fetched" not in caplog.text
+  files.clear()
+  with pytest.raises(FileNotFoundError, match=r"hf-hub:org/bin: the repository has no "
+                                              r"model.safetensors \(pickled weights such as "
+                                              r"pytorch_model.bin are never read\)"):
+    fileio.hub_folder("hf-hub:org/bin")
 
 
 def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import socket
 import tempfile
 from typing import IO, Callable
 
 from etils import epath
+
+log = logging.getLogger("vitcnn_jax")
 
 
 def is_remote(path: str) -> bool:
@@ -128,13 +131,34 @@ def _hub(location: str, repo: str, file: str) -> Callable[[str], str]:
   return lambda name: huggingface_hub.hf_hub_download(repo, name, local_files_only=not online)
 
 
-def _not_fetched(location: str, repo: str, file: str, e: Exception) -> FileNotFoundError:
-  url = f"https://huggingface.co/{repo}/resolve/main/{file}"
+def _not_fetched(location: str, repo: str, files: tuple[str, ...], e: Exception) -> Exception:
+  """The error for a hub file that could not be had: absent from the repository
+  (then no network will help), or not cached and not downloadable now."""
+  url = f"https://huggingface.co/{repo}/resolve/main/{files[0]}"
+  if _absent(e):
+    return FileNotFoundError(
+        f"{location}: the repository has no {files[0]} (pickled weights such as pytorch_model.bin "
+        "are never read); convert them to safetensors with the framework that wrote them and "
+        "pass the file's local path.")
+  local = (f"download {url} and pass its local path" if len(files) == 1 else
+           f"download {url} and {', '.join(files[1:])} (where the repository has them) into one "
+           "folder and pass the folder")
   return FileNotFoundError(
       f"{location}: not in huggingface_hub's cache and not downloadable now "
       f"({type(e).__name__}). Fetch it where there is a network (`huggingface-cli download "
-      f"{repo} {file}`, then copy the cache, HF_HOME), or download {url} and pass its "
-      "local path.")
+      f"{repo} {' '.join(files)}`, then copy the cache, HF_HOME), or {local}.")
+
+
+def _absent(e: Exception) -> bool:
+  """Whether the hub said the repository has no such file (not: it could not be asked)."""
+  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
+  return isinstance(e, errors.RemoteEntryNotFoundError)
+
+
+def _known_absent(repo: str, name: str) -> bool:
+  """Whether huggingface_hub's cache recorded, when last online, that `repo` has no `name`."""
+  import huggingface_hub  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
+  return huggingface_hub.try_to_load_from_cache(repo, name) is huggingface_hub._CACHED_NO_EXIST  # pylint: disable=protected-access
 
 
 def hub_file(location: str) -> str:
@@ -145,7 +169,7 @@ def hub_file(location: str) -> str:
   try:
     return get(file)
   except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
-    raise _not_fetched(location, repo, file, e) from e
+    raise _not_fetched(location, repo, (file,), e) from e
 
 
 def hub_folder(location: str, weights: str = "model.safetensors") -> str:
@@ -162,10 +186,14 @@ def hub_folder(location: str, weights: str = "model.safetensors") -> str:
         shards = sorted(set(json.load(f)["weight_map"].values()))
       path = [get(s) for s in shards][0]
     except Exception:  # pylint: disable=broad-except
-      raise _not_fetched(location, repo, weights, e) from e
+      raise _not_fetched(location, repo, (weights, *HF_SETTINGS), e) from e
   for name in HF_SETTINGS:
     try:
       get(name)
-    except Exception:  # pylint: disable=broad-except  (a repository without it)
-      pass
+    except Exception as e:  # pylint: disable=broad-except  (absent, or offline and not cached)
+      if not (_absent(e) or _known_absent(repo, name)):
+        log.warning("%s: its %s could not be fetched (%s), so what it states (architecture, "
+                    "preprocessing) is taken from the weights or assumed, each assumption "
+                    "printed. Fetch it where there is a network: `huggingface-cli download %s "
+                    "%s`.", location, name, type(e).__name__, repo, " ".join(HF_SETTINGS))
   return os.path.dirname(path)

