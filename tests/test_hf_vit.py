@@ -268,3 +268,7 @@ def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
   with pytest.raises(checkpoints.CheckpointError, match=r"config.json hidden_size=64, but the weights "
                                                         r"show 48: the config.json belongs to another"):
     checkpoints.load(str(tmp_path / "m"))
+  (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+  with pytest.raises(checkpoints.CheckpointError, match=r"/m: config.json hidden_act='relu' is not an "
+                                                        r"activation our ViT has"):
+    checkpoints.load(str(tmp_path / "m"))

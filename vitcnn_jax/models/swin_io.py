@@ -143,8 +143,9 @@ def _settings(keys: io.Keys, cfg: dict, ev: dict, fmt: str) -> list[str]:
                                "with 1e-5, and our Swin has one eps.")
     ev["ln_eps"] = "config.json layer_norm_eps=1e-05 (transformers' stem and merges: 1e-5 too)"
     size = keys.meta.input_size()
-    cfg["image_size"], ev["image_size"] = size or (int(config.get("image_size", 224)),
-                                                   "config.json image_size")
+    cfg["image_size"], ev["image_size"] = size or (
+        (int(config["image_size"]), f"config.json image_size={config['image_size']}")
+        if "image_size" in config else (224, "config.json without image_size: SwinConfig's default 224"))
     return []
   if fmt == "timm_swin" and config and "architecture" in config:
     timm_config.Settings(keys, "timm's Swin").get("image_size", cfg, ev, 224, "")

@@ -161,7 +161,7 @@ class _Settings:
   keys it leaves out; without a config.json, those defaults, reported as assumed."""
 
   def __init__(self, keys: io.Keys, layout: _Layout):
-    self.layout, self.meta, self.section = layout, keys.meta, None
+    self.layout, self.meta, self.section, self.path = layout, keys.meta, None, keys.path
     if keys.meta:
       config = keys.meta.config
       _, sub = MODEL_TYPES.get(config.get("model_type"), (None, None))
@@ -187,7 +187,10 @@ class _Settings:
       value, why = self.section[key], f"{self.where}{key}={self.section[key]!r}"
     else:
       value, why = default, f"{self.where}without {key}: {self.layout.upstream}'s default {default!r}"
-    cfg[field], ev[field] = convert(value), why
+    try:
+      cfg[field], ev[field] = convert(value), why
+    except io.CheckpointError as e:  # a value it cannot take: name the file
+      raise io.CheckpointError(f"{self.path}: {e}") from None
     return cfg[field]
 
 
