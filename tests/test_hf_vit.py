@@ -47,6 +47,10 @@ MODELS = {
     "siglip": (T.SiglipModel, T.SiglipConfig(vision_config=dict(intermediate_size=96, **SMALL),
                                              text_config=TEXT),
                "vision_pooler", dict(gelu="tanh", pool="map", class_token=False)),
+    "siglip2": (T.Siglip2Model, T.Siglip2Config(
+        vision_config=dict(intermediate_size=96, num_patches=16,
+                           **{k: v for k, v in SMALL.items() if k != "image_size"}), text_config=TEXT),
+                "vision_pooler", dict(gelu="tanh", pool="map", class_token=False, image_size=32)),
     "dinov3": (T.DINOv3ViTModel, T.DINOv3ViTConfig(intermediate_size=96, num_register_tokens=2,
                                                    **{**SMALL, "num_attention_heads": 2}),
                "pooler_output", dict(rope="dinov3", num_registers=2, posemb="none", layer_scale=True)),
@@ -72,10 +76,26 @@ def _reference(name: str, model, x: np.ndarray, **kwargs) -> tuple[list[np.ndarr
   elif name == "siglip":
     out = hf_ref.run(model.vision_model, x, **kwargs)
     final = out.pooler_output
+  elif name == "siglip2":
+    out = _naflex(model.vision_model, x)
+    final = out.pooler_output
   else:
     out = hf_ref.run(model, x, **kwargs)
     final = getattr(out, MODELS[name][2])
   return [h.numpy() for h in out.hidden_states[1:]], np.asarray(final)
+
+
+def _naflex(tower, x: np.ndarray):
+  """transformers' SigLIP 2 NaFlex tower on square images as its processor hands
+  them: patches flattened by its own function, one grid, every patch valid."""
+  from transformers.models.siglip2 import image_processing_siglip2 as processing  # noqa: PLC0415
+  torch, p = hf_ref.torch, tower.config.patch_size
+  g = x.shape[1] // p
+  patches = torch.stack([processing.convert_image_to_patches(
+      torch.from_numpy(image.transpose(2, 0, 1).copy()), p) for image in x])
+  with torch.no_grad():
+    return tower(pixel_values=patches, pixel_attention_mask=torch.ones(len(x), g * g, dtype=torch.long),
+                 spatial_shapes=torch.tensor([[g, g]] * len(x)), output_hidden_states=True)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +146,25 @@ def test_the_position_embedding_is_resized_as_transformers_does(folders, name, t
   assert_close(out, final, TOL * float(np.abs(final).max()), name)
 
 
+@pytest.mark.parametrize("patches", [9, 36])
+def test_naflex_runs_its_processors_square_grid_resized_as_transformers_does(folders, patches,
+                                                                              tmp_path):
+  """SigLIP 2 NaFlex with its own image processor: a square image's side from
+  max_num_patches (3x3 or 6x6 patches of 8 from a 4x4 embedding: shrunk and grown,
+  bilinear and antialiased, as transformers resizes it on each forward)."""
+  folder, model = folders["siglip2"]
+  shutil.copytree(folder, tmp_path / "m")
+  T.Siglip2ImageProcessor(patch_size=8, max_num_patches=patches).save_pretrained(str(tmp_path / "m"))
+  c = checkpoints.load(str(tmp_path / "m"))
+  side = 8 * int(np.sqrt(patches))
+  assert c.model.image_size == side and "max_num_patches" in c.evidence["image_size"]
+  assert c.policy == "hf_bilinear_squash_half" and "aspect kept; here square" in c.policy_from
+  x = _images(side)
+  _, final = _reference("siglip2", model, x)
+  out, _ = compiled(c.model, c.params, x)
+  assert_close(out, final, TOL * float(np.abs(final).max()), f"{patches} patches")
+
+
 def test_without_config_json_the_defaults_are_assumed_and_said(folders, tmp_path, caplog):
   folder, _ = folders["dinov2"]
   shutil.copy(os.path.join(folder, "model.safetensors"), tmp_path / "weights.safetensors")
@@ -140,7 +179,8 @@ def test_config_json_defaults_are_transformers_own():
   """Keys a config.json leaves out take the config class's defaults: ours are those."""
   from vitcnn_jax.models import vit_hf_io  # noqa: PLC0415
   classes = {"hf_vit": T.ViTConfig, "hf_dinov2": T.Dinov2Config, "hf_clip": T.CLIPVisionConfig,
-             "hf_siglip": T.SiglipVisionConfig, "hf_dinov3": T.DINOv3ViTConfig}
+             "hf_siglip": T.SiglipVisionConfig, "hf_siglip2": T.Siglip2VisionConfig,
+             "hf_dinov3": T.DINOv3ViTConfig}
   for fmt, cls in classes.items():
     config = cls()
     for key, value in vit_hf_io._LAYOUTS[fmt].defaults.items():  # pylint: disable=protected-access

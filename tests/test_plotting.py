@@ -78,8 +78,8 @@ def test_options_are_checked_and_restored(tmp_path):
 
 
 def test_attention_distance_legend_and_integer_ticks(tmp_path):
-  mean = np.random.default_rng(0).uniform(10, 100, (6, 4))
-  fig = _draw(plotting.attention_distance, mean, list(range(6)), None, "ViT", 110.0,
+  mean = list(np.random.default_rng(0).uniform(10, 100, (6, 4)))
+  fig = _draw(plotting.attention_distance, mean, list(range(6)), None, "ViT", np.full(6, 110.0),
               tmp_path=tmp_path)
   for ax in fig.axes:
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -89,14 +89,33 @@ def test_attention_distance_legend_and_integer_ticks(tmp_path):
   _check_readable(fig)
 
 
+def test_attention_distance_of_stages_of_different_heads_and_windows(tmp_path):
+  """A Swin: 2 then 4 heads, each stage's windows of their own uniform distance."""
+  rng = np.random.default_rng(2)
+  mean = [rng.uniform(2, 9, 2), rng.uniform(2, 9, 2), rng.uniform(5, 18, 4), rng.uniform(5, 18, 4)]
+  fig = _draw(plotting.attention_distance, mean, [0, 1, 2, 3], None, "Swin",
+              np.array([10.0, 9.5, 20.0, 19.0]), tmp_path=tmp_path)
+  left, right = fig.axes
+  assert [len(line.get_xdata()) for line in left.get_lines() if line.get_label().startswith("block")] == [
+      2, 2, 4, 4]
+  assert "each block's uniform attention" in left.get_title()
+  assert "uniform attention" in [t.get_text() for t in right.get_legend().get_texts()]
+  step = next(line for line in right.get_lines() if line.get_label() == "uniform attention")
+  assert np.allclose(step.get_ydata(), [10.0, 9.5, 20.0, 19.0])
+  _check_readable(fig)
+
+
 def test_attention_distance_comparison_names_every_model(tmp_path):
   rng = np.random.default_rng(1)
-  models = [(rng.uniform(10, 100, (12, 12)), list(range(12)), "DINO-B/16", 110.0),
-            (rng.uniform(10, 60, (4, 3)), [0, 1, 2, 3], "ViT (demo)", 60.0)]
+  models = [(list(rng.uniform(10, 100, (12, 12))), list(range(12)), "DINO-B/16", np.full(12, 110.0)),
+            (list(rng.uniform(10, 60, (4, 3))), [0, 1, 2, 3], "ViT (demo)", np.full(4, 60.0)),
+            ([rng.uniform(2, 9, 2), rng.uniform(5, 18, 4)], [0, 1], "Swin", np.array([10.0, 20.0]))]
   fig = _draw(plotting.attention_distance_compare, models, tmp_path=tmp_path)
   labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-  assert labels == ["DINO-B/16", "ViT (demo)", "uniform attention"]
+  assert labels == ["DINO-B/16", "ViT (demo)", "Swin", "uniform attention"]
   assert fig.axes[0].get_xlabel().startswith("relative depth")
+  swin = fig.axes[0].get_lines()[2]  # each block's mean head over its own uniform distance
+  assert np.allclose(swin.get_ydata(), [models[2][0][0].mean() / 10, models[2][0][1].mean() / 20])
   _check_readable(fig)
 
 

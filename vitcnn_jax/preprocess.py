@@ -94,8 +94,19 @@ def _hf_geometry(pre: dict) -> tuple[dict, dict | None, bool]:
   return size or {}, crop, bool(pre.get("do_center_crop", shorter and "ConvNext" not in kind))
 
 
+def _naflex_side(pre: dict) -> int | None:
+  """The side NaFlex's processor (SigLIP 2) resizes a square image to: as many
+  whole patches per side as `max_num_patches` allows."""
+  if "max_num_patches" not in pre or "patch_size" not in pre:
+    return None
+  return math.isqrt(int(pre["max_num_patches"])) * int(pre["patch_size"])
+
+
 def hf_input_size(pre: dict) -> tuple[int, str] | None:
   """(size, evidence): the square size an image processor hands its model."""
+  if _naflex_side(pre):
+    return _naflex_side(pre), (f"preprocessor_config.json max_num_patches={pre['max_num_patches']}, "
+                               f"patch_size={pre['patch_size']}: a square image's side")
   size, crop, center = _hf_geometry(pre)
   if "crop_pct" in pre and "shortest_edge" in size:  # ConvNeXt's: that side, cropped or squashed
     return int(size["shortest_edge"]), f"preprocessor_config.json size={size} (crop_pct {pre['crop_pct']})"
@@ -119,6 +130,9 @@ def from_hf_processor(pre: dict) -> tuple[str, str] | None:
       not rescaled):
     return None
   short = size.get("shortest_edge")
+  if _naflex_side(pre):  # its aspect-preserving resize, on the square images we feed
+    return f"hf_{pil}_squash_{stat}", (f"its preprocessor_config.json ({kind}: up to "
+                                       f"{pre['max_num_patches']} patches, aspect kept; here square)")
   where = f"its preprocessor_config.json ({kind}: size {size}"
   if "height" in size and size["height"] == size.get("width") and (not center or crop in (None, size)):
     return f"hf_{pil}_squash_{stat}", where + ")"

@@ -21,6 +21,11 @@ Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.
   hf_siglip  the vision tower of SiglipModel / SiglipVisionModel (SigLIP, and SigLIP 2
              at a fixed resolution): as hf_clip without class token, pre-norm or
              projection, with the attention-pooling head vision_model.head.*.
+  hf_siglip2 the vision tower of Siglip2Model / Siglip2VisionModel (SigLIP 2 NaFlex):
+             as hf_siglip with a Linear patch embedding over patches flattened (row,
+             column, channel), our conv's kernel reshaped. NaFlex runs any grid and
+             aspect ratio; here one square grid (an analysis needs one), its position
+             embedding resized as transformers does (bilinear, antialiased).
   hf_dinov3  DINOv3ViTModel (facebook/dinov3-vit*): embeddings.{cls_token,
              register_tokens, patch_embeddings}, layer.N.{norm1, attention.{q,k,v,o}_proj
              (k without bias), layer_scale1.lambda1, norm2, mlp.{up,down}_proj or the
@@ -57,6 +62,8 @@ FORMATS = {
     "hf_clip": "the vision tower of a Hugging Face transformers CLIPModel / CLIPVisionModel",
     "hf_siglip": "the vision tower of a Hugging Face transformers SiglipModel / "
                  "SiglipVisionModel (SigLIP, SigLIP 2 at a fixed resolution)",
+    "hf_siglip2": "the vision tower of a Hugging Face transformers Siglip2Model / "
+                  "Siglip2VisionModel (SigLIP 2 NaFlex, run on one square grid)",
     "hf_dinov3": "Hugging Face transformers' DINOv3ViTModel (facebook/dinov3-vit*: rotary "
                  "embeddings, registers, layer scale)",
 }
@@ -122,6 +129,11 @@ _LAYOUTS = {
         defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh",
                       layer_norm_eps=1e-6, image_size=224),
         dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bicubic_squash_half"),
+    "hf_siglip2": _Layout(
+        "Siglip2VisionConfig", **_TOWER,
+        defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
+        dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bilinear_squash_half",
+        resample=preprocess.pil_bilinear_weights),
 }
 _LAYOUTS["hf_dinov3"] = _Layout(
     "DINOv3ViTConfig", ("",), "embeddings.patch_embeddings", None, "layer.{}.",
@@ -135,7 +147,8 @@ _LAYOUTS["hf_dinov3"] = _Layout(
 MODEL_TYPES = {"vit": ("hf_vit", None), "dinov2": ("hf_dinov2", None),
                "dinov2_with_registers": ("hf_dinov2", None), "clip": ("hf_clip", "vision_config"),
                "clip_vision_model": ("hf_clip", None), "siglip": ("hf_siglip", "vision_config"),
-               "siglip_vision_model": ("hf_siglip", None), "dinov3_vit": ("hf_dinov3", None)}
+               "siglip_vision_model": ("hf_siglip", None), "siglip2": ("hf_siglip2", "vision_config"),
+               "siglip2_vision_model": ("hf_siglip2", None), "dinov3_vit": ("hf_dinov3", None)}
 
 
 def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
@@ -149,10 +162,15 @@ def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
 
 def detect(flat: dict[str, np.ndarray]) -> str | None:
   for fmt, layout in _LAYOUTS.items():
-    if _wrapper(flat, layout) is not None:
-      if fmt == "hf_clip" and not any(k.endswith(layout.cls) for k in flat):
-        continue  # no class embedding: SigLIP's tower
-      return fmt
+    w = _wrapper(flat, layout)
+    if w is None:
+      continue
+    if fmt == "hf_clip" and not any(k.endswith(layout.cls) for k in flat):
+      continue  # no class embedding: SigLIP's tower
+    if fmt.startswith("hf_siglip") and (flat[f"{w}{layout.patch}.weight"].ndim == 2) != (
+        fmt == "hf_siglip2"):
+      continue  # a conv (SigLIP) or a Linear (NaFlex) patch embedding
+    return fmt
   return None
 
 
@@ -234,7 +252,7 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
     cfg["image_size"], ev["image_size"] = shape[2], f"the ONNX graph's input {shape}"
   elif crop:
     cfg["image_size"], ev["image_size"] = crop
-  elif s.section is not None or not grid:  # rotary embeddings: no grid to read it from
+  elif (s.section is not None and "image_size" in s.layout.defaults) or not grid:  # rotary: no grid
     s.get("image_size", "image_size", cfg, ev)
   else:
     cfg["image_size"] = grid * cfg["patch_size"]
@@ -316,7 +334,7 @@ def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str) -
   """Pooling and the classifier (or projection) of each layout's models."""
   cfg.update(fc_norm=False, representation_size=None, num_classes=None, head_bias=True)
   ev["num_classes"] = "no classifier in the file"
-  if fmt == "hf_siglip":
+  if fmt.startswith("hf_siglip"):
     has_head = keys.has("vision_model.head.probe")
     cfg["pool"] = "map" if has_head else "gap"
     ev["pool"] = "vision_model.head.probe" if has_head else "no vision_model.head: the tokens' mean"
@@ -344,8 +362,15 @@ def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str) -
 
 
 def _patch_embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict, name: str) -> None:
-  """The patch embedding's conv: the width and the patch size."""
+  """The patch embedding's conv (or NaFlex's Linear over flattened patches, the
+  same map): the width and the patch size."""
   w = keys.take(f"{name}.weight")
+  if w.ndim == 2:  # NaFlex: (width, patch * patch * 3), each patch flattened (row, column, channel)
+    side = math.isqrt(w.shape[1] // 3)
+    if 3 * side * side != w.shape[1]:
+      raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a Linear over "
+                               "square RGB patches (width, patch * patch * 3).")
+    w = w.reshape(w.shape[0], side, side, 3).transpose(0, 3, 1, 2)
   if w.ndim != 4 or w.shape[1] != 3 or w.shape[2] != w.shape[3]:
     raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
                              "(width, 3, patch, patch) convolution.")
