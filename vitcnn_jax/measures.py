@@ -21,6 +21,9 @@ Every measure is computed within each minibatch from the layers' Grams
   two representational dissimilarity matrices (1 - the correlation between
   examples) over the minibatch's pairs of examples; the mean over minibatches.
 
+- `mean_cca`, `cca_r2`, `regression`, `shape_metric`: from each layer's
+  principal subspace (`subspaces.py`): mean over minibatches.
+
 `null=True` adds each measure with the second layer's examples permuted within
 the minibatch (a re-index of its matrices, no forward): what the measure gives
 for unrelated representations of the same statistics.
@@ -36,8 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax import hsic
+from vitcnn_jax import subspaces
 
-NAMES = ("linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa")
+NAMES = ("linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa") + subspaces.NAMES
 ESTIMATORS = {
     "linear_cka": "sum over minibatches of HSIC(K, L), normalised by the sums of HSIC(K, K) and "
                   "HSIC(L, L) (HSIC_1 of Song et al. unbiased, or HSIC_0 biased)",
@@ -49,10 +53,20 @@ ESTIMATORS = {
              "neighbours, normalised as CKA",
     "rsa": "mean over minibatches of the correlation (Pearson or Spearman) of the two layers' "
            "dissimilarities (1 - correlation of examples) over the minibatch's pairs of examples",
+    "mean_cca": "mean over minibatches of the mean canonical correlation of the two layers' top "
+                "principal components",
+    "cca_r2": "mean over minibatches of the mean squared canonical correlation of the two layers' "
+              "top principal components",
+    "regression": "mean over minibatches of the R^2 of the column layer predicted by least squares "
+                  "from the row layer's top principal components (asymmetric: row predicts column)",
+    "shape_metric": "mean over minibatches of cos(theta) of the angular shape metric, each layer's "
+                    "singular values partially whitened (alpha s + 1 - alpha, the Gram of trace 1); "
+                    "the metric is arccos of the per-minibatch value",
 }
 RSA_METHODS = ("pearson", "spearman")
 LABELS = {"linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "mutual_knn": "mutual k-NN",
-          "cknna": "CKNNA", "rsa": "RSA"}
+          "cknna": "CKNNA", "rsa": "RSA", "mean_cca": "mean CCA", "cca_r2": "mean squared CCA",
+          "regression": "regression R² (row predicts column)", "shape_metric": "shape metric cos θ"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +78,8 @@ class Spec:
   knn_k: int = 10
   rsa_method: str = "pearson"
   null: bool = False
+  cca_dims: int = 1  # principal components of each layer the CCA family and regression read
+  shape_alpha: float = 1.0  # the shape metric's partial whitening (1: Procrustes)
 
 
 def valid_count(mask: jax.Array) -> jax.Array:
@@ -251,6 +267,10 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
     if order is not None:
       z_null, _ = rsa_vectors(_permute(corr, order), mask, spec.rsa_method)
       out["null/rsa"] = jnp.matmul(z, z_null.T, precision=precision)
+  chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
+  if chosen:
+    out.update(subspaces.subspace_sums(stack.gram, mask, chosen, spec.cca_dims, spec.shape_alpha,
+                                       order, precision))
   return out
 
 
@@ -281,11 +301,13 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
 
 def spec_of(config) -> Spec:
   """The measures a config asks for (`measures`, `estimator`, `rbf_sigma`, `knn_k`,
-  `rsa_method`, `null`), checked against its minibatches."""
+  `rsa_method`, `null`, `cca_dims`, `shape_alpha`), checked against its minibatches."""
   names = tuple(config.get("measures") or ("linear_cka",))
+  smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
+  dims = int(config.get("cca_dims", 0)) or max(1, (smallest - 1) // 2)
   spec = Spec(names, config.get("estimator", "unbiased"), float(config.get("rbf_sigma", 1.0)),
               int(config.get("knn_k", 10)), config.get("rsa_method", "pearson"),
-              bool(config.get("null", False)))
+              bool(config.get("null", False)), dims, float(config.get("shape_alpha", 1.0)))
   unknown = [m for m in names if m not in NAMES]
   if unknown or len(set(names)) != len(names):
     raise ValueError(f"config.measures={list(names)}: each at most once, of {list(NAMES)}.")
@@ -295,8 +317,16 @@ def spec_of(config) -> Spec:
     raise ValueError(f"config.rsa_method={spec.rsa_method!r} is not one of {RSA_METHODS}.")
   if not spec.rbf_sigma > 0:
     raise ValueError(f"config.rbf_sigma={spec.rbf_sigma} must be > 0.")
+  if not 0 < spec.shape_alpha <= 1:
+    raise ValueError(f"config.shape_alpha={spec.shape_alpha} must be in (0, 1]: at 0 the shape "
+                     "metric is CCA's, which a layer as wide as the minibatch makes 1 (use mean_cca, "
+                     "which reads cca_dims components).")
+  if set(subspaces.REDUCED) & set(names) and not 1 <= spec.cca_dims <= (smallest - 1) // 2:
+    raise ValueError(f"config.cca_dims={spec.cca_dims}: each layer's principal components are "
+                     f"found within a minibatch, whose smallest here has {smallest} examples; use "
+                     f"1..{max(1, (smallest - 1) // 2)} (two layers' components then need not meet), "
+                     "or 0 for that largest.")
   if {"mutual_knn", "cknna"} & set(names):
-    smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
     if not 1 <= spec.knn_k < smallest:
       raise ValueError(f"config.knn_k={spec.knn_k}: neighbours are found within a minibatch, whose "
                        f"smallest here has {smallest} examples; knn_k must be 1..{smallest - 1}.")
@@ -329,6 +359,8 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       out[m] = _normalise(sums[pre + key], sums[key], names, m)
     elif m == "mutual_knn":
       out[m] = sums[pre + "knn"] / sums["knn_count"]
+    elif m in subspaces.NAMES:
+      out[m] = sums[pre + m] / np.maximum(sums["subspace_count"], 1.0)
     else:
       out[m] = sums[pre + "rsa"] / np.maximum(sums["rsa_count"], 1.0)
   return out
@@ -339,5 +371,7 @@ def describe(measure: str, spec: Spec) -> str:
   params = {"linear_cka": f"estimator {spec.estimator}",
             "rbf_cka": f"estimator {spec.estimator}, rbf_sigma {spec.rbf_sigma}",
             "mutual_knn": f"k {spec.knn_k}", "cknna": f"k {spec.knn_k}",
-            "rsa": f"{spec.rsa_method} correlation"}[measure]
+            "rsa": f"{spec.rsa_method} correlation", "mean_cca": f"{spec.cca_dims} components",
+            "cca_r2": f"{spec.cca_dims} components", "regression": f"{spec.cca_dims} components",
+            "shape_metric": f"alpha {spec.shape_alpha}"}[measure]
   return f"{ESTIMATORS[measure]} ({params})"

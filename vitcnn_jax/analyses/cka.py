@@ -18,6 +18,7 @@ from vitcnn_jax import measures
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
+from vitcnn_jax import subspaces
 
 DEFAULTS = {  # the paper's protocol (Appendix A)
     "num_examples": 10240,  # sampled without replacement each repeat
@@ -25,12 +26,16 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
     # Measures from the same Grams (vitcnn_jax/measures.py): linear_cka (the paper's),
-    # rbf_cka, mutual_knn, cknna, rsa; each of the arrays named after it.
+    # rbf_cka, mutual_knn, cknna, rsa, mean_cca, cca_r2, regression, shape_metric; each of
+    # the arrays named after it.
     "measures": ("linear_cka",),
     "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
     "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
     "knn_k": 10,  # neighbours of mutual_knn and cknna (Huh et al. 2024 use 10)
     "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
+    "cca_dims": 0,  # mean_cca, cca_r2, regression: each layer's top principal components (0: half
+    # the smallest minibatch, so that two layers' components need not meet)
+    "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
     "null": False,  # also each measure with the second layer's examples permuted per minibatch
     # 95% intervals per cell from this many Poisson-bootstrap replicates over minibatches
     # (all repeats pooled; 0: none). Host memory and state: replicates x sums x 8 bytes.
@@ -69,6 +74,10 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
+    for m in set(subspaces.REDUCED) & set(spec.names):  # layers whose rank exceeded cca_dims
+      seen = sum(np.asarray(s["subspace_reduced"]) for s in sums[0])
+      summary["measures"][m].update(components=spec.cca_dims,
+                                    reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
     if self.config.get("bootstrap", 0):
       bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
                           blocks(self.models))

@@ -1,0 +1,167 @@
+"""The measures read from each layer's principal subspace (mean CCA, mean squared
+CCA, regression R², the angular shape metric) against float64 NumPy written from
+their papers' definitions on the features; their invariances; the degenerate
+case of a layer as wide as the minibatch; the null."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from numerics import assert_close, likely, worst
+from test_measures import SIZES, _batches, _data, _sums
+from vitcnn_jax import hsic, measures, subspaces
+
+NAMES = subspaces.NAMES
+
+
+def np_components(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """An orthonormal basis of the centred layer's top-k principal component scores
+  (fewer where its rank is lower), and the centred layer."""
+  xc = x - x.mean(0)
+  u, s, _ = np.linalg.svd(xc, full_matrices=False)
+  rank = int((s > 1e-10 * s[0]).sum())
+  return u[:, :min(k, rank)], xc
+
+
+def np_whitened(x: np.ndarray, alpha: float) -> np.ndarray:
+  """Williams et al. (2021): the centred layer, scaled to unit norm, its singular
+  values s partially whitened to alpha s + 1 - alpha."""
+  xc = x - x.mean(0)
+  u, s, vt = np.linalg.svd(xc / np.linalg.norm(xc), full_matrices=False)
+  keep = s > 1e-10 * s[0]
+  return (u[:, keep] * (alpha * s[keep] + 1 - alpha)) @ vt[keep]
+
+
+def np_measures(x: np.ndarray, y: np.ndarray, k: int, alpha: float) -> dict[str, float]:
+  """Each measure of the pair (x, y): x the row layer (the predictor), y the column."""
+  qx, _ = np_components(x, k)
+  qy, yc = np_components(y, k)
+  rho = np.linalg.svd(qx.T @ qy, compute_uv=False)  # canonical correlations (Hotelling)
+  fewer = min(qx.shape[1], qy.shape[1])
+  coef, *_ = np.linalg.lstsq(qx, yc, rcond=None)  # least squares from x's components
+  wx, wy = np_whitened(x, alpha), np_whitened(y, alpha)
+  return {"mean_cca": rho.sum() / fewer, "cca_r2": (rho ** 2).sum() / fewer,
+          "regression": 1 - np.linalg.norm(yc - qx @ coef) ** 2 / np.linalg.norm(yc) ** 2,
+          "shape_metric": np.linalg.svd(wx.T @ wy, compute_uv=False).sum()
+                          / (np.linalg.norm(wx) * np.linalg.norm(wy))}
+
+
+def _conditioning(acts, rows_list, k: int) -> tuple[float, float]:
+  """From float64: the smallest relative eigengap at the k-th component (what the
+  reduced measures' subspaces hang on) and the largest ratio of a layer's top
+  eigenvalue to its smallest nonzero one (the shape metric's square roots)."""
+  gap, spread = np.inf, 1.0
+  for rows in rows_list:
+    for a in acts:
+      s = np.linalg.svd(a[rows] - a[rows].mean(0), compute_uv=False) ** 2
+      s = s[s > 1e-10 * s[0]]
+      if len(s) > k:
+        gap = min(gap, (s[k - 1] - s[k]) / s[0])
+      spread = max(spread, s[0] / s[-1])
+  return gap, spread
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.4])
+def test_each_equals_its_definition_over_unequal_padded_minibatches(alpha):
+  acts = _data(6)
+  dims = (min(SIZES) - 1) // 2
+  spec = measures.Spec(NAMES, cca_dims=dims, shape_alpha=alpha)
+  got = _sums(acts, SIZES, spec)
+  values = measures.values(got, ["x", "y", "z"], spec, sum(SIZES))
+  rows_list = _batches(len(acts[0]), SIZES)
+  gap, spread = _conditioning(acts, rows_list, dims)
+  # float32: Grams of up to 24 features, eigh's backward error over 16 rows; a subspace
+  # moves by that over its eigengap (Davis-Kahan), a square root by its relative spread.
+  noise = 8 * (likely(24, 16) + worst(16))
+  bounds = {"mean_cca": noise / gap, "cca_r2": noise / gap, "regression": noise / gap,
+            "shape_metric": noise * np.sqrt(spread)}
+  for i, j in [(0, 1), (1, 0), (0, 2), (1, 2), (2, 2)]:
+    ref = [np_measures(acts[i][rows], acts[j][rows], dims, alpha) for rows in rows_list]
+    for m in NAMES:
+      want = np.mean([r[m] for r in ref])  # a mean over the minibatches
+      assert_close(values[m][i, j], want, bounds[m], f"{m} {i}-{j} alpha {alpha}")
+  assert np.array_equal(got["subspace_count"], 3.0)
+  # Every layer is wider than 5 components: reduced in each minibatch.
+  np.testing.assert_array_equal(got["subspace_reduced"], [3.0, 3.0, 3.0])
+
+
+def _one(acts, spec) -> dict[str, np.ndarray]:
+  n = len(acts[0])
+  got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+      [a.astype(np.float32) for a in acts], np.ones(n, np.float32))))
+  return measures.values(got, [str(i) for i in range(len(acts))], spec, n)
+
+
+def test_invariances():
+  """Orthogonal maps, isotropic scaling and permutations of features leave every
+  measure as it was; an invertible linear map of a layer narrower than cca_dims
+  leaves the CCA family and the predictor's side of regression as they were and
+  moves the shape metric (Procrustes) and the target's side of regression."""
+  rng = np.random.default_rng(8)
+  n = 41
+  x = rng.standard_normal((n, 6))
+  y = x[:, :4] @ rng.standard_normal((4, 5)) + 0.6 * rng.standard_normal((n, 5))
+  spec = measures.Spec(NAMES, cca_dims=20)
+  base = _one([x, y], spec)
+  q, _ = np.linalg.qr(rng.standard_normal((6, 6)))
+  mixed = q * np.array([3.0, 0.5, 1, 1, 2, 0.7])  # invertible, not orthogonal
+  bound = 16 * (likely(6, n) + worst(n))
+  for what, moved in (("orthogonal", x @ q), ("scaled", 7.5 * x), ("permuted", x[:, ::-1])):
+    got = _one([moved, y], spec)
+    for m in NAMES:
+      assert_close(got[m][0, 1], base[m][0, 1], bound, f"{m} under {what} features")
+  got = _one([x @ mixed, y], spec)
+  for m in ("mean_cca", "cca_r2", "regression"):
+    # Directions scaled by up to cond(mixed) carry that much more relative error, squared in a Gram.
+    assert_close(got[m][0, 1], base[m][0, 1], bound * np.linalg.cond(mixed) ** 2, f"{m}: invertible map")
+  assert abs(got["shape_metric"][0, 1] - base["shape_metric"][0, 1]) > 0.01
+  assert abs(got["regression"][1, 0] - base["regression"][1, 0]) > 0.01  # x is now the target
+
+
+def test_a_layer_as_wide_as_the_minibatch_is_reduced_not_one():
+  """Independent layers of 40 features in minibatches of 16: read whole, every
+  canonical correlation would be 1 (Kornblith et al. 2019, Theorem 1); through 7
+  components each, they are what 7-dimensional subspaces of independent data give."""
+  rng = np.random.default_rng(9)
+  x, y = rng.standard_normal((16, 40)), rng.standard_normal((16, 40))
+  whole = np_measures(x, y, 16, 1.0)
+  assert whole["mean_cca"] > 1 - 1e-9 and whole["regression"] > 1 - 1e-9  # the degenerate case
+  got = _one([x, y], measures.Spec(NAMES, cca_dims=7))
+  for m in ("mean_cca", "cca_r2", "regression"):
+    assert got[m][0, 1] < 0.9, (m, got[m][0, 1])
+  assert_close(got["mean_cca"][0, 1], np_measures(x, y, 7, 1.0)["mean_cca"], 1e-3, "reduced")
+  config = {"measures": NAMES, "batch_size": 16, "num_examples": 64}
+  assert measures.spec_of(_Config(config)).cca_dims == 7  # the default: half the minibatch
+  with pytest.raises(ValueError, match=r"config.cca_dims=8: .* smallest here has 16 examples; "
+                                       r"use 1..7"):
+    measures.spec_of(_Config({**config, "cca_dims": 8}))
+  with pytest.raises(ValueError, match=r"config.shape_alpha=0.0 must be in \(0, 1\]"):
+    measures.spec_of(_Config({**config, "shape_alpha": 0.0}))
+
+
+class _Config(dict):
+  """A config's fields as attributes, `get` as ml_collections has it."""
+  __getattr__ = dict.__getitem__
+
+
+def test_the_null_is_each_measure_of_a_permuted_second_layer():
+  acts = _data(3, n=16)
+  spec = measures.Spec(NAMES, cca_dims=5, null=True)
+  key = jax.random.PRNGKey(7)
+  mask = np.r_[np.ones(12), np.zeros(4)].astype(np.float32)
+  order = np.asarray(measures.permutation(key, mask))
+  padded = [np.concatenate([a[:12], np.full((4, a.shape[1]), 5.0)]).astype(np.float32) for a in acts]
+  got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+      padded, mask, key=key)))
+  plain = jax.jit(functools.partial(measures.minibatch_sums, spec=measures.Spec(NAMES, cca_dims=5)))
+  gap, spread = _conditioning([a[:12] for a in acts] + [a[:12][order[:12]] for a in acts],
+                              [slice(0, 12)], 5)
+  for b in range(3):
+    ref = hsic.unscale(jax.device_get(plain([padded[0], padded[b][order]], mask)))
+    for m in NAMES:
+      bound = 8 * (likely(24, 12) + worst(12)) * max(1 / gap, np.sqrt(spread))
+      assert_close(got[f"null/{m}"][0, b], ref[m][0, 1], bound, f"null {m} 0-{b}")
