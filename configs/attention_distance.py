@@ -19,7 +19,7 @@ from configs import common
 
 VIT = {"b16": "ViT-B/16", "b32": "ViT-B/32", "l16": "ViT-L/16", "h14": "ViT-H/14"}  # names in zoo.ZOO
 COMPARE = {"dino_vs_clip": {"dino": "DINO-B/16", "clip": "CLIP-B/16"},
-           "vit_vs_swin": {"vit": "ViT-B/16 ImageNet", "swin": "Swin-B"}}
+           "vit_vs_swin": {"vit": "ViT-B/16 ImageNet", "windows": "Swin-B"}}  # name order: ViT first
 REPORT = {"attention_distance": ("demo", "l16", 3)}  # report section: demo and paper variants, order
 REAL = {"attention_distance": "real"}  # report section on the real pretrained pair
 

@@ -21,7 +21,8 @@ and runs the same CKA job on the held-out test images. `demo3` adds a third
 model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
 (App. H: CKA within the Mixer and against the ViT and the ResNet);
 `demo_measures` every similarity measure (`config.measures`: linear and RBF CKA,
-mutual k-NN, CKNNA, RSA) side by side, each against its null
+mutual k-NN, CKNNA, RSA, mean CCA, mean squared CCA, regression R², the shape
+metric) side by side, each against its null
 (`config.null`: the second layer's examples permuted), in `measures_A_B.png`.
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
@@ -57,7 +58,8 @@ TRIPLES = {"vit_swin_resnet": (("vit", "ViT-B/16 ImageNet"), ("swin", "Swin-B"),
 AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
-MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"]  # vitcnn_jax/measures.py
+MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa", "mean_cca", "cca_r2",
+            "regression", "shape_metric"]  # vitcnn_jax/measures.py
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair

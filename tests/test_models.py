@@ -239,3 +239,15 @@ def test_bad_images():
     model.apply({"params": params}, jnp.zeros((2, 3, 32, 32)))
   with pytest.raises(ValueError, match="not a multiple of patch_size"):
     ViT(**{**TINY_VIT, "image_size": 36}).init(jax.random.PRNGKey(0), jnp.zeros((1, 36, 36, 3)))
+
+
+@pytest.mark.parametrize("family", sorted(__import__("vitcnn_jax.models", fromlist=["FAMILIES"]).FAMILIES))
+def test_a_family_with_attention_names_it_in_its_attention_preset(family):
+  """The attention analyses capture the preset "attention" by default: a family
+  whose anatomy has attention layers has it, matching every layer's weights."""
+  from vitcnn_jax.models import FAMILIES, common  # noqa: PLC0415
+  model = FAMILIES[family].module()
+  layers = model.attention()
+  assert ("attention" in model.layer_presets) == bool(layers), family
+  for layer in layers:
+    assert common.matches(layer.weights, model.layer_presets["attention"]), (family, layer.weights)

@@ -99,9 +99,9 @@ def test_attention_distance_of_stages_of_different_heads_and_windows(tmp_path):
   assert [len(line.get_xdata()) for line in left.get_lines() if line.get_label().startswith("block")] == [
       2, 2, 4, 4]
   assert "each block's uniform attention" in left.get_title()
-  assert "uniform attention" in [t.get_text() for t in right.get_legend().get_texts()]
-  step = next(line for line in right.get_lines() if line.get_label() == "uniform attention")
-  assert np.allclose(step.get_ydata(), [10.0, 9.5, 20.0, 19.0])
+  assert "uniform attention (each block's)" in [t.get_text() for t in right.get_legend().get_texts()]
+  marks = next(c for c in right.collections if c.get_label() == "uniform attention (each block's)")
+  assert np.allclose([seg[0][1] for seg in marks.get_segments()], [10.0, 9.5, 20.0, 19.0])
   _check_readable(fig)
 
 

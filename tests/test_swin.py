@@ -132,3 +132,15 @@ def test_swin_heads_through_their_projection_give_the_attention_output(folders):
     placed[:, rows, cols] = y
     ref = np.asarray(out[f"{prefix}/out"])
     assert_close(placed, ref, TOL * float(np.abs(ref).max()), prefix)
+
+
+def test_a_map_smaller_than_the_window_is_refused(folders):
+  """At 16 px the second stage's map (4x4) is one window, unshifted (as both
+  upstreams: the published models' last stage); at 8 px it is 2x2, refused."""
+  c = checkpoints.load(folders["timm"][0], resolution=16)
+  out, _ = compiled(c.model, c.params, np.zeros((1, 16, 16, 3), np.float32))
+  assert np.isfinite(out).all()
+  last = c.model.attention()[-1]  # stage 1, block 1: shifted but for its size
+  assert last.positions.shape == (1, 16, 2) and last.allowed is None
+  with pytest.raises(ValueError, match=r"2x2 map is smaller than the 4x4 window"):
+    c.model.apply({"params": c.params}, np.zeros((1, 8, 8, 3), np.float32))

@@ -85,11 +85,11 @@ def test_a_zoo_name_loads_from_the_hub_cache_with_its_entry(offline_hub, caplog)
 def test_a_hub_file_not_in_the_cache_says_how_to_fetch_it(offline_hub):
   offline_hub.mkdir()
   with pytest.raises(FileNotFoundError, match=r"hf-hub:timm/convnext_base.fb_in22k_ft_in1k: not "
-                                              r"in huggingface_hub's cache.*huggingface-cli "
-                                              r"download .*https://huggingface.co/timm/"):
+                                              r"in huggingface_hub's cache.*`hf download "
+                                              r"timm/.*https://huggingface.co/timm/"):
     checkpoints.load("ConvNeXt-B")
   assert "not in huggingface_hub's cache" in loading.unreachable("ConvNeXt-B")
-  with pytest.raises(FileNotFoundError, match=r"huggingface-cli download org/missing "
+  with pytest.raises(FileNotFoundError, match=r"`hf download org/missing "
                                               r"model.safetensors config.json "
                                               r"preprocessor_config.json`.*into one folder"):
     checkpoints.load("hf-hub:org/missing")
@@ -98,7 +98,7 @@ def test_a_hub_file_not_in_the_cache_says_how_to_fetch_it(offline_hub):
 def _entry_not_found(name: str) -> Exception:
   """The hub's answer for a file the repository lacks (built without an HTTP response)."""
   from huggingface_hub import errors  # noqa: PLC0415
-  e = errors.RemoteEntryNotFoundError.__new__(errors.RemoteEntryNotFoundError)
+  e = errors.EntryNotFoundError.__new__(errors.EntryNotFoundError)  # 0.x; 1.x's remote one is a subclass
   Exception.__init__(e, f"404 Entry Not Found: {name}")
   return e
 
@@ -111,7 +111,7 @@ def test_settings_the_repository_lacks_are_quiet_and_those_not_fetched_are_warne
     assert fileio.hub_folder("hf-hub:org/vit") == os.path.dirname(weights)
   # Offline, never cached: either may exist; each warned, with the command that fetches them.
   assert caplog.text.count("could not be fetched (LocalEntryNotFoundError)") == 2
-  assert "huggingface-cli download org/vit config.json preprocessor_config.json" in caplog.text
+  assert "`hf download org/vit config.json preprocessor_config.json`" in caplog.text
   caplog.clear()
   for name in fileio.HF_SETTINGS:  # what huggingface_hub records when the hub answered 404
     marker = offline_hub / "models--org--vit" / ".no_exist" / ("0" * 40) / name
@@ -135,6 +135,9 @@ def test_settings_the_repository_lacks_are_quiet_and_those_not_fetched_are_warne
                                               r"model.safetensors \(pickled weights such as "
                                               r"pytorch_model.bin are never read\)"):
     fileio.hub_folder("hf-hub:org/bin")
+  with pytest.raises(FileNotFoundError, match=r"hf-hub:org/bin/modle.npz: the repository has no "
+                                              r"file 'modle.npz'; check its name"):
+    fileio.hub_file("hf-hub:org/bin/modle.npz")
 
 
 def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
@@ -283,5 +286,6 @@ def test_the_swin_config_runs_offline_on_tiny_stand_ins(offline_hub, tmp_path):
   config.data = zoo.data_spec("synthetic", num_examples=16)
   jobs.run(config, str(tmp_path / "attn"))
   s = json.loads((tmp_path / "attn" / "attention_distance.json").read_text())
-  assert s["models"]["swin"]["heads"] == [1, 1, 2, 2] and s["models"]["swin"]["windowed"]
+  assert s["models"]["windows"]["heads"] == [1, 1, 2, 2] and s["models"]["windows"]["windowed"]
+  assert not s["windowed"] and s["grid"] == [4, 4]  # the ViT first: the paper's figure
   assert (tmp_path / "attn" / "attention_distance_compare.png").exists()

@@ -135,24 +135,28 @@ def _not_fetched(location: str, repo: str, files: tuple[str, ...], e: Exception)
   """The error for a hub file that could not be had: absent from the repository
   (then no network will help), or not cached and not downloadable now."""
   url = f"https://huggingface.co/{repo}/resolve/main/{files[0]}"
-  if _absent(e):
+  if _absent(e) and files[0] == "model.safetensors":
     return FileNotFoundError(
-        f"{location}: the repository has no {files[0]} (pickled weights such as pytorch_model.bin "
-        "are never read); convert them to safetensors with the framework that wrote them and "
-        "pass the file's local path.")
+        f"{location}: the repository has no model.safetensors (pickled weights such as "
+        "pytorch_model.bin are never read); convert them to safetensors with the framework that "
+        "wrote them and pass the file's local path.")
+  if _absent(e):
+    return FileNotFoundError(f"{location}: the repository has no file {files[0]!r}; check its name "
+                             f"at https://huggingface.co/{repo}/tree/main.")
   local = (f"download {url} and pass its local path" if len(files) == 1 else
            f"download {url} and {', '.join(files[1:])} (where the repository has them) into one "
            "folder and pass the folder")
   return FileNotFoundError(
       f"{location}: not in huggingface_hub's cache and not downloadable now "
-      f"({type(e).__name__}). Fetch it where there is a network (`huggingface-cli download "
-      f"{repo} {' '.join(files)}`, then copy the cache, HF_HOME), or {local}.")
+      f"({type(e).__name__}). Fetch it where there is a network (`hf download {repo} "
+      f"{' '.join(files)}`, or `huggingface-cli download` with older huggingface_hub; then copy "
+      f"the cache, HF_HOME), or {local}.")
 
 
 def _absent(e: Exception) -> bool:
   """Whether the hub said the repository has no such file (not: it could not be asked)."""
-  from huggingface_hub import errors  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
-  return isinstance(e, errors.RemoteEntryNotFoundError)
+  from huggingface_hub import utils  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
+  return isinstance(e, utils.EntryNotFoundError) and not isinstance(e, utils.LocalEntryNotFoundError)
 
 
 def _known_absent(repo: str, name: str) -> bool:
@@ -182,11 +186,16 @@ def hub_folder(location: str, weights: str = "model.safetensors") -> str:
     path = get(weights)
   except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
     try:
-      with open(get(weights + ".index.json"), encoding="utf-8") as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-      path = [get(s) for s in shards][0]
-    except Exception:  # pylint: disable=broad-except
+      index = get(weights + ".index.json")
+    except Exception:  # pylint: disable=broad-except  (neither the file nor its shards' index)
       raise _not_fetched(location, repo, (weights, *HF_SETTINGS), e) from e
+    with open(index, encoding="utf-8") as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    for shard in shards:
+      try:
+        path = get(shard)
+      except Exception as err:  # pylint: disable=broad-except
+        raise _not_fetched(location, repo, (shard,), err) from err
   for name in HF_SETTINGS:
     try:
       get(name)
@@ -194,6 +203,6 @@ def hub_folder(location: str, weights: str = "model.safetensors") -> str:
       if not (_absent(e) or _known_absent(repo, name)):
         log.warning("%s: its %s could not be fetched (%s), so what it states (architecture, "
                     "preprocessing) is taken from the weights or assumed, each assumption "
-                    "printed. Fetch it where there is a network: `huggingface-cli download %s "
-                    "%s`.", location, name, type(e).__name__, repo, " ".join(HF_SETTINGS))
+                    "printed. Fetch it where there is a network: `hf download %s %s`.",
+                    location, name, type(e).__name__, repo, " ".join(HF_SETTINGS))
   return os.path.dirname(path)

@@ -138,21 +138,25 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
                  nulls: dict[str, np.ndarray] | None = None,
                  flat: dict[str, np.ndarray] | None = None,
                  widths: dict[str, np.ndarray] | None = None) -> None:
-  """Several similarity measures of one pair of models side by side (a panel each;
-  the null's maps in a second row on the same scale; the widths of the 95%
-  intervals in a last row), cells that cannot be told from the null (`flat`,
-  boolean) dotted; layer ticks and names on the outer panels only. The scale is
-  the CKA one (`vmin`, `vmax`), from -1 for a measure that goes clearly negative."""
+  """Several similarity measures of one pair of models side by side (a panel each,
+  at most five to a row of panels; the null's maps below each on the same scale;
+  the widths of the 95% intervals below those), cells that cannot be told from the
+  null (`flat`, boolean) dotted; layer ticks and names on the outer panels only.
+  The scale is the CKA one (`vmin`, `vmax`), from -1 for a measure that goes
+  clearly negative."""
   names = list(maps)
-  nrows = 1 + bool(nulls) + bool(widths)
-  fig, axes = plt.subplots(nrows, len(names), figsize=(4.1 * len(names), 3.9 * nrows + 0.6),
+  per = 1 + bool(nulls) + bool(widths)  # panels per measure, stacked
+  ncols = min(len(names), 5)
+  blocks = -(-len(names) // ncols)
+  fig, axes = plt.subplots(per * blocks, ncols, figsize=(4.1 * ncols, 3.9 * per * blocks + 0.6),
                            squeeze=False, layout="constrained")
   for j, name in enumerate(names):
+    top, col = per * (j // ncols), j % ncols
     shown = [maps[name]] + ([nulls[name]] if nulls else [])
     low = -1.0 if min(float(np.nanmin(m)) for m in shown) < -0.05 else _options["vmin"]
     high = _options["vmax"]
     for i, matrix in enumerate(shown):
-      ax = axes[i, j]
+      ax = axes[top + i, col]
       im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=low, vmax=high, aspect="auto",
                      interpolation="nearest")
       if i == 0 and flat is not None and name in flat and flat[name].any():
@@ -163,15 +167,19 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax.set_title(name + (" of the null (permuted)" if i else ""))
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     if widths:
-      ax = axes[-1, j]
+      ax = axes[top + per - 1, col]
       im = ax.imshow(widths[name], origin="lower", cmap="viridis", vmin=0, aspect="auto",
                      interpolation="nearest")
       ax.set_title(f"{name}: 95% interval width")
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
   for (i, j), ax in np.ndenumerate(axes):  # the same layers in every panel: named at the edges
+    if (i // per) * ncols + j >= len(names):
+      ax.set_axis_off()  # the last row of panels is not full
+      continue
     xs, ys = _block_axis(ax, cols, "x"), _block_axis(ax, rows, "y")
-    ax.tick_params(labelbottom=i == nrows - 1, labelleft=j == 0)
-    if i == nrows - 1:
+    last = i % per == per - 1
+    ax.tick_params(labelbottom=last, labelleft=j == 0)
+    if last:
       ax.set_xlabel(f"{col_label} ({xs})")
     if j == 0:
       ax.set_ylabel(f"{row_label} ({ys})")
@@ -210,7 +218,8 @@ def attention_distance(mean: Sequence[np.ndarray], blocks: Sequence[int],
     ax1.axhline(ceiling[0], color="grey", ls="--", lw=0.9, label="uniform attention")
     ax2.axhline(ceiling[0], color="grey", ls="--", lw=0.9, label="uniform attention")
   else:
-    ax2.step(blocks, ceiling, where="mid", color="grey", ls="--", lw=0.9, label="uniform attention")
+    ax2.hlines(ceiling, np.asarray(blocks) - 0.4, np.asarray(blocks) + 0.4, color="grey", lw=1.2,
+               label="uniform attention (each block's)")
   top = max(float(ceiling.max()), max(float(r.max()) for r in mean)) * 1.08
   for ax in (ax1, ax2):
     ax.set_ylim(0, top)

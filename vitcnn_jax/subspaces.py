@@ -87,7 +87,7 @@ def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims
   pairs = lambda x, y: jnp.matmul(flat(x), flat(y).T, precision=precision)  # noqa: E731
   p = _outer(u, top.astype(s.dtype), precision) if {"cca_r2", "regression"} & set(names) else None
   k = _outer(u, s, precision) if "regression" in names else None  # the Gram of trace 1
-  q = u * top[:, None, :]
+  q = (u * top[:, None, :])[:, :, :dims]  # the top components only: a dims x dims SVD per pair
   a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
   norm = jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2)))
   for pre, matrix, factor in movers:

@@ -1,7 +1,8 @@
 """What the package knows by name: the public checkpoints, the data specs, and
 the tiny offline demo models' training configs (`demos` trains them once). No jax
 here: configs import it. The paper's layer sets are each family's
-`layer_presets` ("paper", "blocks", "all"), named in capture lists."""
+`layer_presets` ("paper", "blocks", "all", and "attention" where there is any),
+named in capture lists."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class Anatomy(Protocol):
   prefix_tokens: tuple[str, ...]  # tokens before the spatial ones, e.g. ("cls",)
   num_prefix_tokens: int
   default_policy: str  # the preprocessing it was trained with
-  layer_presets: dict[str, tuple[str, ...]]  # "paper", "blocks", "all" -> capture patterns
+  layer_presets: dict[str, tuple[str, ...]]  # "paper", "blocks", "all", "attention" (with any) -> globs
 
   def residuals(self) -> list[Residual]: ...
 
@@ -87,7 +87,7 @@ def require(model: Anatomy, what: str, where: str) -> None:
 
 
 def capture_patterns(model: Anatomy, capture: str | Sequence[str]) -> list[str]:
-  """Capture globs with preset names ("paper", "blocks", "all") expanded for `model`."""
+  """Capture globs with preset names ("paper", "blocks", "all", "attention") expanded for `model`."""
   given = [capture] if isinstance(capture, str) else list(capture)
   out = []
   for p in given:

@@ -64,6 +64,7 @@ def relative_index(window: int) -> np.ndarray:
 
 
 def check_tiles(size: tuple[int, int], window: int) -> None:
+  """Refuses a map that windows do not tile (neither upstream's padding is ours)."""
   if size[0] % window or size[1] % window:
     raise ValueError(f"Swin: a {size[0]}x{size[1]} map does not tile into {window}x{window} windows; "
                      "use an input size whose maps at every stage are multiples of the window.")
@@ -200,7 +201,8 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
 
   def attention(self) -> list[anatomy.AttentionLayer]:
     layers = []
-    rows, cols = common.patch_grid(self.patch_size, self.image_size)
+    (rows, cols), p = common.to_pair(self.image_size), self.patch_size  # as the patch conv: floor
+    rows, cols = rows // p, cols // p
     for s, (heads, depth) in enumerate(zip(self.heads, self.depths)):
       size = (rows // 2 ** s, cols // 2 ** s)
       for b in range(depth):
