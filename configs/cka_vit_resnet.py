@@ -22,7 +22,7 @@ model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
 (App. H: CKA within the Mixer and against the ViT and the ResNet);
 `demo_measures` every similarity measure (`config.measures`: linear and RBF CKA,
 mutual k-NN, CKNNA, RSA, mean CCA, mean squared CCA, regression R², the shape
-metric) side by side, each against its null
+metric, GULP) side by side, each against its null
 (`config.null`: the second layer's examples permuted), in `measures_A_B.png`.
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
@@ -59,7 +59,7 @@ AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b":
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
 MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa", "mean_cca", "cca_r2",
-            "regression", "shape_metric"]  # vitcnn_jax/measures.py
+            "regression", "shape_metric", "gulp"]  # vitcnn_jax/measures.py
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair

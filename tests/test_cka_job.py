@@ -35,7 +35,7 @@ def _run(args, devices=None, check=True):
 
 # Every similarity measure, its null and bootstrap intervals, from one pass.
 MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa','mean_cca',"
-            "'cca_r2','regression','shape_metric')",
+            "'cca_r2','regression','shape_metric','gulp')",
             "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
 # Each block's output only: for the runs that test how the work is spread, not the layers.
 BLOCKS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)")
@@ -295,7 +295,7 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
   device count), every array of every measure and the side-by-side figures."""
   a, b = np.load(blocks_one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
   for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa", "mean_cca", "cca_r2", "regression",
-            "shape_metric"):
+            "shape_metric", "gulp"):
     per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
     # Two compiles of the models: CKA-type measures move within the job's bound; a
     # neighbour set changes only at a near-tie, each moving mutual k-NN by 1/(k N)
@@ -309,7 +309,7 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
     assert np.abs(a[f"{m}_resnet_vit"] - a[f"null_{m}_resnet_vit"]).max() > apart, m
   summary = json.loads((eight_devices / "cka.json").read_text())
   assert set(summary["measures"]) == {"linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa",
-                                     "mean_cca", "cca_r2", "regression", "shape_metric"}
+                                     "mean_cca", "cca_r2", "regression", "shape_metric", "gulp"}
   assert summary["measures"]["mean_cca"]["components"] >= 1  # half the smallest minibatch
   assert summary["measures"]["mean_cca"]["reduced_layers"]  # the blocks are wider than that
   assert "unbiased" in summary["measures"]["linear_cka"]["estimator"]

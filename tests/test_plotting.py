@@ -160,3 +160,24 @@ def test_probe_and_reference_figures_readable(tmp_path):
   fig = _draw(plotting.localization, np.random.default_rng(0).uniform(0, 1, (16, 16)), (4, 4),
               [5, 10], "loc", tmp_path=tmp_path)
   _check_readable(fig)
+
+
+def test_measure_maps_wrap_at_five_and_give_a_distance_its_own_scale(tmp_path):
+  """Seven measures (one a distance) with their nulls: two rows of panels, the
+  last three slots empty; similarities on the CKA scale, the distance from 0 to
+  its largest value with the colour map reversed (alike is bright everywhere)."""
+  rng = np.random.default_rng(3)
+  names = [f"m{i}" for i in range(6)] + ["GULP distance"]
+  maps = {m: rng.uniform(0, 3 if m.startswith("GULP") else 1, (len(BIT), len(VIT))) for m in names}
+  nulls = {m: v[::-1] for m, v in maps.items()}
+  fig = _draw(plotting.measure_maps, maps, BIT, VIT, row_label="BiT", col_label="ViT", title="t",
+              nulls=nulls, distances=["GULP distance"], tmp_path=tmp_path)
+  panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+  assert len(panels) == 4 * 5 and sum(not ax.axison for ax in panels) == 2 * 3
+  by_title = {ax.get_title(): ax.images[0] for ax in panels if ax.images}
+  assert by_title["m0"].get_clim() == (0.0, 1.0) and by_title["m0"].get_cmap().name == "magma"
+  top = max(float(maps["GULP distance"].max()), float(nulls["GULP distance"].max()))
+  assert by_title["GULP distance"].get_clim() == (0.0, top)
+  assert by_title["GULP distance"].get_cmap().name == "magma_r"
+  assert by_title["GULP distance of the null (permuted)"].get_clim() == (0.0, top)
+  _check_readable(fig)

@@ -1,5 +1,5 @@
 """The measures read from each layer's principal subspace (mean CCA, mean squared
-CCA, regression R², the angular shape metric) against float64 NumPy written from
+CCA, regression R², the angular shape metric, GULP) against float64 NumPy written from
 their papers' definitions on the features; their invariances; the degenerate
 case of a layer as wide as the minibatch; the null."""
 
@@ -36,8 +36,21 @@ def np_whitened(x: np.ndarray, alpha: float) -> np.ndarray:
   return (u[:, keep] * (alpha * s[keep] + 1 - alpha)) @ vt[keep]
 
 
-def np_measures(x: np.ndarray, y: np.ndarray, k: int, alpha: float) -> dict[str, float]:
-  """Each measure of the pair (x, y): x the row layer (the predictor), y the column."""
+def np_gulp_squared(x: np.ndarray, y: np.ndarray, lam: float) -> float:
+  """Boix-Adserà et al. (2022): the squared GULP distance from the covariances of
+  the layers centred and scaled to unit total variance (as GULP's code does)."""
+  n = len(x)
+  xs, ys = ((a - a.mean(0)) * np.sqrt(n) / np.linalg.norm(a - a.mean(0)) for a in (x, y))
+  cxx, cyy, cxy = xs.T @ xs / n, ys.T @ ys / n, xs.T @ ys / n
+  rx, ry = np.linalg.inv(cxx + lam * np.eye(len(cxx))), np.linalg.inv(cyy + lam * np.eye(len(cyy)))
+  return float(np.trace(rx @ cxx @ rx @ cxx) + np.trace(ry @ cyy @ ry @ cyy)
+               - 2 * np.trace(rx @ cxy @ ry @ cxy.T))
+
+
+def np_measures(x: np.ndarray, y: np.ndarray, k: int, alpha: float, lam: float = 0.01
+                ) -> dict[str, float]:
+  """Each measure of the pair (x, y): x the row layer (the predictor), y the column
+  (GULP squared: minibatches combine squares)."""
   qx, _ = np_components(x, k)
   qy, yc = np_components(y, k)
   rho = np.linalg.svd(qx.T @ qy, compute_uv=False)  # canonical correlations (Hotelling)
@@ -47,7 +60,8 @@ def np_measures(x: np.ndarray, y: np.ndarray, k: int, alpha: float) -> dict[str,
   return {"mean_cca": rho.sum() / fewer, "cca_r2": (rho ** 2).sum() / fewer,
           "regression": 1 - np.linalg.norm(yc - qx @ coef) ** 2 / np.linalg.norm(yc) ** 2,
           "shape_metric": np.linalg.svd(wx.T @ wy, compute_uv=False).sum()
-                          / (np.linalg.norm(wx) * np.linalg.norm(wy))}
+                          / (np.linalg.norm(wx) * np.linalg.norm(wy)),
+          "gulp": np_gulp_squared(x, y, lam)}
 
 
 def _conditioning(acts, rows_list, k: int) -> tuple[float, float]:
@@ -77,12 +91,15 @@ def test_each_equals_its_definition_over_unequal_padded_minibatches(alpha):
   # float32: Grams of up to 24 features, eigh's backward error over 16 rows; a subspace
   # moves by that over its eigengap (Davis-Kahan), a square root by its relative spread.
   noise = 8 * (likely(24, 16) + worst(16))
+  # A ridge hat matrix moves by at most the Gram's error over the penalty; the distance by
+  # that over the Frobenius norm of n rows (‖δR‖_F <= √n ‖δR‖_2).
   bounds = {"mean_cca": noise / gap, "cca_r2": noise / gap, "regression": noise / gap,
-            "shape_metric": noise * np.sqrt(spread)}
+            "shape_metric": noise * np.sqrt(spread), "gulp": 2 * np.sqrt(16) * noise / spec.gulp_lambda}
   for i, j in [(0, 1), (1, 0), (0, 2), (1, 2), (2, 2)]:
     ref = [np_measures(acts[i][rows], acts[j][rows], dims, alpha) for rows in rows_list]
     for m in NAMES:
-      want = np.mean([r[m] for r in ref])  # a mean over the minibatches
+      want = np.mean([r[m] for r in ref])  # a mean over the minibatches (GULP's of squares)
+      want = np.sqrt(want) if m == "gulp" else want
       assert_close(values[m][i, j], want, bounds[m], f"{m} {i}-{j} alpha {alpha}")
   assert np.array_equal(got["subspace_count"], 3.0)
   # Every layer is wider than 5 components: reduced in each minibatch.
@@ -113,13 +130,15 @@ def test_invariances():
   for what, moved in (("orthogonal", x @ q), ("scaled", 7.5 * x), ("permuted", x[:, ::-1])):
     got = _one([moved, y], spec)
     for m in NAMES:
-      assert_close(got[m][0, 1], base[m][0, 1], bound, f"{m} under {what} features")
+      scale = 2 * np.sqrt(n) / spec.gulp_lambda if m == "gulp" else 1.0  # as in the test above
+      assert_close(got[m][0, 1], base[m][0, 1], bound * scale, f"{m} under {what} features")
   got = _one([x @ mixed, y], spec)
   for m in ("mean_cca", "cca_r2", "regression"):
     # Directions scaled by up to cond(mixed) carry that much more relative error, squared in a Gram.
     assert_close(got[m][0, 1], base[m][0, 1], bound * np.linalg.cond(mixed) ** 2, f"{m}: invertible map")
   assert abs(got["shape_metric"][0, 1] - base["shape_metric"][0, 1]) > 0.01
   assert abs(got["regression"][1, 0] - base["regression"][1, 0]) > 0.01  # x is now the target
+  assert abs(got["gulp"][0, 1] - base["gulp"][0, 1]) > 0.01  # a ridge penalty is not invariant
 
 
 def test_a_layer_as_wide_as_the_minibatch_is_reduced_not_one():
@@ -141,6 +160,10 @@ def test_a_layer_as_wide_as_the_minibatch_is_reduced_not_one():
     measures.spec_of(_Config({**config, "cca_dims": 8}))
   with pytest.raises(ValueError, match=r"config.shape_alpha=0.0 must be in \(0, 1\]"):
     measures.spec_of(_Config({**config, "shape_alpha": 0.0}))
+  with pytest.raises(ValueError, match=r"config.gulp_lambda=0.0 must be > 0"):
+    measures.spec_of(_Config({**config, "gulp_lambda": 0.0}))
+  # GULP at a small penalty: independent wide layers stay apart (at 0 they would be equal).
+  assert got["gulp"][0, 1] > 0.5, got["gulp"]
 
 
 class _Config(dict):
@@ -164,4 +187,6 @@ def test_the_null_is_each_measure_of_a_permuted_second_layer():
     ref = hsic.unscale(jax.device_get(plain([padded[0], padded[b][order]], mask)))
     for m in NAMES:
       bound = 8 * (likely(24, 12) + worst(12)) * max(1 / gap, np.sqrt(spread))
+      if m == "gulp":  # a square, up to 2 * rank: its error as in the definitions' test, doubled
+        bound = 8 * (likely(24, 12) + worst(12)) * 4 * np.sqrt(12) * np.sqrt(2 * 12) / spec.gulp_lambda
       assert_close(got[f"null/{m}"][0, b], ref[m][0, 1], bound, f"null {m} 0-{b}")

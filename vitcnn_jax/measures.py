@@ -21,8 +21,8 @@ Every measure is computed within each minibatch from the layers' Grams
   two representational dissimilarity matrices (1 - the correlation between
   examples) over the minibatch's pairs of examples; the mean over minibatches.
 
-- `mean_cca`, `cca_r2`, `regression`, `shape_metric`: from each layer's
-  principal subspace (`subspaces.py`): mean over minibatches.
+- `mean_cca`, `cca_r2`, `regression`, `shape_metric`, `gulp`: from each
+  layer's principal subspace (`subspaces.py`): mean over minibatches.
 
 `null=True` adds each measure with the second layer's examples permuted within
 the minibatch (a re-index of its matrices, no forward): what the measure gives
@@ -62,11 +62,14 @@ ESTIMATORS = {
     "shape_metric": "mean over minibatches of cos(theta) of the angular shape metric, each layer's "
                     "singular values partially whitened (alpha s + 1 - alpha, the Gram of trace 1); "
                     "the metric is arccos of the per-minibatch value",
+    "gulp": "root of the mean over minibatches of the squared GULP distance, the Frobenius "
+            "distance of the two layers' ridge hat matrices (each layer scaled to trace 1)",
 }
 RSA_METHODS = ("pearson", "spearman")
 LABELS = {"linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "mutual_knn": "mutual k-NN",
           "cknna": "CKNNA", "rsa": "RSA", "mean_cca": "mean CCA", "cca_r2": "mean squared CCA",
-          "regression": "regression R² (row predicts column)", "shape_metric": "shape metric cos θ"}
+          "regression": "regression R² (row predicts column)", "shape_metric": "shape metric cos θ",
+          "gulp": "GULP distance"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Spec:
   null: bool = False
   cca_dims: int = 1  # principal components of each layer the CCA family and regression read
   shape_alpha: float = 1.0  # the shape metric's partial whitening (1: Procrustes)
+  gulp_lambda: float = 0.01  # GULP's ridge penalty, on layers scaled to trace 1
 
 
 def valid_count(mask: jax.Array) -> jax.Array:
@@ -270,7 +274,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
   chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
   if chosen:
     out.update(subspaces.subspace_sums(stack.gram, mask, chosen, spec.cca_dims, spec.shape_alpha,
-                                       order, precision))
+                                       spec.gulp_lambda, order, precision))
   return out
 
 
@@ -307,7 +311,8 @@ def spec_of(config) -> Spec:
   dims = int(config.get("cca_dims", 0)) or max(1, (smallest - 1) // 2)
   spec = Spec(names, config.get("estimator", "unbiased"), float(config.get("rbf_sigma", 1.0)),
               int(config.get("knn_k", 10)), config.get("rsa_method", "pearson"),
-              bool(config.get("null", False)), dims, float(config.get("shape_alpha", 1.0)))
+              bool(config.get("null", False)), dims, float(config.get("shape_alpha", 1.0)),
+              float(config.get("gulp_lambda", 0.01)))
   unknown = [m for m in names if m not in NAMES]
   if unknown or len(set(names)) != len(names):
     raise ValueError(f"config.measures={list(names)}: each at most once, of {list(NAMES)}.")
@@ -321,6 +326,10 @@ def spec_of(config) -> Spec:
     raise ValueError(f"config.shape_alpha={spec.shape_alpha} must be in (0, 1]: at 0 the shape "
                      "metric is CCA's, which a layer as wide as the minibatch makes 1 (use mean_cca, "
                      "which reads cca_dims components).")
+  if not spec.gulp_lambda > 0:
+    raise ValueError(f"config.gulp_lambda={spec.gulp_lambda} must be > 0: at 0 GULP is 0 between "
+                     "any two layers as wide as the minibatch (their hat matrices are both the "
+                     "centring).")
   if set(subspaces.REDUCED) & set(names) and not 1 <= spec.cca_dims <= (smallest - 1) // 2:
     raise ValueError(f"config.cca_dims={spec.cca_dims}: each layer's principal components are "
                      f"found within a minibatch, whose smallest here has {smallest} examples; use "
@@ -359,6 +368,8 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       out[m] = _normalise(sums[pre + key], sums[key], names, m)
     elif m == "mutual_knn":
       out[m] = sums[pre + "knn"] / sums["knn_count"]
+    elif m in subspaces.DISTANCES:
+      out[m] = np.sqrt(sums[pre + m] / np.maximum(sums["subspace_count"], 1.0))
     elif m in subspaces.NAMES:
       out[m] = sums[pre + m] / np.maximum(sums["subspace_count"], 1.0)
     else:
@@ -373,5 +384,5 @@ def describe(measure: str, spec: Spec) -> str:
             "mutual_knn": f"k {spec.knn_k}", "cknna": f"k {spec.knn_k}",
             "rsa": f"{spec.rsa_method} correlation", "mean_cca": f"{spec.cca_dims} components",
             "cca_r2": f"{spec.cca_dims} components", "regression": f"{spec.cca_dims} components",
-            "shape_metric": f"alpha {spec.shape_alpha}"}[measure]
+            "shape_metric": f"alpha {spec.shape_alpha}", "gulp": f"lambda {spec.gulp_lambda}"}[measure]
   return f"{ESTIMATORS[measure]} ({params})"

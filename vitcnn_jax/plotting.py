@@ -137,13 +137,15 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
                  row_label: str, col_label: str, title: str, path: str,
                  nulls: dict[str, np.ndarray] | None = None,
                  flat: dict[str, np.ndarray] | None = None,
-                 widths: dict[str, np.ndarray] | None = None) -> None:
+                 widths: dict[str, np.ndarray] | None = None,
+                 distances: Sequence[str] = ()) -> None:
   """Several similarity measures of one pair of models side by side (a panel each,
   at most five to a row of panels; the null's maps below each on the same scale;
   the widths of the 95% intervals below those), cells that cannot be told from the
   null (`flat`, boolean) dotted; layer ticks and names on the outer panels only.
   The scale is the CKA one (`vmin`, `vmax`), from -1 for a measure that goes
-  clearly negative."""
+  clearly negative; a distance (`distances`) has its own, from 0 to its largest
+  value, reversed so that alike is bright in every panel."""
   names = list(maps)
   per = 1 + bool(nulls) + bool(widths)  # panels per measure, stacked
   ncols = min(len(names), 5)
@@ -154,10 +156,12 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
     top, col = per * (j // ncols), j % ncols
     shown = [maps[name]] + ([nulls[name]] if nulls else [])
     low = -1.0 if min(float(np.nanmin(m)) for m in shown) < -0.05 else _options["vmin"]
-    high = _options["vmax"]
+    high, cmap = _options["vmax"], "magma"
+    if name in distances:
+      low, high, cmap = 0.0, max(float(np.nanmax(m)) for m in shown) or 1.0, "magma_r"
     for i, matrix in enumerate(shown):
       ax = axes[top + i, col]
-      im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=low, vmax=high, aspect="auto",
+      im = ax.imshow(matrix, origin="lower", cmap=cmap, vmin=low, vmax=high, aspect="auto",
                      interpolation="nearest")
       if i == 0 and flat is not None and name in flat and flat[name].any():
         ys, xs = np.nonzero(flat[name])

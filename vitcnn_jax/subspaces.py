@@ -17,6 +17,12 @@ spanned by the columns of U with s > 0. Each measure is a similarity in [0, 1]:
   partial whitening `shape_alpha`: each layer's singular values s^½ become
   α s^½ + (1 - α), so ‖A_aᵀ A_b‖_* / (‖A_a‖_F ‖A_b‖_F) with A = U diag(α √s +
   (1 - α) 1[s > 0]); α = 1 is angular Procrustes (the distance is arccos).
+- `gulp` (a distance, 0 for equal layers): GULP (Boix-Adserà et al. 2022), how
+  differently ridge regression (penalty `gulp_lambda`, on the layers scaled to
+  trace 1 as GULP's code does) from each layer predicts any linear function of
+  the examples: ‖R_a − R_b‖_F with R = K (K + λ I)⁻¹ the ridge hat matrix, which
+  equals the paper's covariance form; the root of the mean over minibatches of
+  its square.
 
 Where a layer's width reaches the minibatch, its column space is the whole
 centred space and the CCA family and regression say 1 whatever the other layer
@@ -35,7 +41,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric")
+NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")
+DISTANCES = ("gulp",)  # 0 for equal layers, larger apart
 REDUCED = ("mean_cca", "cca_r2", "regression")  # read each layer's top `cca_dims` components
 _TOL = 16 * float(jnp.finfo(jnp.float32).eps)  # eigenvalues below this share of the largest are 0
 
@@ -68,7 +75,8 @@ def _nuclear(a: jax.Array, b: jax.Array, precision) -> jax.Array:
 
 
 def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims: int,
-                  alpha: float, order: jax.Array | None, precision) -> dict[str, jax.Array]:
+                  alpha: float, ridge: float, order: jax.Array | None, precision
+                  ) -> dict[str, jax.Array]:
   """One minibatch's (L, L) value of each measure of `names` (and, with `order`,
   of the null: the column layer's examples re-indexed); `subspace_count`, 1 where
   the minibatch has at least two examples, and `subspace_reduced` (L,), 1 where a
@@ -88,6 +96,7 @@ def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims
   p = _outer(u, top.astype(s.dtype), precision) if {"cca_r2", "regression"} & set(names) else None
   k = _outer(u, s, precision) if "regression" in names else None  # the Gram of trace 1
   q = (u * top[:, None, :])[:, :, :dims]  # the top components only: a dims x dims SVD per pair
+  hat = _outer(u, s / (s + ridge), precision) if "gulp" in names else None
   a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
   norm = jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2)))
   for pre, matrix, factor in movers:
@@ -97,6 +106,10 @@ def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims
       out[pre + "regression"] = pairs(p, matrix(k)) * valid
     if "mean_cca" in names:
       out[pre + "mean_cca"] = _nuclear(q, factor(q), precision) / smaller * valid
+    if "gulp" in names:  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
+      own = jnp.sum(jnp.square(hat), axis=(1, 2))
+      out[pre + "gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(hat, matrix(hat)),
+                                      0.0) * valid
     if "shape_metric" in names:
       out[pre + "shape_metric"] = (_nuclear(a, factor(a), precision) * valid
                                    / jnp.maximum(norm[:, None] * norm[None, :], 1e-30))

@@ -26,8 +26,8 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
     # Measures from the same Grams (vitcnn_jax/measures.py): linear_cka (the paper's),
-    # rbf_cka, mutual_knn, cknna, rsa, mean_cca, cca_r2, regression, shape_metric; each of
-    # the arrays named after it.
+    # rbf_cka, mutual_knn, cknna, rsa, mean_cca, cca_r2, regression, shape_metric, gulp (a
+    # distance); each of the arrays named after it.
     "measures": ("linear_cka",),
     "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
     "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
@@ -36,6 +36,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "cca_dims": 0,  # mean_cca, cca_r2, regression: each layer's top principal components (0: half
     # the smallest minibatch, so that two layers' components need not meet)
     "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
+    "gulp_lambda": 0.01,  # gulp's ridge penalty (the layers scaled to trace 1)
     "null": False,  # also each measure with the second layer's examples permuted per minibatch
     # 95% intervals per cell from this many Poisson-bootstrap replicates over minibatches
     # (all repeats pooled; 0: none). Host memory and state: replicates x sums x 8 bytes.
@@ -252,7 +253,8 @@ def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> 
     plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                           path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
-                          flat=flat or None, widths=widths or None)
+                          flat=flat or None, widths=widths or None,
+                          distances=[label[m] for m in spec.names if m in subspaces.DISTANCES])
 
 
 def _uniformity(s: dict) -> declaration.Verdict:
