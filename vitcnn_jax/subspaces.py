@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")
 DISTANCES = ("gulp",)  # 0 for equal layers, larger apart
@@ -65,13 +66,25 @@ def _outer(u: jax.Array, w: jax.Array, precision) -> jax.Array:
   return jnp.einsum("lik,ljk->lij", u * w[:, None, :], u, precision=precision)
 
 
-def _nuclear(a: jax.Array, b: jax.Array, precision) -> jax.Array:
+def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
   """(L, L) sums of the singular values of a_iᵀ b_j for stacked (L, n, r) factors,
-  one row of pairs at a time (the (L, L, r, r) products at once would not fit)."""
-  def row(x):
-    m = jnp.einsum("nr,lns->lrs", x, b, precision=precision)
+  L pairs at a time (the (L, L, r, r) products at once would not fit); with b None,
+  of a_iᵀ a_j, each pair once (a_jᵀ a_i has the same singular values)."""
+  num = a.shape[0]
+  if b is None:
+    rows, cols = np.triu_indices(num)
+  else:
+    rows, cols = np.divmod(np.arange(num * num), num)
+  pad = -len(rows) % num
+  chunks = np.stack([np.r_[rows, np.zeros(pad, int)], np.r_[cols, np.zeros(pad, int)]], -1)
+  other = a if b is None else b
+
+  def chunk(pairs):
+    m = jnp.einsum("pnr,pns->prs", a[pairs[:, 0]], other[pairs[:, 1]], precision=precision)
     return jnp.linalg.svd(m, compute_uv=False).sum(-1)
-  return jax.lax.map(row, a)
+  values = jax.lax.map(chunk, jnp.asarray(chunks.reshape(-1, num, 2))).reshape(-1)[:len(rows)]
+  out = jnp.zeros((num, num), values.dtype).at[rows, cols].set(values)
+  return out + jnp.triu(out, 1).T if b is None else out
 
 
 def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims: int,
@@ -88,7 +101,7 @@ def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims
   smaller = jnp.maximum(jnp.minimum(rank[:, None], rank[None, :]), 1.0)
   valid = (n >= 2).astype(jnp.float32)
   out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid}
-  movers = [("", lambda m: m, lambda x: x)]
+  movers = [("", lambda m: m, lambda x: None)]  # None: a layer stack against itself
   if order is not None:  # rows and columns of a matrix, rows of a factor
     movers.append(("null/", lambda m: m[:, order][:, :, order], lambda x: x[:, order]))
   flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
