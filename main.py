@@ -97,6 +97,8 @@ def main(argv: list[str]) -> int:
       parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           _CPU_COLLECTIVES.value)
     jobs.run(_CONFIG.value, _WORKDIR.value)
+    if _DISTRIBUTED.value:
+      parallel.shutdown()
   except (*USER_ERRORS, AttributeError) as e:
     if isinstance(e, AttributeError) and not isinstance(e.__context__, KeyError):
       raise  # not a missing config field: a bug

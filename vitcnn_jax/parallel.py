@@ -35,6 +35,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                              process_id=process_id)
 
 
+def shutdown() -> None:
+  """Leaves a multi-process job once every process is done with it (a barrier):
+  a process that exited at once would close the sockets another's last collective
+  still reads (gloo: "Connection reset by peer")."""
+  jax.distributed.shutdown()
+
+
 def mesh(devices_per_minibatch: int = 1) -> jax.sharding.Mesh:
   """Every device, in groups of `devices_per_minibatch` consecutive rows' devices."""
   d, g = jax.device_count(), devices_per_minibatch
