@@ -305,7 +305,8 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
 
 def spec_of(config) -> Spec:
   """The measures a config asks for (`measures`, `estimator`, `rbf_sigma`, `knn_k`,
-  `rsa_method`, `null`, `cca_dims`, `shape_alpha`), checked against its minibatches."""
+  `rsa_method`, `null`, `cca_dims`, `shape_alpha`, `gulp_lambda`), checked against its
+  minibatches."""
   names = tuple(config.get("measures") or ("linear_cka",))
   smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
   dims = int(config.get("cca_dims", 0)) or max(1, (smallest - 1) // 2)

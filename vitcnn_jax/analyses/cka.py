@@ -75,10 +75,12 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
-    for m in set(subspaces.REDUCED) & set(spec.names):  # layers whose rank exceeded cca_dims
+    reduced = set(subspaces.REDUCED) & set(spec.names)
+    if reduced:  # the layers whose rank exceeded cca_dims in some minibatch
       seen = sum(np.asarray(s["subspace_reduced"]) for s in sums[0])
-      summary["measures"][m].update(components=spec.cca_dims,
-                                    reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
+      for m in reduced:
+        summary["measures"][m].update(components=spec.cca_dims,
+                                      reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
     if self.config.get("bootstrap", 0):
       bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
                           blocks(self.models))

@@ -120,6 +120,18 @@ class PatchTokens:
             for b in range(self.num_blocks) for s, z, f, o in self.RESIDUALS]
 
 
+class Stages:
+  """The anatomy of a network of stages of `depths` blocks, each block's points
+  under `stageS/blockBB` (ConvNeXt, Swin)."""
+
+  @property
+  def num_blocks(self) -> int:
+    return sum(self.depths)
+
+  def block_names(self) -> list[str]:
+    return [f"stage{s}/block{b:02d}" for s, n in enumerate(self.depths) for b in range(n)]
+
+
 class ParamsAsRead:
   """The anatomy of a family whose forward does no work on its parameters alone."""
 

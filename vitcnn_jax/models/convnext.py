@@ -84,7 +84,8 @@ class Block(nn.Module):
     return capture.put(out, "out", x + y)
 
 
-class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.Module):
+class ConvNeXt(anatomy.FeatureMaps, anatomy.Stages, anatomy.NoAttention, anatomy.ParamsAsRead,
+               nn.Module):
   """ConvNeXt-{T,S,B,L} (v1: layer scale; v2: GRN) or any depths and widths."""
   num_classes: int | None = 1000
   depths: Sequence[int] = (3, 3, 27, 3)
@@ -103,16 +104,9 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, n
   default_policy = "bicubic_crop0.875_imagenet"  # timm's evaluation: every ConvNeXt is timm's
   layer_presets = LAYER_PRESETS
 
-  @property
-  def num_blocks(self) -> int:
-    return sum(self.depths)
-
-  def _block_names(self) -> list[str]:
-    return [f"stage{s}/block{b:02d}" for s, n in enumerate(self.depths) for b in range(n)]
-
   def residuals(self) -> list[anatomy.Residual]:
     return [anatomy.Residual(k, "block", f"{k}/in", f"{k}/mlp/out", f"{k}/out")
-            for k in self._block_names()]
+            for k in self.block_names()]
 
   @nn.compact
   def __call__(self, images: jax.Array, *,

@@ -169,7 +169,7 @@ def merge_patches(x: jax.Array) -> jax.Array:
   return jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
 
 
-class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
+class Swin(anatomy.FeatureMaps, anatomy.Stages, anatomy.ParamsAsRead, nn.Module):
   """Swin-{T,S,B,L}, or any depths, heads and window."""
   num_classes: int | None = 1000
   patch_size: int = 4
@@ -187,15 +187,8 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
   default_policy = "bicubic_crop0.9_imagenet"  # timm's Swin evaluation
   layer_presets = LAYER_PRESETS
 
-  @property
-  def num_blocks(self) -> int:
-    return sum(self.depths)
-
-  def _block_names(self) -> list[str]:
-    return [f"stage{s}/block{b:02d}" for s, n in enumerate(self.depths) for b in range(n)]
-
   def residuals(self) -> list[anatomy.Residual]:
-    return [anatomy.Residual(k, sub, f"{k}/{z}", f"{k}/{f}", f"{k}/{o}") for k in self._block_names()
+    return [anatomy.Residual(k, sub, f"{k}/{z}", f"{k}/{f}", f"{k}/{o}") for k in self.block_names()
             for sub, z, f, o in (("attn", "in", "attn/out", "attn/residual"),
                                  ("mlp", "attn/residual", "mlp/out", "out"))]
 
@@ -214,7 +207,7 @@ class Swin(anatomy.FeatureMaps, anatomy.ParamsAsRead, nn.Module):
     return layers
 
   def head_projection(self, params: dict, block: int) -> jax.Array:
-    stage, name = self._block_names()[block].split("/")
+    stage, name = self.block_names()[block].split("/")
     kernel = params[f"{stage}_{name}"]["attn"]["out"]["kernel"]
     heads = self.heads[int(stage.removeprefix("stage"))]
     return kernel.reshape(heads, -1, kernel.shape[-1])
