@@ -20,9 +20,9 @@ Fashion-MNIST (once; cached in `config.cache_dir`), reloads them through load_mo
 and runs the same CKA job on the held-out test images. `demo3` adds a third
 model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
 (App. H: CKA within the Mixer and against the ViT and the ResNet);
-`demo_measures` every similarity measure (`config.measures`: linear and RBF CKA,
-mutual k-NN, CKNNA, RSA, mean CCA, mean squared CCA, regression R², the shape
-metric, GULP) side by side, each against its null
+`demo_measures` every similarity measure (`config.measures`, all of
+`vitcnn_jax.measures.NAMES`: CKA and kernels, neighbourhoods, RSA, the CCA family,
+regression, alignment, GULP, descriptive statistics) side by side, each against its null
 (`config.null`: the second layer's examples permuted), in `measures_A_B.png`.
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
@@ -38,6 +38,7 @@ public ImageNet-21k checkpoints of the same architectures (both at 224 px).
 import ml_collections
 
 from configs import common
+from vitcnn_jax import measures
 
 PAIRS = {  # names in zoo.ZOO, also the labels
     "b16_r50": ("ViT-B/16", "BiT-R50x1"),
@@ -58,8 +59,7 @@ TRIPLES = {"vit_swin_resnet": (("vit", "ViT-B/16 ImageNet"), ("swin", "Swin-B"),
 AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
-MEASURES = ["linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa", "mean_cca", "cca_r2",
-            "regression", "shape_metric", "gulp"]  # vitcnn_jax/measures.py
+MEASURES = list(measures.NAMES)
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair

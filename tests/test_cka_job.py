@@ -14,7 +14,7 @@ import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from numerics import assert_close, job_runs_bound
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, data, subspaces, zoo
+from vitcnn_jax import checkpoints, data, descriptive, measures, neighbours, subspaces, zoo
 
 EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
 RUNS_BOUND = job_runs_bound(BATCH)
@@ -34,8 +34,7 @@ def _run(args, devices=None, check=True):
 
 
 # Every similarity measure, its null and bootstrap intervals, from one pass.
-MEASURES = ("--config.measures=('linear_cka','rbf_cka','mutual_knn','cknna','rsa','mean_cca',"
-            "'cca_r2','regression','shape_metric','gulp')",
+MEASURES = (f"--config.measures={measures.NAMES!r}".replace(" ", ""),
             "--config.null=True", "--config.knn_k=3", "--config.bootstrap=16")
 # Each block's output only: for the runs that test how the work is spread, not the layers.
 BLOCKS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)")
@@ -295,22 +294,34 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
   minibatches, the same permutations: a minibatch's key does not depend on the
   device count), every array of every measure and the side-by-side figures."""
   a, b = np.load(blocks_one_device / "cka.npz"), np.load(eight_devices / "cka.npz")
-  for m in ("cka", "rbf_cka", "mutual_knn", "cknna", "rsa", "mean_cca", "cca_r2", "regression",
-            "shape_metric", "gulp"):
+  for name in measures.NAMES:
+    m = "cka" if name == "linear_cka" else name
     per = "per_repeat" if m == "cka" else f"{m}_per_repeat"
     # Two compiles of the models: CKA-type measures move within the job's bound; a
     # neighbour set changes only at a near-tie, each moving mutual k-NN by 1/(k N)
-    # (and CKNNA by its share of one neighbour): one per cell is allowed.
-    slack = 1 / (3 * EXAMPLES) if m in ("mutual_knn", "cknna") else 0.0
-    assert_close(b[per], a[per], RUNS_BOUND + slack, f"{m}: 8 devices vs 1")
-    assert_close(b[f"null_{m}_resnet_vit"], a[f"null_{m}_resnet_vit"], RUNS_BOUND + slack, f"null {m}")
+    # (and CKNNA by its share of one neighbour; the other k-NN measures by at most one
+    # example's share): one per cell is allowed. Distances in the layers' units move by
+    # the features' relative difference of them.
+    slack = ({"mutual_knn": 1 / (3 * EXAMPLES), "cknna": 1 / (3 * EXAMPLES)}.get(m, 0.0)
+             + (1 / EXAMPLES if m in neighbours.NAMES else 0.0))
+    units = max(1.0, np.abs(a[per]).max()) if m in ("rsm_difference", "magnitude_difference") else 1.0
+    assert_close(b[per], a[per], RUNS_BOUND * units + slack, f"{m}: 8 devices vs 1")
+    assert_close(b[f"null_{m}_resnet_vit"], a[f"null_{m}_resnet_vit"], RUNS_BOUND * units + slack,
+                 f"null {m}")
+    if m in descriptive.NAMES:  # the examples' order does not enter: the null is the measure
+      assert np.array_equal(a[f"{m}_resnet_vit"], a[f"null_{m}_resnet_vit"]), m
+      continue
     # The null differs (the subspace measures of these random networks, one component per
     # layer in minibatches of 4 to 8, sit nearer theirs).
     apart = 0.01 if m in subspaces.NAMES else 0.05
     assert np.abs(a[f"{m}_resnet_vit"] - a[f"null_{m}_resnet_vit"]).max() > apart, m
   summary = json.loads((eight_devices / "cka.json").read_text())
-  assert set(summary["measures"]) == {"linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa",
-                                     "mean_cca", "cca_r2", "regression", "shape_metric", "gulp"}
+  assert set(summary["measures"]) == set(measures.NAMES)
+  score = summary["measures"]["svcca"]["matching"]["score"]["resnet_vit"]
+  assert score["interval"][0] <= score["value"] <= score["interval"][1], score
+  assert score["interval_method"].startswith("95% percentile interval of the bootstrap")
+  assert len(b["monotone_svcca_resnet_vit"]) == len(b["names_resnet"])
+  assert np.all(np.diff(b["monotone_svcca_resnet_vit"]) >= 0)
   assert summary["measures"]["mean_cca"]["components"] >= 1  # half the smallest minibatch
   assert summary["measures"]["mean_cca"]["reduced_layers"]  # the blocks are wider than that
   assert "unbiased" in summary["measures"]["linear_cka"]["estimator"]

@@ -341,11 +341,15 @@ def _linear_out(grams: jax.Array, moments: jax.Array, exps: jax.Array, n_all: in
   return out
 
 
-SCALED = ("hsic", "hsic_biased")  # sums carrying the layers' scales 2^(2 e_a + 2 e_b)
+# Sums carrying the layers' scales: a pair's by 2^(c (e_a + e_b)), a layer's by 2^(c e).
+PAIR_SCALED = {"hsic": 2, "hsic_biased": 2, "dcov": 1, "rsm": 1}
+LAYER_SCALED = {"moments": 4, "magnitude": 2}
 
 
-def _scaled(key: str) -> bool:
-  return key.rsplit("/", 1)[-1] in SCALED
+def _power(key: str) -> tuple[int, bool]:
+  """(c, whether per pair) of a sum's scale 2^(c e), (0, False) for a scale-free one."""
+  base = key.rsplit("/", 1)[-1]
+  return (PAIR_SCALED[base], True) if base in PAIR_SCALED else (LAYER_SCALED.get(base, 0), False)
 
 
 def shared_scale(sums: dict[str, jax.Array], axis_name: str | tuple[str, ...] | None
@@ -357,9 +361,12 @@ def shared_scale(sums: dict[str, jax.Array], axis_name: str | tuple[str, ...] | 
   e = sums["log2_scale"]
   shared = jax.lax.pmax(e, axis_name)
   shift = e - shared  # <= 0; below 2^-126 a device's share is negligible anyway
-  down = lambda k: pow2(jnp.maximum(k * shift, -126))
-  out = {k: v * down(2)[:, None] * down(2)[None, :] if _scaled(k) else v for k, v in sums.items()}
-  out.update(moments=sums["moments"] * down(4), log2_scale=shared)
+  down = lambda c: pow2(jnp.maximum(c * shift, -126))
+  out = {}
+  for k, v in sums.items():
+    c, pair = _power(k)
+    out[k] = v if not c else v * down(c)[:, None] * down(c)[None, :] if pair else v * down(c)
+  out.update(log2_scale=shared)
   return out
 
 
@@ -476,10 +483,10 @@ def unscale(got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   out = dict(got)
   e = np.asarray(out.pop("log2_scale"), np.float64)
   for k, v in got.items():  # (a leading axis of minibatches broadcasts)
-    if _scaled(k):
-      out[k] = np.ldexp(np.asarray(v, np.float64), (2 * (e[:, None] + e[None, :])).astype(int))
-    elif k.rsplit("/", 1)[-1] == "moments":
-      out[k] = np.ldexp(np.asarray(v, np.float64), (4 * e).astype(int))
+    c, pair = _power(k)
+    if c:
+      scale = c * (e[..., :, None] + e[..., None, :]) if pair else c * e
+      out[k] = np.ldexp(np.asarray(v, np.float64), scale.astype(int))
   return out
 
 

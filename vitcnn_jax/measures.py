@@ -20,6 +20,15 @@ Every measure is computed within each minibatch from the layers' Grams
 - `rsa`: the Pearson (or, `rsa_method="spearman"`, Spearman) correlation of the
   two representational dissimilarity matrices (1 - the correlation between
   examples) over the minibatch's pairs of examples; the mean over minibatches.
+- `distance_correlation` (Székely et al. 2007): dCor, the root of CKA's ratio
+  with Euclidean distance matrices for kernels: dCov² of each minibatch as a U-
+  statistic (Székely & Rizzo 2014; HSIC_1 of distances) or, biased, the V-statistic.
+- `rsm_difference` (a distance): the root mean square over pairs of examples of
+  the difference of the two layers' Euclidean distances (in the layers' units).
+- `knn_jaccard`, `rank_similarity`, `second_order_cosine`: each example's k
+  nearest neighbours compared (`neighbours.py`).
+- `magnitude_difference`, `concentricity_difference`, `uniformity_difference`:
+  one statistic per layer (`descriptive.py`).
 
 - `mean_cca`, `cca_r2`, `regression`, `shape_metric`, `gulp`: from each
   layer's principal subspace (`subspaces.py`): mean over minibatches.
@@ -38,10 +47,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax import descriptive
 from vitcnn_jax import hsic
+from vitcnn_jax import neighbours
 from vitcnn_jax import subspaces
 
-NAMES = ("linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa") + subspaces.NAMES
+NAMES = (("linear_cka", "rbf_cka", "distance_correlation", "mutual_knn", "cknna")
+         + neighbours.NAMES + ("rsa", "rsm_difference") + subspaces.NAMES + descriptive.NAMES)
+# 0 for equal layers, larger apart.
+DISTANCES = ("rsm_difference",) + subspaces.DISTANCES + descriptive.NAMES
 ESTIMATORS = {
     "linear_cka": "sum over minibatches of HSIC(K, L), normalised by the sums of HSIC(K, K) and "
                   "HSIC(L, L) (HSIC_1 of Song et al. unbiased, or HSIC_0 biased)",
@@ -64,12 +78,45 @@ ESTIMATORS = {
                     "the metric is arccos of the per-minibatch value",
     "gulp": "root of the mean over minibatches of the squared GULP distance, the Frobenius "
             "distance of the two layers' ridge hat matrices (each layer scaled to trace 1)",
+    "distance_correlation": "root of the sum over minibatches of dCov^2 (the U-statistic if "
+                            "unbiased, else the V-statistic) normalised by the sums of each "
+                            "layer's dVar^2",
+    "rsm_difference": "root of the sum over minibatches of the squared differences of the two "
+                      "layers' Euclidean distances between examples, over the number of pairs",
+    "knn_jaccard": "mean over every example of |N ∩ N'| / |N ∪ N'| of its k nearest neighbours "
+                   "in each layer (within its minibatch, cosine, itself excluded)",
+    "rank_similarity": "mean over every example of its shared k nearest neighbours weighted by "
+                       "2 / ((1 + |r - r'|)(r + r')) of their ranks, over that weight's largest "
+                       "value for as many shared",
+    "second_order_cosine": "mean over every example of the cosine between its cosine "
+                           "similarities in each layer to the union of its k nearest neighbours",
+    "svcca": "mean over minibatches of the mean canonical correlation of the fewest top "
+             "principal components that explain svcca_variance of each layer's variance",
+    "pwcca": "mean over minibatches of the canonical correlations of the two layers' top "
+             "principal components weighted by the row layer's variance along each canonical "
+             "variate (asymmetric: the row layer weights)",
+    "eigenspace_overlap": "mean over minibatches of ||U_a^T U_b||_F^2 / max(r_a, r_b) of the top "
+                          "left singular vectors of the uncentred layers",
+    "procrustes": "root of the mean over minibatches of the squared orthogonal Procrustes "
+                  "distance of the centred layers scaled to unit Frobenius norm",
+    "magnitude_difference": "|a - b| of each layer's norm of the mean, from the sum over "
+                            "minibatches of <x_i, x_j> over pairs i != j",
+    "concentricity_difference": "|a - b| of each layer's mean over every example of its cosine "
+                                "to its minibatch's mean",
+    "uniformity_difference": "|a - b| of each layer's log of the mean over pairs within "
+                             "minibatches of exp(-t ||x_i - x_j||^2), features l2-normalised",
 }
 RSA_METHODS = ("pearson", "spearman")
 LABELS = {"linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "mutual_knn": "mutual k-NN",
           "cknna": "CKNNA", "rsa": "RSA", "mean_cca": "mean CCA", "cca_r2": "mean squared CCA",
           "regression": "regression R² (row predicts column)", "shape_metric": "shape metric cos θ",
-          "gulp": "GULP distance"}
+          "gulp": "GULP distance", "distance_correlation": "distance correlation",
+          "rsm_difference": "RSM difference", "knn_jaccard": "k-NN Jaccard",
+          "rank_similarity": "rank similarity", "second_order_cosine": "second-order cosine",
+          "svcca": "SVCCA", "pwcca": "PWCCA (row weights)", "eigenspace_overlap": "eigenspace overlap",
+          "procrustes": "Procrustes distance", "magnitude_difference": "magnitude difference",
+          "concentricity_difference": "concentricity difference",
+          "uniformity_difference": "uniformity difference"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +131,8 @@ class Spec:
   cca_dims: int = 1  # principal components of each layer the CCA family and regression read
   shape_alpha: float = 1.0  # the shape metric's partial whitening (1: Procrustes)
   gulp_lambda: float = 0.01  # GULP's ridge penalty, on layers scaled to trace 1
+  svcca_variance: float = 0.99  # the share of each layer's variance SVCCA keeps
+  uniformity_t: float = 2.0  # the uniformity's temperature
 
 
 def valid_count(mask: jax.Array) -> jax.Array:
@@ -159,6 +208,14 @@ def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
   scale = 2 * sigma ** 2 * median
   kernel = jnp.exp(-sq / jnp.where(scale > 0, scale, 1.0))
   return jnp.where(scale > 0, kernel, 1.0) * valid
+
+
+def distances(gram: jax.Array, mask: jax.Array) -> jax.Array:
+  """(n, n) Euclidean distances between the valid rows of a Gram of centred rows
+  (padding zero)."""
+  d = jnp.diagonal(gram)
+  m = mask.astype(jnp.float32)
+  return jnp.sqrt(jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)) * m[:, None] * m[None, :]
 
 
 def knn_mask(similarity: jax.Array, mask: jax.Array, k: int) -> jax.Array:
@@ -252,8 +309,24 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
     norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
             else 1 / jnp.maximum(n - 1, 1.0) ** 2)
     pairs("rbf_hsic", per_layer(hsic.center_unbiased if unbiased else center_biased, kernels), norm)
+  if {"distance_correlation", "rsm_difference"} & set(spec.names):
+    dist = per_layer(distances, stack.gram)  # at the layers' scales 2^-e: see hsic.PAIR_SCALED
+    if "distance_correlation" in spec.names:
+      norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
+              else 1 / jnp.maximum(n, 1.0) ** 2)
+      pairs("dcov", per_layer(hsic.center_unbiased if unbiased else center_biased, dist), norm)
+    if "rsm_difference" in spec.names:
+      pairs("rsm", dist)
+  if ({"rsm_difference"} | set(descriptive.NAMES)) & set(spec.names):
+    out["pair_count"] = n * (n - 1)
+  on_cosines = {"mutual_knn", "cknna", "uniformity_difference", *neighbours.NAMES}
+  cos = cosine(stack, mask) if on_cosines & set(spec.names) else None
+  if set(neighbours.NAMES) & set(spec.names):
+    out.update(neighbours.neighbour_sums(cos, mask, spec.names, spec.knn_k, order, precision))
+  if set(descriptive.NAMES) & set(spec.names):
+    out.update(descriptive.statistic_sums(stack.raw(), cos, stack.proj, stack.mean_sq, mask,
+                                          spec.names, spec.uniformity_t))
   if {"mutual_knn", "cknna"} & set(spec.names):
-    cos = cosine(stack, mask)
     knn = jax.vmap(knn_mask, (0, None, None))(cos, mask, spec.knn_k)
     if "mutual_knn" in spec.names:
       pairs("knn", knn, 1 / spec.knn_k)
@@ -273,8 +346,11 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
       out["null/rsa"] = jnp.matmul(z, z_null.T, precision=precision)
   chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
   if chosen:
-    out.update(subspaces.subspace_sums(stack.gram, mask, chosen, spec.cca_dims, spec.shape_alpha,
-                                       spec.gulp_lambda, order, precision))
+    m = mask.astype(jnp.float32)
+    raw = stack.raw() * (m[:, None] * m[None, :]) if "eigenspace_overlap" in chosen else None
+    out.update(subspaces.subspace_sums(stack.gram, raw, mask, chosen, spec.cca_dims,
+                                       spec.shape_alpha, spec.gulp_lambda, spec.svcca_variance,
+                                       order, precision))
   return out
 
 
@@ -305,15 +381,16 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
 
 def spec_of(config) -> Spec:
   """The measures a config asks for (`measures`, `estimator`, `rbf_sigma`, `knn_k`,
-  `rsa_method`, `null`, `cca_dims`, `shape_alpha`, `gulp_lambda`), checked against its
-  minibatches."""
+  `rsa_method`, `null`, `cca_dims`, `shape_alpha`, `gulp_lambda`, `svcca_variance`,
+  `uniformity_t`), checked against its minibatches."""
   names = tuple(config.get("measures") or ("linear_cka",))
   smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
   dims = int(config.get("cca_dims", 0)) or max(1, (smallest - 1) // 2)
   spec = Spec(names, config.get("estimator", "unbiased"), float(config.get("rbf_sigma", 1.0)),
               int(config.get("knn_k", 10)), config.get("rsa_method", "pearson"),
               bool(config.get("null", False)), dims, float(config.get("shape_alpha", 1.0)),
-              float(config.get("gulp_lambda", 0.01)))
+              float(config.get("gulp_lambda", 0.01)), float(config.get("svcca_variance", 0.99)),
+              float(config.get("uniformity_t", 2.0)))
   unknown = [m for m in names if m not in NAMES]
   if unknown or len(set(names)) != len(names):
     raise ValueError(f"config.measures={list(names)}: each at most once, of {list(NAMES)}.")
@@ -336,7 +413,12 @@ def spec_of(config) -> Spec:
                      f"found within a minibatch, whose smallest here has {smallest} examples; use "
                      f"1..{max(1, (smallest - 1) // 2)} (two layers' components then need not meet), "
                      "or 0 for that largest.")
-  if {"mutual_knn", "cknna"} & set(names):
+  if not 0 < spec.svcca_variance <= 1:
+    raise ValueError(f"config.svcca_variance={spec.svcca_variance} must be in (0, 1]: the share of "
+                     "each layer's variance SVCCA keeps (0.99 in Raghu et al. 2017).")
+  if not spec.uniformity_t > 0:
+    raise ValueError(f"config.uniformity_t={spec.uniformity_t} must be > 0 (2 in Wang & Isola 2020).")
+  if {"mutual_knn", "cknna", *neighbours.NAMES} & set(names):
     if not 1 <= spec.knn_k < smallest:
       raise ValueError(f"config.knn_k={spec.knn_k}: neighbours are found within a minibatch, whose "
                        f"smallest here has {smallest} examples; knn_k must be 1..{smallest - 1}.")
@@ -359,6 +441,7 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
   null's, normalised by the measure's own self-terms)."""
   pre = "null/" if null else ""
   out = {}
+  stats = descriptive.statistics(sums)
   for m in spec.names:
     if m == "linear_cka":
       key = "hsic" if spec.estimator == "unbiased" else "hsic_biased"
@@ -367,8 +450,18 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
     elif m in ("rbf_cka", "cknna"):
       key = {"rbf_cka": "rbf_hsic", "cknna": "cknna_hsic"}[m]
       out[m] = _normalise(sums[pre + key], sums[key], names, m)
+    elif m == "distance_correlation":
+      out[m] = np.sqrt(np.maximum(_normalise(sums[pre + "dcov"], sums["dcov"], names, m), 0.0))
+    elif m == "rsm_difference":
+      own = np.diag(sums["rsm"])
+      out[m] = np.sqrt(np.maximum(own[:, None] + own[None, :] - 2 * sums[pre + "rsm"], 0.0)
+                       / np.maximum(sums["pair_count"], 1.0))
     elif m == "mutual_knn":
       out[m] = sums[pre + "knn"] / sums["knn_count"]
+    elif m in neighbours.NAMES:
+      out[m] = sums[pre + m] / np.maximum(sums["neighbour_count"], 1.0)
+    elif m in descriptive.NAMES:  # no null: the examples' order does not enter
+      out[m] = np.abs(stats[m][:, None] - stats[m][None, :])
     elif m in subspaces.DISTANCES:
       out[m] = np.sqrt(sums[pre + m] / np.maximum(sums["subspace_count"], 1.0))
     elif m in subspaces.NAMES:
@@ -380,10 +473,18 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
 
 def describe(measure: str, spec: Spec) -> str:
   """How a measure's minibatches combine, with its parameters (for the json)."""
+  dims = f"at most {spec.cca_dims} components"
   params = {"linear_cka": f"estimator {spec.estimator}",
             "rbf_cka": f"estimator {spec.estimator}, rbf_sigma {spec.rbf_sigma}",
+            "distance_correlation": f"estimator {spec.estimator}", "rsm_difference": "Euclidean",
             "mutual_knn": f"k {spec.knn_k}", "cknna": f"k {spec.knn_k}",
-            "rsa": f"{spec.rsa_method} correlation", "mean_cca": f"{spec.cca_dims} components",
-            "cca_r2": f"{spec.cca_dims} components", "regression": f"{spec.cca_dims} components",
-            "shape_metric": f"alpha {spec.shape_alpha}", "gulp": f"lambda {spec.gulp_lambda}"}[measure]
+            "knn_jaccard": f"k {spec.knn_k}", "rank_similarity": f"k {spec.knn_k}",
+            "second_order_cosine": f"k {spec.knn_k}",
+            "rsa": f"{spec.rsa_method} correlation", "mean_cca": dims, "cca_r2": dims,
+            "svcca": f"svcca_variance {spec.svcca_variance}, {dims}", "pwcca": dims,
+            "regression": dims, "eigenspace_overlap": dims,
+            "shape_metric": f"alpha {spec.shape_alpha}", "procrustes": "alpha 1",
+            "gulp": f"lambda {spec.gulp_lambda}", "magnitude_difference": "unbiased squared norm",
+            "concentricity_difference": "minibatch means",
+            "uniformity_difference": f"t {spec.uniformity_t}"}[measure]
   return f"{ESTIMATORS[measure]} ({params})"

@@ -17,6 +17,17 @@ spanned by the columns of U with s > 0. Each measure is a similarity in [0, 1]:
   partial whitening `shape_alpha`: each layer's singular values s^½ become
   α s^½ + (1 - α), so ‖A_aᵀ A_b‖_* / (‖A_a‖_F ‖A_b‖_F) with A = U diag(α √s +
   (1 - α) 1[s > 0]); α = 1 is angular Procrustes (the distance is arccos).
+- `svcca` (Raghu et al. 2017): mean CCA of each layer's fewest top components
+  that explain `svcca_variance` of its variance (99% in the paper).
+- `pwcca` (Morcos et al. 2018): the canonical correlations weighted by how much
+  of the row layer each canonical variate h carries, hᵀ K h (the paper's weights,
+  Σ_j |<h, x_j>| over the features, cannot be had from a Gram; these are their
+  squared form, Σ_j <h, x_j>², and are unchanged by rotating the features).
+- `eigenspace_overlap` (May et al. 2019): ‖U_aᵀ U_b‖_F² / max(r_a, r_b) of the
+  top left singular vectors of the uncentred layers.
+- `procrustes` (a distance): Ding et al.'s (2021) orthogonal Procrustes distance
+  of the centred layers scaled to unit norm, (2 - 2 ‖XᵀY‖_*)^½ (the shape
+  metric's chord at α = 1); the root of the mean over minibatches of its square.
 - `gulp` (a distance, 0 for equal layers): GULP (Boix-Adserà et al. 2022), how
   differently ridge regression (penalty `gulp_lambda`, on the layers scaled to
   trace 1 as GULP's code does) from each layer predicts any linear function of
@@ -26,7 +37,8 @@ spanned by the columns of U with s > 0. Each measure is a similarity in [0, 1]:
 
 Where a layer's width reaches the minibatch, its column space is the whole
 centred space and the CCA family and regression say 1 whatever the other layer
-(Kornblith et al. 2019, Theorem 1). So those three read each layer's top
+(Kornblith et al. 2019, Theorem 1), and the eigenspace overlap says n / width.
+So those (`REDUCED`) read each layer's top at most
 `cca_dims` principal components (default: half the smallest minibatch, so that
 two subspaces cannot be forced to meet), and the job's json names the layers
 this reduced; `shape_metric` keeps every component (α > 0 regularises it).
@@ -42,9 +54,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")
-DISTANCES = ("gulp",)  # 0 for equal layers, larger apart
-REDUCED = ("mean_cca", "cca_r2", "regression")  # read each layer's top `cca_dims` components
+NAMES = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "shape_metric", "procrustes",
+         "gulp", "eigenspace_overlap")
+DISTANCES = ("procrustes", "gulp")  # 0 for equal layers, larger apart; roots of mean squares
+# Read at most each layer's top `cca_dims` components.
+REDUCED = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "eigenspace_overlap")
 _TOL = 16 * float(jnp.finfo(jnp.float32).eps)  # eigenvalues below this share of the largest are 0
 
 
@@ -66,11 +80,13 @@ def _outer(u: jax.Array, w: jax.Array, precision) -> jax.Array:
   return jnp.einsum("lik,ljk->lij", u * w[:, None, :], u, precision=precision)
 
 
-def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
-  """(L, L) sums of the singular values of a_iᵀ b_j for stacked (L, n, r) factors,
-  L pairs at a time (the (L, L, r, r) products at once would not fit); with b None,
-  of a_iᵀ a_j, each pair once (a_jᵀ a_i has the same singular values)."""
-  num = a.shape[0]
+def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
+  """(L, L) values of `fn` for every pair of rows of the stacked pytrees `a` and `b`
+  (leading axis L), L pairs at a time (all pairs at once would not fit). `fn` maps
+  two (P, ...) chunks to a dict of (P,) values; with b None (a against itself, each
+  unordered pair once) a key ending "~" gives the value of the reversed pair,
+  otherwise the matrix is symmetric. With `b`, "~" keys are dropped."""
+  num = jax.tree.leaves(a)[0].shape[0]
   if b is None:
     rows, cols = np.triu_indices(num)
   else:
@@ -78,27 +94,65 @@ def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
   pad = -len(rows) % num
   chunks = np.stack([np.r_[rows, np.zeros(pad, int)], np.r_[cols, np.zeros(pad, int)]], -1)
   other = a if b is None else b
+  take = lambda tree, idx: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
+  values = jax.lax.map(lambda p: fn(take(a, p[:, 0]), take(other, p[:, 1])),
+                       jnp.asarray(chunks.reshape(-1, num, 2)))
+  out = {}
+  for key, v in values.items():
+    if key.endswith("~"):
+      continue
+    v = v.reshape(-1)[:len(rows)]
+    m = jnp.zeros((num, num), v.dtype).at[rows, cols].set(v)
+    if b is None:
+      back = values.get(key + "~")
+      m = (m.at[cols, rows].set(back.reshape(-1)[:len(rows)]) if back is not None
+           else m + jnp.triu(m, 1).T)
+    out[key] = m
+  return out
 
-  def chunk(pairs):
-    m = jnp.einsum("pnr,pns->prs", a[pairs[:, 0]], other[pairs[:, 1]], precision=precision)
-    return jnp.linalg.svd(m, compute_uv=False).sum(-1)
-  values = jax.lax.map(chunk, jnp.asarray(chunks.reshape(-1, num, 2))).reshape(-1)[:len(rows)]
-  out = jnp.zeros((num, num), values.dtype).at[rows, cols].set(values)
-  return out + jnp.triu(out, 1).T if b is None else out
+
+def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
+  """(L, L) sums of the singular values of a_iᵀ b_j for stacked (L, n, r) factors
+  (with b None, of a_iᵀ a_j)."""
+  def fn(x, y):
+    m = jnp.einsum("pnr,pns->prs", x, y, precision=precision)
+    return {"nuc": jnp.linalg.svd(m, compute_uv=False).sum(-1)}
+  return pairwise(fn, a, b)["nuc"]
 
 
-def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims: int,
-                  alpha: float, ridge: float, order: jax.Array | None, precision
-                  ) -> dict[str, jax.Array]:
-  """One minibatch's (L, L) value of each measure of `names` (and, with `order`,
-  of the null: the column layer's examples re-indexed); `subspace_count`, 1 where
-  the minibatch has at least two examples, and `subspace_reduced` (L,), 1 where a
-  layer's rank exceeds `dims`. Summed over minibatches."""
+def _canonical(q: jax.Array, w: jax.Array, pw: bool, precision, other=None) -> dict[str, jax.Array]:
+  """(L, L) sums of the canonical correlations of the (L, n, r) orthonormal
+  factors `q` (zero columns past each layer's rank) and, with `pw`, PWCCA's
+  weighted mean: each canonical variate of the row layer h = Q u weighted by the
+  variance of the layer along it, hᵀ K h = Σ w u² (`w` (L, r), K's eigenvalues on q)."""
+  def fn(x, y):
+    (qx, wx), (qy, wy) = x, y
+    m = jnp.einsum("pnr,pns->prs", qx, qy, precision=precision)
+    if not pw:
+      return {"cca": jnp.linalg.svd(m, compute_uv=False).sum(-1)}
+    u, rho, vt = jnp.linalg.svd(m, full_matrices=False)
+    fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
+    weighted = lambda wts: ((wts * fewer * rho).sum(1)  # noqa: E731
+                            / jnp.maximum((wts * fewer).sum(1), 1e-30))
+    return {"cca": rho.sum(-1), "pwcca": weighted(jnp.einsum("pk,pki->pi", wx, u * u)),
+            "pwcca~": weighted(jnp.einsum("pk,pik->pi", wy, vt * vt))}
+  return pairwise(fn, (q, w), other)
+
+
+def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names: tuple[str, ...],
+                  dims: int, alpha: float, ridge: float, variance: float, order: jax.Array | None,
+                  precision) -> dict[str, jax.Array]:
+  """One minibatch's (L, L) value of each measure of `names` from the layers'
+  centred Grams (and, for `eigenspace_overlap`, the `raw` uncentred ones); with
+  `order`, of the null too (the column layer's examples re-indexed);
+  `subspace_count`, 1 where the minibatch has at least two examples, and
+  `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`. Summed over minibatches."""
   n = mask.astype(jnp.float32).sum()
   u, s, kept = spectra(gram, mask)
-  top = kept & (jnp.arange(s.shape[1]) < dims)[None, :]
+  first = (jnp.arange(s.shape[1]) < dims)[None, :]
+  top = kept & first
   rank = top.sum(1).astype(jnp.float32)
-  smaller = jnp.maximum(jnp.minimum(rank[:, None], rank[None, :]), 1.0)
+  smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)  # noqa: E731
   valid = (n >= 2).astype(jnp.float32)
   out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid}
   movers = [("", lambda m: m, lambda x: None)]  # None: a layer stack against itself
@@ -106,24 +160,48 @@ def subspace_sums(gram: jax.Array, mask: jax.Array, names: tuple[str, ...], dims
     movers.append(("null/", lambda m: m[:, order][:, :, order], lambda x: x[:, order]))
   flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
   pairs = lambda x, y: jnp.matmul(flat(x), flat(y).T, precision=precision)  # noqa: E731
-  p = _outer(u, top.astype(s.dtype), precision) if {"cca_r2", "regression"} & set(names) else None
-  k = _outer(u, s, precision) if "regression" in names else None  # the Gram of trace 1
+  has = lambda *m: bool(set(m) & set(names))  # noqa: E731
+  p = _outer(u, top.astype(s.dtype), precision) if has("cca_r2", "regression") else None
+  k = _outer(u, s, precision) if has("regression") else None  # the Gram of trace 1
   q = (u * top[:, None, :])[:, :, :dims]  # the top components only: a dims x dims SVD per pair
-  hat = _outer(u, s / (s + ridge), precision) if "gulp" in names else None
+  hat = _outer(u, s / (s + ridge), precision) if has("gulp") else None
   a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
   norm = jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2)))
+  procrustes = u * jnp.sqrt(s)[:, None, :]  # norm 1: the layer scaled to unit Frobenius norm
+  sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
+  if has("eigenspace_overlap"):
+    ur, sr, kept_raw = spectra(raw, mask)
+    top_raw = kept_raw & first
+    overlap = _outer(ur, top_raw.astype(sr.dtype), precision)
+    r = top_raw.sum(1).astype(jnp.float32)
+    larger = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
   for pre, matrix, factor in movers:
-    if "cca_r2" in names:
-      out[pre + "cca_r2"] = pairs(p, matrix(p)) / smaller * valid
-    if "regression" in names:
+    if has("cca_r2"):
+      out[pre + "cca_r2"] = pairs(p, matrix(p)) / smaller(rank) * valid
+    if has("regression"):
       out[pre + "regression"] = pairs(p, matrix(k)) * valid
-    if "mean_cca" in names:
-      out[pre + "mean_cca"] = _nuclear(q, factor(q), precision) / smaller * valid
-    if "gulp" in names:  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
+    if has("mean_cca", "pwcca"):
+      w = s[:, :dims] * top[:, :dims]
+      got = _canonical(q, w, has("pwcca"), precision, (factor(q), w) if pre else None)
+      if has("mean_cca"):
+        out[pre + "mean_cca"] = got["cca"] / smaller(rank) * valid
+      if has("pwcca"):
+        out[pre + "pwcca"] = got["pwcca"] * valid
+    if has("svcca"):
+      q_sv = (u * sv[:, None, :])[:, :, :dims]
+      out[pre + "svcca"] = (_nuclear(q_sv, factor(q_sv), precision)
+                            / smaller(sv.sum(1).astype(jnp.float32)) * valid)
+    if has("eigenspace_overlap"):
+      out[pre + "eigenspace_overlap"] = pairs(overlap, matrix(overlap)) / larger * valid
+    if has("gulp"):  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
       own = jnp.sum(jnp.square(hat), axis=(1, 2))
       out[pre + "gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(hat, matrix(hat)),
                                       0.0) * valid
-    if "shape_metric" in names:
-      out[pre + "shape_metric"] = (_nuclear(a, factor(a), precision) * valid
-                                   / jnp.maximum(norm[:, None] * norm[None, :], 1e-30))
+    if has("shape_metric"):
+      nuc = _nuclear(a, factor(a), precision)
+      out[pre + "shape_metric"] = nuc * valid / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
+    if has("procrustes"):  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
+      nuc = nuc if has("shape_metric") and alpha == 1 else _nuclear(procrustes, factor(procrustes),
+                                                                     precision)
+      out[pre + "procrustes"] = jnp.maximum(2 - 2 * nuc, 0.0) * valid
   return out

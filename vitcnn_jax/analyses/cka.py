@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import declaration
+from vitcnn_jax import matching
 from vitcnn_jax import measures
 from vitcnn_jax import plotting
 from vitcnn_jax import protocol
@@ -25,18 +26,23 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "batch_size": 1024,  # the HSIC minibatch (per device, or per group of devices)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
-    # Measures from the same Grams (vitcnn_jax/measures.py): linear_cka (the paper's),
-    # rbf_cka, mutual_knn, cknna, rsa, mean_cca, cca_r2, regression, shape_metric, gulp (a
-    # distance); each of the arrays named after it.
+    # Measures from the same Grams (vitcnn_jax/measures.py: measures.NAMES, README table):
+    # linear_cka (the paper's), rbf_cka, distance_correlation, mutual_knn, cknna,
+    # knn_jaccard, rank_similarity, second_order_cosine, rsa, rsm_difference, mean_cca,
+    # cca_r2, svcca, pwcca, regression, shape_metric, procrustes, gulp, eigenspace_overlap,
+    # magnitude_difference, concentricity_difference, uniformity_difference (the distances:
+    # measures.DISTANCES); each of the arrays named after it.
     "measures": ("linear_cka",),
     "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
     "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
-    "knn_k": 10,  # neighbours of mutual_knn and cknna (Huh et al. 2024 use 10)
+    "knn_k": 10,  # neighbours of mutual_knn, cknna (Huh et al. 2024 use 10) and the other k-NN measures
     "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
-    "cca_dims": 0,  # mean_cca, cca_r2, regression: each layer's top principal components (0: half
-    # the smallest minibatch, so that two layers' components need not meet)
+    "cca_dims": 0,  # the CCA family, regression, eigenspace_overlap: each layer's top principal
+    # components (0: half the smallest minibatch, so that two layers' components need not meet)
+    "svcca_variance": 0.99,  # svcca: the share of each layer's variance its components keep
     "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
     "gulp_lambda": 0.01,  # gulp's ridge penalty (the layers scaled to trace 1)
+    "uniformity_t": 2.0,  # uniformity_difference's temperature (Wang & Isola 2020)
     "null": False,  # also each measure with the second layer's examples permuted per minibatch
     # 95% intervals per cell from this many Poisson-bootstrap replicates over minibatches
     # (all repeats pooled; 0: none). Host memory and state: replicates x sums x 8 bytes.
@@ -142,6 +148,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     summary["measures"][m]["mean"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
     if null is not None:
       summary["measures"][m]["null"] = against_null(arrays, p, reps, null[m], pairs)
+    summary["measures"][m]["matching"] = layer_matching(arrays, m, reps, pairs)
   if "linear_cka" in per_repeat:
     mean = per_repeat["linear_cka"].mean(axis=0)
     summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
@@ -160,6 +167,31 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
   if not measures.only_linear(spec) or config.get("bootstrap", 0):
     summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
   return arrays, summary
+
+
+def layer_matching(arrays: dict, measure: str, reps: np.ndarray, pairs) -> dict:
+  """For each pair of different models: each layer's best match in the other model
+  and the depth-monotone alignment (`best_P_A_B`, `monotone_P_A_B`: a column per
+  row layer), and the pair's score (`matching.score`) with a 95% t interval over
+  the repeats' scores (replaced by the bootstrap's where there is one)."""
+  distance, p = measure in measures.DISTANCES, prefix(measure)
+  out = {"score_definition": matching.SCORE_DEFINITION, "score": {}, "monotone": {}}
+  for t, a, b, rows, cols in pairs:
+    if a is b:
+      continue
+    mean = reps.mean(axis=0)[rows, cols]
+    arrays[f"best_{p}_{t}"] = matching.best(mean, distance)
+    arrays[f"monotone_{p}_{t}"] = path = matching.monotone(mean, distance)
+    out["monotone"][t] = {row: b.names[j] for row, j in zip(a.names, path)}
+    each = [matching.score(r[rows, cols], distance) for r in reps]
+    entry = {"value": matching.score(mean, distance), "interval": None}
+    if len(each) > 1:
+      import scipy.stats  # pylint: disable=g-import-not-at-top  (as in against_null)
+      half = scipy.stats.t.ppf(0.975, len(each) - 1) * np.std(each, ddof=1) / np.sqrt(len(each))
+      entry.update(interval=[float(np.mean(each) - half), float(np.mean(each) + half)],
+                   interval_method="95% t interval of the repeats' scores")
+    out["score"][t] = entry
+  return out
 
 
 def prefix(measure: str) -> str:
@@ -217,8 +249,13 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
   for m in spec.names:
     p, values = prefix(m), np.asarray([r[m] for r in reps])
     low, high = np.percentile(values, [2.5, 97.5], axis=0)
-    for t, _, _, rows, cols in pairs:
+    for t, a, b, rows, cols in pairs:
       arrays[f"{p}_ci_low_{t}"], arrays[f"{p}_ci_high_{t}"] = low[rows, cols], high[rows, cols]
+      if a is not b:
+        each = [matching.score(v[rows, cols], m in measures.DISTANCES) for v in values]
+        summary["measures"][m]["matching"]["score"][t].update(
+            interval=[float(v) for v in np.percentile(each, [2.5, 97.5])],
+            interval_method="95% percentile interval of the bootstrap replicates' scores")
     if nulls is not None:
       diff = values - np.asarray([r[m] for r in nulls])
       d_low, d_high = np.percentile(diff, [2.5, 97.5], axis=0)
@@ -256,7 +293,7 @@ def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> 
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                           path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
                           flat=flat or None, widths=widths or None,
-                          distances=[label[m] for m in spec.names if m in subspaces.DISTANCES])
+                          distances=[label[m] for m in spec.names if m in measures.DISTANCES])
 
 
 def _uniformity(s: dict) -> declaration.Verdict:

@@ -1,0 +1,59 @@
+"""Differences of one statistic of each layer (ReSi's descriptive measures).
+
+Each layer's statistic is read from its Gram within each minibatch, summed over
+minibatches and finished once; a pair of layers gets |s_a - s_b| (0 for equal
+layers, a distance). Which example is which does not enter, so a null (examples
+permuted) equals the measure itself.
+
+- `magnitude_difference`: the norm of the layer's mean, ‖E x‖ (Wang et al. 2022),
+  from the unbiased (Σ_{i≠j} <x_i, x_j>) / (n (n - 1)) of each minibatch (its
+  own mean's squared norm is too large by tr Σ / n).
+- `concentricity_difference`: the mean cosine of each example to its
+  minibatch's mean (Wang et al. 2022).
+- `uniformity_difference`: Wang & Isola's (2020) uniformity of the
+  l2-normalised features, log of the mean over pairs i ≠ j of exp(-t ‖x̂_i - x̂_j‖²).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
+
+
+def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax.Array,
+                   mask: jax.Array, names: tuple[str, ...], t: float) -> dict[str, jax.Array]:
+  """One minibatch's (L,) sums of each layer's statistics from its (L, n, n)
+  uncentred Grams `raw` and cosines `cos`, each centred row's projection on the
+  mean `proj` (L, n) and the mean's squared norm (L,) (raw and its sums carry the
+  layers' scales, `hsic.LAYER_SCALED`); `pair_count` n (n - 1)."""
+  m = mask.astype(jnp.float32)
+  n = m.sum()
+  pairs = m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
+  out = {"pair_count": n * (n - 1)}
+  if "magnitude_difference" in names:
+    out["magnitude"] = jnp.einsum("lij,ij->l", raw, pairs)
+  if "concentricity_difference" in names:  # <x_i, mean> = proj_i + ‖mean‖²
+    along = proj + mean_sq[:, None]
+    norms = jnp.sqrt(jnp.maximum(jnp.diagonal(raw, axis1=1, axis2=2) * mean_sq[:, None], 0.0))
+    out["concentricity"] = (jnp.where(norms > 0, along / jnp.where(norms > 0, norms, 1.0), 0.0)
+                            * m).sum(1)
+    out["concentricity_count"] = n
+  if "uniformity_difference" in names:
+    out["uniformity"] = jnp.einsum("lij,ij->l", jnp.exp(-t * (2 - 2 * cos)), pairs)
+  return out
+
+
+def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Each measure's (L,) statistic from the float64 sums at the layers' own scale."""
+  count = np.maximum(sums.get("pair_count", 0.0), 1.0)
+  out = {}
+  if "magnitude" in sums:
+    out["magnitude_difference"] = np.sqrt(np.maximum(sums["magnitude"] / count, 0.0))
+  if "concentricity" in sums:
+    out["concentricity_difference"] = sums["concentricity"] / np.maximum(sums["concentricity_count"], 1.0)
+  if "uniformity" in sums:
+    out["uniformity_difference"] = np.log(sums["uniformity"] / count)
+  return out
