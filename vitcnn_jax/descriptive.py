@@ -47,13 +47,16 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
 
 
 def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Each measure's (L,) statistic from the float64 sums at the layers' own scale."""
-  count = np.maximum(sums.get("pair_count", 0.0), 1.0)
+  """Each measure's (L,) statistic from the float64 sums at the layers' own scale
+  (NaN without a pair of examples, e.g. a bootstrap replicate that drew no minibatch)."""
+  pairs = sums.get("pair_count", 0.0)
+  ratio = lambda key, count: np.divide(sums[key], count, out=np.full(np.shape(sums[key]), np.nan),  # noqa: E731
+                                       where=np.broadcast_to(count > 0, np.shape(sums[key])))
   out = {}
   if "magnitude" in sums:
-    out["magnitude_difference"] = np.sqrt(np.maximum(sums["magnitude"] / count, 0.0))
+    out["magnitude_difference"] = np.sqrt(np.maximum(ratio("magnitude", pairs), 0.0))
   if "concentricity" in sums:
-    out["concentricity_difference"] = sums["concentricity"] / np.maximum(sums["concentricity_count"], 1.0)
+    out["concentricity_difference"] = ratio("concentricity", sums["concentricity_count"])
   if "uniformity" in sums:
-    out["uniformity_difference"] = np.log(sums["uniformity"] / count)
+    out["uniformity_difference"] = np.log(ratio("uniformity", pairs))
   return out

@@ -56,6 +56,7 @@ NAMES = (("linear_cka", "rbf_cka", "distance_correlation", "mutual_knn", "cknna"
          + neighbours.NAMES + ("rsa", "rsm_difference") + subspaces.NAMES + descriptive.NAMES)
 # 0 for equal layers, larger apart.
 DISTANCES = ("rsm_difference",) + subspaces.DISTANCES + descriptive.NAMES
+WITHOUT_NULL = descriptive.NAMES  # one statistic per layer: permuting examples changes nothing
 ESTIMATORS = {
     "linear_cka": "sum over minibatches of HSIC(K, L), normalised by the sums of HSIC(K, K) and "
                   "HSIC(L, L) (HSIC_1 of Song et al. unbiased, or HSIC_0 biased)",
@@ -438,11 +439,13 @@ def _normalise(hs: np.ndarray, own: np.ndarray, names: Sequence[str], measure: s
 def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
            null: bool = False) -> dict[str, np.ndarray]:
   """Each measure's (L, L) matrix from one repeat's float64 sums (`null`: its
-  null's, normalised by the measure's own self-terms)."""
+  null's, normalised by the measure's own self-terms; none for `WITHOUT_NULL`)."""
   pre = "null/" if null else ""
   out = {}
   stats = descriptive.statistics(sums)
   for m in spec.names:
+    if null and m in WITHOUT_NULL:
+      continue
     if m == "linear_cka":
       key = "hsic" if spec.estimator == "unbiased" else "hsic_biased"
       own = hsic.cka_from_hsic(sums[key], names, sums["moments"] / num_examples)  # checks the layers
@@ -460,7 +463,7 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       out[m] = sums[pre + "knn"] / sums["knn_count"]
     elif m in neighbours.NAMES:
       out[m] = sums[pre + m] / np.maximum(sums["neighbour_count"], 1.0)
-    elif m in descriptive.NAMES:  # no null: the examples' order does not enter
+    elif m in descriptive.NAMES:
       out[m] = np.abs(stats[m][:, None] - stats[m][None, :])
     elif m in subspaces.DISTANCES:
       out[m] = np.sqrt(sums[pre + m] / np.maximum(sums["subspace_count"], 1.0))

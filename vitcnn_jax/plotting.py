@@ -138,14 +138,17 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
                  nulls: dict[str, np.ndarray] | None = None,
                  flat: dict[str, np.ndarray] | None = None,
                  widths: dict[str, np.ndarray] | None = None,
-                 distances: Sequence[str] = ()) -> None:
+                 distances: Sequence[str] = (),
+                 matches: dict[str, tuple[np.ndarray, np.ndarray, str]] | None = None) -> None:
   """Several similarity measures of one pair of models side by side (a panel each,
-  at most five to a row of panels; the null's maps below each on the same scale;
+  at most five to a row of panels; the null's maps below each on the same scale where it has one;
   the widths of the 95% intervals below those), cells that cannot be told from the
   null (`flat`, boolean) dotted; layer ticks and names on the outer panels only.
   The scale is the CKA one (`vmin`, `vmax`), from -1 for a measure that goes
   clearly negative; a distance (`distances`) has its own, from 0 to its largest
-  value, reversed so that alike is bright in every panel."""
+  value, reversed so that alike is bright in every panel. `matches`: per measure,
+  each row's best column, the depth-monotone alignment (a column per row) and the
+  pair's score, drawn over its map and named in its title."""
   names = list(maps)
   per = 1 + bool(nulls) + bool(widths)  # panels per measure, stacked
   ncols = min(len(names), 5)
@@ -154,7 +157,7 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
                            squeeze=False, layout="constrained")
   for j, name in enumerate(names):
     top, col = per * (j // ncols), j % ncols
-    shown = [maps[name]] + ([nulls[name]] if nulls else [])
+    shown = [maps[name]] + ([nulls[name]] if nulls and name in nulls else [])
     low = -1.0 if min(float(np.nanmin(m)) for m in shown) < -0.05 else _options["vmin"]
     high, cmap = _options["vmax"], "magma"
     if name in distances:
@@ -163,12 +166,22 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax = axes[top + i, col]
       im = ax.imshow(matrix, origin="lower", cmap=cmap, vmin=low, vmax=high, aspect="auto",
                      interpolation="nearest")
-      if i == 0 and flat is not None and name in flat and flat[name].any():
+      flagged = i == 0 and flat is not None and name in flat and flat[name].any()
+      if flagged:
         ys, xs = np.nonzero(flat[name])
         ax.plot(xs, ys, "o", color="#29d3f4", ms=max(2.5, 150 / max(matrix.shape)), mew=0,
                 label="cannot be told from the null")
-        ax.legend(loc="upper left", fontsize=8, markerscale=3, frameon=True)
-      ax.set_title(name + (" of the null (permuted)" if i else ""))
+      matched = i == 0 and matches is not None and name in matches
+      if matched:
+        best, aligned, _ = matches[name]
+        ax.plot(best, np.arange(len(best)), "+", color="white", ms=max(3.0, 200 / max(matrix.shape)),
+                mew=1.0, label="best match of each row")
+        ax.plot(aligned, np.arange(len(aligned)), "-", color="#39ff14", lw=1.6,
+                label="depth-monotone match")
+      if flagged or (matched and j == 0):
+        ax.legend(loc="upper left", fontsize=7, markerscale=1.5, frameon=True)
+      score = f"\n{matches[name][2]}" if matched else ""
+      ax.set_title(name + (" of the null (permuted)" if i else "") + score)
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     if widths:
       ax = axes[top + per - 1, col]
@@ -177,8 +190,9 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax.set_title(f"{name}: 95% interval width")
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
   for (i, j), ax in np.ndenumerate(axes):  # the same layers in every panel: named at the edges
-    if (i // per) * ncols + j >= len(names):
-      ax.set_axis_off()  # the last row of panels is not full
+    k = (i // per) * ncols + j
+    if k >= len(names) or (nulls and i % per == 1 and names[k] not in nulls):
+      ax.set_axis_off()  # the last row of panels is not full, or a measure without a null
       continue
     xs, ys = _block_axis(ax, cols, "x"), _block_axis(ax, rows, "y")
     last = i % per == per - 1

@@ -50,6 +50,8 @@ smaller the minibatch; the null shows the level of unrelated layers).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,24 @@ def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
   return out
 
 
+class _OneAtATime:
+  """Runs the step's LAPACK calls one after another. jaxlib's CPU eigh and SVD
+  split a batch over XLA's thread pool and block a pool thread until it is done;
+  two such calls that XLA runs side by side can each hold a thread the other
+  waits for (on 2 cores: a deadlock, seen at minibatches of 256). Each call's
+  input is made to wait for the previous call's output."""
+
+  def __init__(self):
+    self.last = None
+
+  def __call__(self, fn, *args):
+    if self.last is not None:
+      args, _ = jax.lax.optimization_barrier((args, self.last))
+    out = fn(*args)
+    self.last = out
+    return out
+
+
 def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
   """(L, L) sums of the singular values of a_iᵀ b_j for stacked (L, n, r) factors
   (with b None, of a_iᵀ a_j)."""
@@ -120,11 +140,12 @@ def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
   return pairwise(fn, a, b)["nuc"]
 
 
-def _canonical(q: jax.Array, w: jax.Array, pw: bool, precision, other=None) -> dict[str, jax.Array]:
+def _canonical(q: jax.Array, w: jax.Array, other, *, pw: bool, precision) -> dict[str, jax.Array]:
   """(L, L) sums of the canonical correlations of the (L, n, r) orthonormal
   factors `q` (zero columns past each layer's rank) and, with `pw`, PWCCA's
   weighted mean: each canonical variate of the row layer h = Q u weighted by the
-  variance of the layer along it, hᵀ K h = Σ w u² (`w` (L, r), K's eigenvalues on q)."""
+  variance of the layer along it, hᵀ K h = Σ w u² (`w` (L, r), K's eigenvalues on q);
+  `other`: the column layers' (q, w), or None for q against itself."""
   def fn(x, y):
     (qx, wx), (qy, wy) = x, y
     m = jnp.einsum("pnr,pns->prs", qx, qy, precision=precision)
@@ -148,7 +169,12 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   `subspace_count`, 1 where the minibatch has at least two examples, and
   `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`. Summed over minibatches."""
   n = mask.astype(jnp.float32).sum()
-  u, s, kept = spectra(gram, mask)
+  lapack = _OneAtATime()
+  nuclear = functools.partial(_nuclear, precision=precision)
+  both = gram if raw is None else jnp.concatenate([gram, raw])  # one eigh for both
+  u, s, kept = lapack(spectra, both, mask)
+  if raw is not None:
+    (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
   first = (jnp.arange(s.shape[1]) < dims)[None, :]
   top = kept & first
   rank = top.sum(1).astype(jnp.float32)
@@ -170,7 +196,6 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   procrustes = u * jnp.sqrt(s)[:, None, :]  # norm 1: the layer scaled to unit Frobenius norm
   sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
   if has("eigenspace_overlap"):
-    ur, sr, kept_raw = spectra(raw, mask)
     top_raw = kept_raw & first
     overlap = _outer(ur, top_raw.astype(sr.dtype), precision)
     r = top_raw.sum(1).astype(jnp.float32)
@@ -182,14 +207,15 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
       out[pre + "regression"] = pairs(p, matrix(k)) * valid
     if has("mean_cca", "pwcca"):
       w = s[:, :dims] * top[:, :dims]
-      got = _canonical(q, w, has("pwcca"), precision, (factor(q), w) if pre else None)
+      got = lapack(functools.partial(_canonical, pw=has("pwcca"), precision=precision), q, w,
+                   (factor(q), w) if pre else None)
       if has("mean_cca"):
         out[pre + "mean_cca"] = got["cca"] / smaller(rank) * valid
       if has("pwcca"):
         out[pre + "pwcca"] = got["pwcca"] * valid
     if has("svcca"):
       q_sv = (u * sv[:, None, :])[:, :, :dims]
-      out[pre + "svcca"] = (_nuclear(q_sv, factor(q_sv), precision)
+      out[pre + "svcca"] = (lapack(nuclear, q_sv, factor(q_sv))
                             / smaller(sv.sum(1).astype(jnp.float32)) * valid)
     if has("eigenspace_overlap"):
       out[pre + "eigenspace_overlap"] = pairs(overlap, matrix(overlap)) / larger * valid
@@ -198,10 +224,10 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
       out[pre + "gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(hat, matrix(hat)),
                                       0.0) * valid
     if has("shape_metric"):
-      nuc = _nuclear(a, factor(a), precision)
+      nuc = lapack(nuclear, a, factor(a))
       out[pre + "shape_metric"] = nuc * valid / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
     if has("procrustes"):  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
-      nuc = nuc if has("shape_metric") and alpha == 1 else _nuclear(procrustes, factor(procrustes),
-                                                                     precision)
+      nuc = (nuc if has("shape_metric") and alpha == 1
+             else lapack(nuclear, procrustes, factor(procrustes)))
       out[pre + "procrustes"] = jnp.maximum(2 - 2 * nuc, 0.0) * valid
   return out

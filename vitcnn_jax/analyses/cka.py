@@ -79,7 +79,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     n, spec = self.config.num_examples, self.spec
     per = [measures.values(s, self.names, spec, n) for s in sums[0]]
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
-    stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names}
+    stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names if m in reps[0]}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
     reduced = set(subspaces.REDUCED) & set(spec.names)
     if reduced:  # the layers whose rank exceeded cca_dims in some minibatch
@@ -96,7 +96,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     if "linear_cka" in self.spec.names:
       plot_heatmaps(self.config, self.models, arrays, workdir)
     if not measures.only_linear(self.spec) or self.config.get("bootstrap", 0):
-      plot_measures(self.config, self.models, arrays, self.spec, workdir)
+      plot_measures(self.config, self.models, arrays, summary, self.spec, workdir)
 
 
 def blocks(models: list) -> list[tuple[str, object, object, slice, slice]]:
@@ -146,7 +146,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     arrays.update({(f"std_{t}" if p == "cka" else f"{p}_std_{t}"): std[r, c] for t, _, _, r, c in pairs})
     arrays["per_repeat" if p == "cka" else f"{p}_per_repeat"] = reps
     summary["measures"][m]["mean"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
-    if null is not None:
+    if null is not None and m in null:
       summary["measures"][m]["null"] = against_null(arrays, p, reps, null[m], pairs)
     summary["measures"][m]["matching"] = layer_matching(arrays, m, reps, pairs)
   if "linear_cka" in per_repeat:
@@ -256,7 +256,7 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
         summary["measures"][m]["matching"]["score"][t].update(
             interval=[float(v) for v in np.percentile(each, [2.5, 97.5])],
             interval_method="95% percentile interval of the bootstrap replicates' scores")
-    if nulls is not None:
+    if nulls is not None and m in nulls[0]:
       diff = values - np.asarray([r[m] for r in nulls])
       d_low, d_high = np.percentile(diff, [2.5, 97.5], axis=0)
       like = (d_low <= 0) & (d_high >= 0)
@@ -278,22 +278,33 @@ def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None =
                          path=results.workdir_path(workdir, f"cka_{t}.png"))
 
 
-def plot_measures(config, models, arrays, spec: measures.Spec, workdir: str) -> None:
-  """Every measure of each pair of models side by side (the nulls below them)."""
+def _score_text(entry: dict) -> str:
+  interval = entry["interval"]
+  return f"score {entry['value']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+
+def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, workdir: str) -> None:
+  """Every measure of each pair of models side by side (the nulls below them), with
+  each layer's matches and the pair's score where the models differ."""
   for t, a, b, _, _ in blocks(models):
     label = measures.LABELS
     maps = {label[m]: arrays[f"{prefix(m)}_{t}"] for m in spec.names}
-    nulls = {label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names} if spec.null else None
+    nulls = ({label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names if f"null_{prefix(m)}_{t}" in arrays}
+             if spec.null else None)
     flat = {label[m]: arrays[f"{prefix(m)}_like_null_{t}"] for m in spec.names
             if f"{prefix(m)}_like_null_{t}" in arrays}
     widths = {label[m]: arrays[f"{prefix(m)}_ci_high_{t}"] - arrays[f"{prefix(m)}_ci_low_{t}"]
               for m in spec.names if f"{prefix(m)}_ci_high_{t}" in arrays}
+    matches = {label[m]: (arrays[f"best_{prefix(m)}_{t}"], arrays[f"monotone_{prefix(m)}_{t}"],
+                          _score_text(summary["measures"][m]["matching"]["score"][t]))
+               for m in spec.names if f"best_{prefix(m)}_{t}" in arrays}
     title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
     plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                           path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
                           flat=flat or None, widths=widths or None,
-                          distances=[label[m] for m in spec.names if m in measures.DISTANCES])
+                          distances=[label[m] for m in spec.names if m in measures.DISTANCES],
+                          matches=matches or None)
 
 
 def _uniformity(s: dict) -> declaration.Verdict:
@@ -318,7 +329,9 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
   others = [(f"mean {measures.LABELS[m]} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
              else f"mean {measures.LABELS[m]} {t}", f"{v:.3f}")
             for m, e in s.get("measures", {}).items() if m != "linear_cka" for t, v in e["mean"].items()]
-  return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others
+  scores = [(f"{measures.LABELS[m]} score {t} (monotone layer matching)", _score_text(e)[6:])
+            for m, e in s.get("measures", {}).items() for t, e in e.get("matching", {}).get("score", {}).items()]
+  return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others + scores
           + [(f"mean off-diagonal CKA within {k}", f"{v:.3f}")
              for k, v in s["mean_off_diagonal_cka"].items()]
           + [("largest std over repeats", f"{s['max_std_over_repeats']:.4f}")])
