@@ -38,7 +38,6 @@ public ImageNet-21k checkpoints of the same architectures (both at 224 px).
 import ml_collections
 
 from configs import common
-from vitcnn_jax import measures
 
 PAIRS = {  # names in zoo.ZOO, also the labels
     "b16_r50": ("ViT-B/16", "BiT-R50x1"),
@@ -59,7 +58,11 @@ TRIPLES = {"vit_swin_resnet": (("vit", "ViT-B/16 ImageNet"), ("swin", "Swin-B"),
 AT_224 = {"dinov2_b14_convnext_b": {"resolution": 224}, "dinov3_b16_convnext_b": {"resolution": 224}}
 DEMOS = {"demo": ("vit", "resnet"), "demo3": ("vit", "resnet", "vit_gap"),
          "demo_mixer": ("vit", "resnet", "mixer"), "demo_measures": ("vit", "resnet")}
-MEASURES = list(measures.NAMES)
+MEASURES = ["linear_cka", "rbf_cka", "distance_correlation", "mutual_knn", "cknna", "knn_jaccard",
+            "rank_similarity", "second_order_cosine", "rsa", "rsm_difference", "mean_cca", "cca_r2",
+            "svcca", "pwcca", "regression", "shape_metric", "procrustes", "gulp",
+            "eigenspace_overlap", "magnitude_difference", "concentricity_difference",
+            "uniformity_difference"]  # vitcnn_jax.measures.NAMES (configs import no jax)
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair

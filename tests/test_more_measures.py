@@ -298,3 +298,9 @@ print("done")
   got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env=device_env(1))  # one device, as main.py runs on a CPU
   assert got.returncode == 0 and "done" in got.stdout, got.stderr[-2000:]
+
+
+def test_demo_measures_runs_every_measure():
+  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
+  assert tuple(cka_vit_resnet.get_config("demo_measures").measures) == measures.NAMES
+

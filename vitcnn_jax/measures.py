@@ -280,48 +280,46 @@ def _permute(stack: jax.Array, order: jax.Array) -> jax.Array:
   return stack[:, order][:, :, order]
 
 
-def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
-                 order: jax.Array | None = None,
-                 precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
-  """One minibatch's sums of every measure of `spec` but unbiased linear CKA
-  (`hsic.linear_sums`), for every pair of `layers`; with `order`, each again
-  with the second layer's examples re-indexed (prefix "null/"). Keys:
-  `hsic_biased` (carrying the layers' scales, see `hsic.unscale`), `rbf_hsic`,
-  `knn` and `knn_count` (examples), `cknna_hsic`, `rsa` and `rsa_count` (1 per
-  minibatch with pairs); the others are scale-free."""
-  n = valid_count(mask)
-  out: dict[str, jax.Array] = {}
+def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, precision,
+           scale: jax.Array | float = 1.0) -> None:
+  """Every pair of layers' flattened (L, n, n) matrices, and the null (second permuted)."""
+  flat = mats.reshape(mats.shape[0], -1)
+  out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
+  if order is not None:
+    moved = _permute(mats, order).reshape(flat.shape)
+    out[f"null/{name}"] = scale * jnp.matmul(flat, moved.T, precision=precision)
 
-  def pairs(name: str, mats: jax.Array, scale: jax.Array | float = 1.0) -> None:
-    """Every pair of layers' flattened (L, n, n) matrices, and the null (second permuted)."""
-    flat = mats.reshape(mats.shape[0], -1)
-    out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
-    if order is not None:
-      moved = _permute(mats, order).reshape(flat.shape)
-      out[f"null/{name}"] = scale * jnp.matmul(flat, moved.T, precision=precision)
 
+def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
+  """Biased linear CKA, RBF CKA, distance correlation and the RSM difference: inner
+  products of each pair of layers' kernel matrices."""
+  n, out = valid_count(mask), {}
   unbiased = spec.estimator == "unbiased"
-  stack = Stack.of(layers)
-  per_layer = lambda f, x: jax.vmap(f, (0, None))(x, mask)
+  per_layer = lambda f, x: jax.vmap(f, (0, None))(x, mask)  # noqa: E731
+  centre = hsic.center_unbiased if unbiased else center_biased
+  hsic_norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
+               else 1 / jnp.maximum(n - 1, 1.0) ** 2)
   if "linear_cka" in spec.names and not unbiased:  # centred features: K is H K H already
-    pairs("hsic_biased", stack.gram, 1 / jnp.maximum(n - 1, 1.0) ** 2)
+    _pairs(out, "hsic_biased", stack.gram, order, precision, 1 / jnp.maximum(n - 1, 1.0) ** 2)
   if "rbf_cka" in spec.names:
     kernels = jax.vmap(rbf_kernel, (0, None, None))(stack.gram, mask, spec.rbf_sigma)
-    norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
-            else 1 / jnp.maximum(n - 1, 1.0) ** 2)
-    pairs("rbf_hsic", per_layer(hsic.center_unbiased if unbiased else center_biased, kernels), norm)
+    _pairs(out, "rbf_hsic", per_layer(centre, kernels), order, precision, hsic_norm)
   if {"distance_correlation", "rsm_difference"} & set(spec.names):
     dist = per_layer(distances, stack.gram)  # at the layers' scales 2^-e: see hsic.PAIR_SCALED
-    if "distance_correlation" in spec.names:
-      norm = (jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0) if unbiased
-              else 1 / jnp.maximum(n, 1.0) ** 2)
-      pairs("dcov", per_layer(hsic.center_unbiased if unbiased else center_biased, dist), norm)
+    if "distance_correlation" in spec.names:  # dCov²: the V-statistic's 1/n², not 1/(n-1)²
+      _pairs(out, "dcov", per_layer(centre, dist), order, precision,
+             hsic_norm if unbiased else 1 / jnp.maximum(n, 1.0) ** 2)
     if "rsm_difference" in spec.names:
-      pairs("rsm", dist)
+      _pairs(out, "rsm", dist, order, precision)
   if ({"rsm_difference"} | set(descriptive.NAMES)) & set(spec.names):
     out["pair_count"] = n * (n - 1)
-  on_cosines = {"mutual_knn", "cknna", "uniformity_difference", *neighbours.NAMES}
-  cos = cosine(stack, mask) if on_cosines & set(spec.names) else None
+  return out
+
+
+def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
+  """The measures of the examples' cosines: neighbourhoods and the descriptive statistics."""
+  n, out = valid_count(mask), {}
+  cos = cosine(stack, mask)
   if set(neighbours.NAMES) & set(spec.names):
     out.update(neighbours.neighbour_sums(cos, mask, spec.names, spec.knn_k, order, precision))
   if set(descriptive.NAMES) & set(spec.names):
@@ -330,13 +328,29 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
   if {"mutual_knn", "cknna"} & set(spec.names):
     knn = jax.vmap(knn_mask, (0, None, None))(cos, mask, spec.knn_k)
     if "mutual_knn" in spec.names:
-      pairs("knn", knn, 1 / spec.knn_k)
+      _pairs(out, "knn", knn, order, precision, 1 / spec.knn_k)
       out["knn_count"] = n
     if "cknna" in spec.names:
       out["cknna_hsic"] = cknna_hsic(cos, knn, cos, knn, n, precision)
       if order is not None:
         out["null/cknna_hsic"] = cknna_hsic(cos, knn, _permute(cos, order), _permute(knn, order), n,
                                             precision)
+  return out
+
+
+def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
+                 order: jax.Array | None = None,
+                 precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+  """One minibatch's sums of every measure of `spec` but unbiased linear CKA
+  (`hsic.linear_sums`), for every pair of `layers`; with `order`, each again
+  with the second layer's examples re-indexed (prefix "null/"). Keys:
+  `hsic_biased`, `dcov`, `rsm` and `magnitude` (carrying the layers' scales, see
+  `hsic.unscale`), `rbf_hsic`, `knn` and `knn_count` (examples), `cknna_hsic`,
+  `rsa` and `rsa_count` (1 per minibatch with pairs), ...; the others are scale-free."""
+  stack = Stack.of(layers)
+  out = _kernel_sums(stack, mask, spec, order, precision)
+  if {"mutual_knn", "cknna", *neighbours.NAMES, *descriptive.NAMES} & set(spec.names):
+    out.update(_cosine_sums(stack, mask, spec, order, precision))
   if "rsa" in spec.names:
     corr = correlation(stack, mask)
     z, valid = rsa_vectors(corr, mask, spec.rsa_method)

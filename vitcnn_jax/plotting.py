@@ -132,6 +132,25 @@ def cka_heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *,
   save_figure(fig, path)
 
 
+def _overlays(ax, matrix: np.ndarray, flat: np.ndarray | None, match, first: bool) -> str:
+  """A measure's map's marks: cells like the null, each row's best match and the
+  monotone alignment (legend on the first panel, or where cells are flagged);
+  the score for the title."""
+  flagged = flat is not None and flat.any()
+  if flagged:
+    ys, xs = np.nonzero(flat)
+    ax.plot(xs, ys, "o", color="#29d3f4", ms=max(2.5, 150 / max(matrix.shape)), mew=0,
+            label="cannot be told from the null")
+  if match is not None:
+    best, aligned, _ = match
+    ax.plot(best, np.arange(len(best)), "+", color="white", ms=max(3.0, 200 / max(matrix.shape)),
+            mew=1.0, label="best match of each row")
+    ax.plot(aligned, np.arange(len(aligned)), "-", color="#39ff14", lw=1.6, label="depth-monotone match")
+  if flagged or (match is not None and first):
+    ax.legend(loc="upper left", fontsize=7, markerscale=1.5, frameon=True)
+  return f"\n{match[2]}" if match is not None else ""
+
+
 @styled
 def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], *,
                  row_label: str, col_label: str, title: str, path: str,
@@ -166,21 +185,7 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax = axes[top + i, col]
       im = ax.imshow(matrix, origin="lower", cmap=cmap, vmin=low, vmax=high, aspect="auto",
                      interpolation="nearest")
-      flagged = i == 0 and flat is not None and name in flat and flat[name].any()
-      if flagged:
-        ys, xs = np.nonzero(flat[name])
-        ax.plot(xs, ys, "o", color="#29d3f4", ms=max(2.5, 150 / max(matrix.shape)), mew=0,
-                label="cannot be told from the null")
-      matched = i == 0 and matches is not None and name in matches
-      if matched:
-        best, aligned, _ = matches[name]
-        ax.plot(best, np.arange(len(best)), "+", color="white", ms=max(3.0, 200 / max(matrix.shape)),
-                mew=1.0, label="best match of each row")
-        ax.plot(aligned, np.arange(len(aligned)), "-", color="#39ff14", lw=1.6,
-                label="depth-monotone match")
-      if flagged or (matched and j == 0):
-        ax.legend(loc="upper left", fontsize=7, markerscale=1.5, frameon=True)
-      score = f"\n{matches[name][2]}" if matched else ""
+      score = _overlays(ax, matrix, (flat or {}).get(name), (matches or {}).get(name), j == 0) if i == 0 else ""
       ax.set_title(name + (" of the null (permuted)" if i else "") + score)
       fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     if widths:

@@ -160,6 +160,46 @@ def _canonical(q: jax.Array, w: jax.Array, other, *, pw: bool, precision) -> dic
   return pairwise(fn, (q, w), other)
 
 
+def _matmul_sums(f: dict, names, matrix, precision) -> dict[str, jax.Array]:
+  """The measures of per-layer (L, n, n) matrices: one matmul over every pair."""
+  flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
+  pairs = lambda x, y: jnp.matmul(flat(x), flat(y).T, precision=precision)  # noqa: E731
+  out = {}
+  if "cca_r2" in names:
+    out["cca_r2"] = pairs(f["p"], matrix(f["p"])) / f["smaller"]
+  if "regression" in names:
+    out["regression"] = pairs(f["p"], matrix(f["k"]))
+  if "eigenspace_overlap" in names:
+    out["eigenspace_overlap"] = pairs(f["overlap"], matrix(f["overlap"])) / f["larger"]
+  if "gulp" in names:  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
+    own = jnp.sum(jnp.square(f["hat"]), axis=(1, 2))
+    out["gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(f["hat"], matrix(f["hat"])), 0.0)
+  return out
+
+
+def _svd_sums(f: dict, names, factor, lapack: _OneAtATime, alpha: float, precision) -> dict[str, jax.Array]:
+  """The measures that take an SVD per pair of layers, one batch after another."""
+  nuclear = functools.partial(_nuclear, precision=precision)
+  out = {}
+  if {"mean_cca", "pwcca"} & set(names):
+    got = lapack(functools.partial(_canonical, pw="pwcca" in names, precision=precision), f["q"], f["w"],
+                 None if factor(f["q"]) is None else (factor(f["q"]), f["w"]))
+    if "mean_cca" in names:
+      out["mean_cca"] = got["cca"] / f["smaller"]
+    if "pwcca" in names:
+      out["pwcca"] = got["pwcca"]
+  if "svcca" in names:
+    out["svcca"] = lapack(nuclear, f["q_sv"], factor(f["q_sv"])) / f["smaller_sv"]
+  if "shape_metric" in names:
+    nuc = lapack(nuclear, f["a"], factor(f["a"]))
+    out["shape_metric"] = nuc / jnp.maximum(f["norm"][:, None] * f["norm"][None, :], 1e-30)
+  if "procrustes" in names:  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
+    if not ("shape_metric" in names and alpha == 1):
+      nuc = lapack(nuclear, f["procrustes"], factor(f["procrustes"]))
+    out["procrustes"] = jnp.maximum(2 - 2 * nuc, 0.0)
+  return out
+
+
 def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names: tuple[str, ...],
                   dims: int, alpha: float, ridge: float, variance: float, order: jax.Array | None,
                   precision) -> dict[str, jax.Array]:
@@ -168,66 +208,37 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   `order`, of the null too (the column layer's examples re-indexed);
   `subspace_count`, 1 where the minibatch has at least two examples, and
   `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`. Summed over minibatches."""
-  n = mask.astype(jnp.float32).sum()
   lapack = _OneAtATime()
-  nuclear = functools.partial(_nuclear, precision=precision)
   both = gram if raw is None else jnp.concatenate([gram, raw])  # one eigh for both
   u, s, kept = lapack(spectra, both, mask)
   if raw is not None:
     (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
   first = (jnp.arange(s.shape[1]) < dims)[None, :]
   top = kept & first
-  rank = top.sum(1).astype(jnp.float32)
   smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)  # noqa: E731
-  valid = (n >= 2).astype(jnp.float32)
+  has = lambda *m: bool(set(m) & set(names))  # noqa: E731
+  sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
+  a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
+  f = {"smaller": smaller(top.sum(1).astype(jnp.float32)), "a": a,
+       "p": _outer(u, top.astype(s.dtype), precision) if has("cca_r2", "regression") else None,
+       "k": _outer(u, s, precision) if has("regression") else None,  # the Gram of trace 1
+       "q": (u * top[:, None, :])[:, :, :dims],  # the top components only: dims x dims SVDs
+       "w": s[:, :dims] * top[:, :dims], "norm": jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2))),
+       "hat": _outer(u, s / (s + ridge), precision) if has("gulp") else None,
+       "procrustes": u * jnp.sqrt(s)[:, None, :],  # norm 1: the layer scaled to unit Frobenius norm
+       "q_sv": (u * sv[:, None, :])[:, :, :dims], "smaller_sv": smaller(sv.sum(1).astype(jnp.float32))}
+  if has("eigenspace_overlap"):
+    top_raw = kept_raw & first
+    f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision)
+    r = top_raw.sum(1).astype(jnp.float32)
+    f["larger"] = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
+  valid = (mask.astype(jnp.float32).sum() >= 2).astype(jnp.float32)
   out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid}
   movers = [("", lambda m: m, lambda x: None)]  # None: a layer stack against itself
   if order is not None:  # rows and columns of a matrix, rows of a factor
     movers.append(("null/", lambda m: m[:, order][:, :, order], lambda x: x[:, order]))
-  flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
-  pairs = lambda x, y: jnp.matmul(flat(x), flat(y).T, precision=precision)  # noqa: E731
-  has = lambda *m: bool(set(m) & set(names))  # noqa: E731
-  p = _outer(u, top.astype(s.dtype), precision) if has("cca_r2", "regression") else None
-  k = _outer(u, s, precision) if has("regression") else None  # the Gram of trace 1
-  q = (u * top[:, None, :])[:, :, :dims]  # the top components only: a dims x dims SVD per pair
-  hat = _outer(u, s / (s + ridge), precision) if has("gulp") else None
-  a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
-  norm = jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2)))
-  procrustes = u * jnp.sqrt(s)[:, None, :]  # norm 1: the layer scaled to unit Frobenius norm
-  sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
-  if has("eigenspace_overlap"):
-    top_raw = kept_raw & first
-    overlap = _outer(ur, top_raw.astype(sr.dtype), precision)
-    r = top_raw.sum(1).astype(jnp.float32)
-    larger = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
   for pre, matrix, factor in movers:
-    if has("cca_r2"):
-      out[pre + "cca_r2"] = pairs(p, matrix(p)) / smaller(rank) * valid
-    if has("regression"):
-      out[pre + "regression"] = pairs(p, matrix(k)) * valid
-    if has("mean_cca", "pwcca"):
-      w = s[:, :dims] * top[:, :dims]
-      got = lapack(functools.partial(_canonical, pw=has("pwcca"), precision=precision), q, w,
-                   (factor(q), w) if pre else None)
-      if has("mean_cca"):
-        out[pre + "mean_cca"] = got["cca"] / smaller(rank) * valid
-      if has("pwcca"):
-        out[pre + "pwcca"] = got["pwcca"] * valid
-    if has("svcca"):
-      q_sv = (u * sv[:, None, :])[:, :, :dims]
-      out[pre + "svcca"] = (lapack(nuclear, q_sv, factor(q_sv))
-                            / smaller(sv.sum(1).astype(jnp.float32)) * valid)
-    if has("eigenspace_overlap"):
-      out[pre + "eigenspace_overlap"] = pairs(overlap, matrix(overlap)) / larger * valid
-    if has("gulp"):  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
-      own = jnp.sum(jnp.square(hat), axis=(1, 2))
-      out[pre + "gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(hat, matrix(hat)),
-                                      0.0) * valid
-    if has("shape_metric"):
-      nuc = lapack(nuclear, a, factor(a))
-      out[pre + "shape_metric"] = nuc * valid / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
-    if has("procrustes"):  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
-      nuc = (nuc if has("shape_metric") and alpha == 1
-             else lapack(nuclear, procrustes, factor(procrustes)))
-      out[pre + "procrustes"] = jnp.maximum(2 - 2 * nuc, 0.0) * valid
+    got = {**_matmul_sums(f, names, matrix, precision),
+           **_svd_sums(f, names, factor, lapack, alpha, precision)}
+    out.update({pre + m: v * valid for m, v in got.items()})
   return out
