@@ -2,8 +2,8 @@
 
 Each layer's statistic is read from its Gram within each minibatch, summed over
 minibatches and finished once; a pair of layers gets |s_a - s_b| (0 for equal
-layers, a distance). Which example is which does not enter, so a null (examples
-permuted) equals the measure itself.
+layers, a distance). Which example is which does not enter, so they have no
+null (examples permuted, it would equal the measure).
 
 - `magnitude_difference`: the norm of the layer's mean, ‖E x‖ (Wang et al. 2022),
   from the unbiased (Σ_{i≠j} <x_i, x_j>) / (n (n - 1)) of each minibatch (its
@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax import hsic
+
 NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
 
 
@@ -31,7 +33,7 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
   layers' scales, `hsic.LAYER_SCALED`); `pair_count` n (n - 1)."""
   m = mask.astype(jnp.float32)
   n = m.sum()
-  pairs = m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
+  pairs = hsic.pair_mask(mask)
   out = {"pair_count": n * (n - 1)}
   if "magnitude_difference" in names:
     out["magnitude"] = jnp.einsum("lij,ij->l", raw, pairs)

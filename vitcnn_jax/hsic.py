@@ -341,6 +341,12 @@ def _linear_out(grams: jax.Array, moments: jax.Array, exps: jax.Array, n_all: in
   return out
 
 
+def pair_mask(mask: jax.Array) -> jax.Array:
+  """(n, n) float32: 1 where both rows are valid and not the same row."""
+  m = mask.astype(jnp.float32)
+  return m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
+
+
 # Sums carrying the layers' scales: a pair's by 2^(c (e_a + e_b)), a layer's by 2^(c e).
 PAIR_SCALED = {"hsic": 2, "hsic_biased": 2, "dcov": 1, "rsm": 1}
 LAYER_SCALED = {"moments": 4, "magnitude": 2}

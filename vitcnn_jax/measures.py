@@ -29,9 +29,9 @@ Every measure is computed within each minibatch from the layers' Grams
   nearest neighbours compared (`neighbours.py`).
 - `magnitude_difference`, `concentricity_difference`, `uniformity_difference`:
   one statistic per layer (`descriptive.py`).
-
-- `mean_cca`, `cca_r2`, `regression`, `shape_metric`, `gulp`: from each
-  layer's principal subspace (`subspaces.py`): mean over minibatches.
+- the CCA family (`mean_cca`, `cca_r2`, `svcca`, `pwcca`), `regression`,
+  `shape_metric`, `procrustes`, `gulp`, `eigenspace_overlap`: from each layer's
+  principal subspace (`subspaces.py`).
 
 `null=True` adds each measure with the second layer's examples permuted within
 the minibatch (a re-index of its matrices, no forward): what the measure gives
@@ -140,12 +140,6 @@ def valid_count(mask: jax.Array) -> jax.Array:
   return mask.astype(jnp.float32).sum()
 
 
-def _pair_mask(mask: jax.Array) -> jax.Array:
-  """(n, n): both rows valid and not the same row."""
-  m = mask.astype(jnp.float32)
-  return m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
-
-
 class Stack(NamedTuple):
   """The layers of one minibatch (`hsic.Layer`s, each at its own scale) stacked:
   what every measure here reads, as (L, ...) arrays."""
@@ -195,12 +189,17 @@ def center_biased(k: jax.Array, mask: jax.Array) -> jax.Array:
   return (k - means[:, None] - means[None, :] + means.sum() / n) * m[:, None] * m[None, :]
 
 
+def _squared_distances(gram: jax.Array) -> jax.Array:
+  """(n, n) squared Euclidean distances between the rows of a Gram (clipped at 0)."""
+  d = jnp.diagonal(gram)
+  return jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)
+
+
 def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
   """exp(-d^2 / (2 sigma^2 median d^2)) from a Gram of centred rows, over the
   valid rows (padding zero); a layer with every distance zero gives ones (it is
   constant: its centred kernel is zero)."""
-  d = jnp.diagonal(gram)
-  sq = jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)
+  sq = _squared_distances(gram)
   m = mask.astype(jnp.float32)
   valid = m[:, None] * m[None, :]
   count = valid.sum().astype(jnp.int32)
@@ -214,15 +213,14 @@ def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
 def distances(gram: jax.Array, mask: jax.Array) -> jax.Array:
   """(n, n) Euclidean distances between the valid rows of a Gram of centred rows
   (padding zero)."""
-  d = jnp.diagonal(gram)
   m = mask.astype(jnp.float32)
-  return jnp.sqrt(jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)) * m[:, None] * m[None, :]
+  return jnp.sqrt(_squared_distances(gram)) * m[:, None] * m[None, :]
 
 
 def knn_mask(similarity: jax.Array, mask: jax.Array, k: int) -> jax.Array:
   """(n, n) 1 where column j is among row i's k most similar examples (itself and
   padding excluded; fewer where fewer are valid), padding rows zero."""
-  pairs = _pair_mask(mask)
+  pairs = hsic.pair_mask(mask)
   s = jnp.where(pairs > 0, similarity, -jnp.inf)
   top, idx = jax.lax.top_k(s, k)
   hits = jax.nn.one_hot(idx, s.shape[0], dtype=jnp.float32) * (top > -jnp.inf)[..., None]
@@ -311,7 +309,7 @@ def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
              hsic_norm if unbiased else 1 / jnp.maximum(n, 1.0) ** 2)
     if "rsm_difference" in spec.names:
       _pairs(out, "rsm", dist, order, precision)
-  if ({"rsm_difference"} | set(descriptive.NAMES)) & set(spec.names):
+  if "rsm_difference" in spec.names:
     out["pair_count"] = n * (n - 1)
   return out
 

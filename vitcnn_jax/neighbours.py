@@ -23,6 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vitcnn_jax import hsic
 from vitcnn_jax import subspaces
 
 NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
@@ -31,9 +32,7 @@ NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
 def neighbours(cos: jax.Array, mask: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """(L, n, k) indices of each example's k most similar others, most similar
   first, and whether each is one (fewer where fewer examples are valid)."""
-  m = mask.astype(bool)
-  pair = m[:, None] & m[None, :] & ~jnp.eye(m.shape[0], dtype=bool)
-  top, idx = jax.lax.top_k(jnp.where(pair, cos, -jnp.inf), k)
+  top, idx = jax.lax.top_k(jnp.where(hsic.pair_mask(mask) > 0, cos, -jnp.inf), k)
   return idx, top > -jnp.inf
 
 

@@ -37,7 +37,7 @@ spanned by the columns of U with s > 0. Each measure is a similarity in [0, 1]:
 
 Where a layer's width reaches the minibatch, its column space is the whole
 centred space and the CCA family and regression say 1 whatever the other layer
-(Kornblith et al. 2019, Theorem 1), and the eigenspace overlap says n / width.
+(Kornblith et al. 2019, Theorem 1), and so does the eigenspace overlap.
 So those (`REDUCED`) read each layer's top at most
 `cca_dims` principal components (default: half the smallest minibatch, so that
 two subspaces cannot be forced to meet), and the job's json names the layers

@@ -183,15 +183,21 @@ def layer_matching(arrays: dict, measure: str, reps: np.ndarray, pairs) -> dict:
     arrays[f"best_{p}_{t}"] = matching.best(mean, distance)
     arrays[f"monotone_{p}_{t}"] = path = matching.monotone(mean, distance)
     out["monotone"][t] = {row: b.names[j] for row, j in zip(a.names, path)}
-    each = [matching.score(r[rows, cols], distance) for r in reps]
+    each = np.asarray([matching.score(r[rows, cols], distance) for r in reps])
     entry = {"value": matching.score(mean, distance), "interval": None}
     if len(each) > 1:
-      import scipy.stats  # pylint: disable=g-import-not-at-top  (as in against_null)
-      half = scipy.stats.t.ppf(0.975, len(each) - 1) * np.std(each, ddof=1) / np.sqrt(len(each))
-      entry.update(interval=[float(np.mean(each) - half), float(np.mean(each) + half)],
+      half = float(_t_half_width(each))
+      entry.update(interval=[float(each.mean()) - half, float(each.mean()) + half],
                    interval_method="95% t interval of the repeats' scores")
     out["score"][t] = entry
   return out
+
+
+def _t_half_width(x: np.ndarray) -> np.ndarray:
+  """Half the 95% t interval of the mean over the first axis (repeats)."""
+  import scipy.stats  # pylint: disable=g-import-not-at-top  (here alone: 1 s of every job's start)
+  r = len(x)
+  return scipy.stats.t.ppf(0.975, r - 1) * x.std(axis=0, ddof=1) / np.sqrt(r)
 
 
 def prefix(measure: str) -> str:
@@ -211,10 +217,8 @@ def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs
     out["mean"][t] = float(arrays[f"null_{p}_{t}"].mean())
     out["cells"][t] = int(arrays[f"null_{p}_{t}"].size)
     if r > 1:
-      import scipy.stats  # pylint: disable=g-import-not-at-top  (here alone: 1 s of every job's start)
       d = diff[:, rows, cols]
-      half = scipy.stats.t.ppf(0.975, r - 1) * d.std(axis=0, ddof=1) / np.sqrt(r)
-      arrays[f"{p}_like_null_{t}"] = np.abs(d.mean(axis=0)) <= half
+      arrays[f"{p}_like_null_{t}"] = np.abs(d.mean(axis=0)) <= _t_half_width(d)
       out["like_null"][t] = int(arrays[f"{p}_like_null_{t}"].sum())
   if r == 1:
     out["like_null"] = None  # one repeat: no spread to judge the difference by
@@ -279,8 +283,9 @@ def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None =
 
 
 def _score_text(entry: dict) -> str:
+  """A pair's score and its interval, e.g. "0.829 [0.826, 0.832]"."""
   interval = entry["interval"]
-  return f"score {entry['value']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+  return f"{entry['value']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 
 def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, workdir: str) -> None:
@@ -296,7 +301,7 @@ def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, wo
     widths = {label[m]: arrays[f"{prefix(m)}_ci_high_{t}"] - arrays[f"{prefix(m)}_ci_low_{t}"]
               for m in spec.names if f"{prefix(m)}_ci_high_{t}" in arrays}
     matches = {label[m]: (arrays[f"best_{prefix(m)}_{t}"], arrays[f"monotone_{prefix(m)}_{t}"],
-                          _score_text(summary["measures"][m]["matching"]["score"][t]))
+                          "score " + _score_text(summary["measures"][m]["matching"]["score"][t]))
                for m in spec.names if f"best_{prefix(m)}_{t}" in arrays}
     title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
     plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
@@ -329,7 +334,7 @@ def key_numbers(s: dict) -> list[tuple[str, str]]:
   others = [(f"mean {measures.LABELS[m]} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
              else f"mean {measures.LABELS[m]} {t}", f"{v:.3f}")
             for m, e in s.get("measures", {}).items() if m != "linear_cka" for t, v in e["mean"].items()]
-  scores = [(f"{measures.LABELS[m]} score {t} (monotone layer matching)", _score_text(e)[6:])
+  scores = [(f"{measures.LABELS[m]} score {t} (monotone layer matching)", _score_text(e))
             for m, e in s.get("measures", {}).items() for t, e in e.get("matching", {}).get("score", {}).items()]
   return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others + scores
           + [(f"mean off-diagonal CKA within {k}", f"{v:.3f}")
