@@ -23,7 +23,7 @@ model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
 `demo_measures` every similarity measure (`config.measures`, all of
 `vitcnn_jax.measures.NAMES`: CKA and kernels, neighbourhoods, RSA, the CCA family,
 regression, alignment, GULP, descriptive statistics) side by side, each against its null
-(`config.null`: the second layer's examples permuted), in `measures_A_B.png`.
+(`config.null`: one layer's examples permuted), in `measures_A_B.png`.
 
 Models are the mapping `config.models` (name -> model spec), here `vit` and
 `resnet`; it takes any number of checkpoints under any names (add one with

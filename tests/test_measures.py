@@ -210,7 +210,8 @@ def test_rsa_equals_the_correlation_of_dissimilarity_matrices(method, gram_path)
 
 def test_the_null_is_the_measure_of_a_permuted_second_layer():
   """With a fixed key, the null equals the measure computed on explicitly permuted
-  rows of the second layer (valid rows only; padding stays in place)."""
+  rows of the column layer above the diagonal and of the row layer below it (valid
+  rows only; padding stays in place)."""
   acts = _data(3, n=16)
   spec = measures.Spec(("linear_cka", "rbf_cka", "mutual_knn", "cknna", "rsa"), knn_k=3, null=True)
   key = jax.random.PRNGKey(7)
@@ -228,6 +229,9 @@ def test_the_null_is_the_measure_of_a_permuted_second_layer():
       scale = max(float(np.abs(ref[key_]).max()), 1e-30)
       assert_close(got[f"null/{key_}"][0, b], ref[key_][0, 1], 4 * cka_bound(12, 24) * scale,
                    f"null {key_} 0-{b}")
+      if b:  # below the diagonal: the row layer's examples re-indexed (see layerpairs)
+        assert_close(got[f"null/{key_}"][b, 0], ref[key_][1, 0], 4 * cka_bound(12, 24) * scale,
+                     f"null {key_} {b}-0")
 
 
 def test_grouped_minibatches_refuse_other_measures():

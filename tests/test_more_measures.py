@@ -195,7 +195,8 @@ def test_a_layer_as_wide_as_the_minibatch_is_reduced():
 
 
 def test_the_null_is_each_measure_of_a_permuted_second_layer():
-  """`null/` is the measure with the column layer's examples in the key's order; the
+  """`null/` is the measure with the column layer's examples in the key's order
+  above the diagonal, the row layer's below it (PWCCA is one-way); the
   descriptive statistics ignore the order, so they have none."""
   acts = _data(3, n=16)
   spec = measures.Spec(NEW, cca_dims=DIMS, knn_k=K, null=True)
@@ -217,6 +218,8 @@ def test_the_null_is_each_measure_of_a_permuted_second_layer():
         assert m not in null and m in value, m
       else:  # two float32 evaluations, each within its bound of the same exact value
         assert_close(null[m][0, b], want[m][0, b + 1], 2 * bounds[m], f"null {m} 0-{b}")
+        if b:  # below the diagonal: the row layer's examples re-indexed (see layerpairs)
+          assert_close(null[m][b, 0], want[m][b + 1, 0], 2 * bounds[m], f"null {m} {b}-0")
     assert abs(null["knn_jaccard"][0, b] - value["knn_jaccard"][0, b]) > 0.05  # a new order
 
 

@@ -172,6 +172,8 @@ class _Config(dict):
 
 
 def test_the_null_is_each_measure_of_a_permuted_second_layer():
+  """Above the diagonal the column layer's examples are permuted, below it the row
+  layer's: regression and PWCCA, one-way, tell the two apart."""
   acts = _data(3, n=16)
   spec = measures.Spec(NAMES, cca_dims=5, null=True)
   key = jax.random.PRNGKey(7)
@@ -190,3 +192,5 @@ def test_the_null_is_each_measure_of_a_permuted_second_layer():
       if m == "gulp":  # a square, up to 2 * rank: its error as in the definitions' test, doubled
         bound = 8 * (likely(24, 12) + worst(12)) * 4 * np.sqrt(12) * np.sqrt(2 * 12) / spec.gulp_lambda
       assert_close(got[f"null/{m}"][0, b], ref[m][0, 1], bound, f"null {m} 0-{b}")
+      if b:  # below the diagonal the row layer's examples are re-indexed (see layerpairs)
+        assert_close(got[f"null/{m}"][b, 0], ref[m][1, 0], bound, f"null {m} {b}-0")

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax import layerpairs
 from vitcnn_jax.control import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -318,8 +319,8 @@ def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
 def linear_sums(layers: Sequence[Layer], mask: jax.Array | None, precision: Precision = HIGHEST,
                 order: jax.Array | None = None) -> dict[str, jax.Array]:
   """One minibatch's HSIC_1 matrix of `layers` (each at its own scale), their
-  fourth moments and exponents; with `order`, also `null/hsic`: the second layer's
-  examples re-indexed by `order` (U-centring commutes with the re-index)."""
+  fourth moments and exponents; with `order`, also `null/hsic`: one layer's
+  examples re-indexed by `order` (see `layerpairs`; U-centring commutes with it)."""
   n_all = layers[0].gram.shape[0]
   n = _valid_rows(n_all, mask)
   grams = jnp.stack([center_unbiased(lay.gram, mask).ravel() for lay in layers])
@@ -337,7 +338,7 @@ def _linear_out(grams: jax.Array, moments: jax.Array, exps: jax.Array, n_all: in
   if order is not None:  # the barrier keeps XLA from fusing the centring into both uses (compile memory)
     grams = jax.lax.optimization_barrier(grams)
     moved = grams.reshape(-1, n_all, n_all)[:, order][:, :, order].reshape(grams.shape)
-    out["null/hsic"] = _hsic_of_grams(grams, n_all, mask, precision, moved)
+    out["null/hsic"] = layerpairs.mirror(_hsic_of_grams(grams, n_all, mask, precision, moved))
   return out
 
 

@@ -33,9 +33,11 @@ Every measure is computed within each minibatch from the layers' Grams
   `shape_metric`, `procrustes`, `gulp`, `eigenspace_overlap`: from each layer's
   principal subspace (`subspaces.py`).
 
-`null=True` adds each measure with the second layer's examples permuted within
-the minibatch (a re-index of its matrices, no forward): what the measure gives
-for unrelated representations of the same statistics.
+`null=True` adds each measure with one layer's examples permuted within the
+minibatch (a re-index of its matrices, no forward): what the measure gives for
+unrelated representations of the same statistics. Above the diagonal the column
+layer's are permuted, below it the row layer's, so that each unordered pair is
+computed once (`layerpairs`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import numpy as np
 
 from vitcnn_jax import descriptive
 from vitcnn_jax import hsic
+from vitcnn_jax import layerpairs
 from vitcnn_jax import neighbours
 from vitcnn_jax import subspaces
 
@@ -280,12 +283,12 @@ def _permute(stack: jax.Array, order: jax.Array) -> jax.Array:
 
 def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, precision,
            scale: jax.Array | float = 1.0) -> None:
-  """Every pair of layers' flattened (L, n, n) matrices, and the null (second permuted)."""
+  """Every pair of layers' flattened (L, n, n) matrices, and the null (see `layerpairs`)."""
   flat = mats.reshape(mats.shape[0], -1)
   out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
   if order is not None:
     moved = _permute(mats, order).reshape(flat.shape)
-    out[f"null/{name}"] = scale * jnp.matmul(flat, moved.T, precision=precision)
+    out[f"null/{name}"] = layerpairs.mirror(scale * jnp.matmul(flat, moved.T, precision=precision))
 
 
 def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
@@ -331,8 +334,9 @@ def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
     if "cknna" in spec.names:
       out["cknna_hsic"] = cknna_hsic(cos, knn, cos, knn, n, precision)
       if order is not None:
-        out["null/cknna_hsic"] = cknna_hsic(cos, knn, _permute(cos, order), _permute(knn, order), n,
-                                            precision)
+        moved = _permute(cos, order), _permute(knn, order)  # one-way: 1ᵀ A B 1 is not symmetric
+        out["null/cknna_hsic"] = layerpairs.one_way(cknna_hsic(cos, knn, *moved, n, precision),
+                                                    cknna_hsic(*moved, cos, knn, n, precision))
   return out
 
 
@@ -341,7 +345,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
                  precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
   """One minibatch's sums of every measure of `spec` but unbiased linear CKA
   (`hsic.linear_sums`), for every pair of `layers`; with `order`, each again
-  with the second layer's examples re-indexed (prefix "null/"). Keys:
+  with one layer's examples re-indexed (prefix "null/", see `layerpairs`). Keys:
   `hsic_biased`, `dcov`, `rsm` and `magnitude` (carrying the layers' scales, see
   `hsic.unscale`), `rbf_hsic`, `knn` and `knn_count` (examples), `cknna_hsic`,
   `rsa` and `rsa_count` (1 per minibatch with pairs), ...; the others are scale-free."""
@@ -356,7 +360,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
     out["rsa_count"] = (valid.sum() > 1).astype(jnp.float32)
     if order is not None:
       z_null, _ = rsa_vectors(_permute(corr, order), mask, spec.rsa_method)
-      out["null/rsa"] = jnp.matmul(z, z_null.T, precision=precision)
+      out["null/rsa"] = layerpairs.mirror(jnp.matmul(z, z_null.T, precision=precision))
   chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
   if chosen:
     m = mask.astype(jnp.float32)

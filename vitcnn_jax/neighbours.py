@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from vitcnn_jax import hsic
-from vitcnn_jax import subspaces
+from vitcnn_jax import layerpairs
 
 NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
 
@@ -64,13 +64,13 @@ def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: i
                    order: jax.Array | None, precision) -> dict[str, jax.Array]:
   """One minibatch's (L, L) sums over its examples of each measure of `names` from
   the layers' (L, n, n) cosine similarities (with `order`, of the null too: the
-  column layer's examples re-indexed), and `neighbour_count`, its examples."""
+  examples of one layer re-indexed, see `layerpairs`), and `neighbour_count`, its examples."""
   idx, ok = neighbours(cos, mask, k)
   out = {"neighbour_count": mask.astype(jnp.float32).sum()}
   fn = lambda x, y: _rows(x, y, k, precision)  # noqa: E731
-  got = subspaces.pairwise(fn, (cos, idx, ok))
+  got = layerpairs.pairwise(fn, (cos, idx, ok))
   if order is not None:
     moved = cos[:, order][:, :, order]
-    null = subspaces.pairwise(fn, (cos, idx, ok), (moved, *neighbours(moved, mask, k)))
+    null = layerpairs.pairwise(fn, (cos, idx, ok), (moved, *neighbours(moved, mask, k)))
     got.update({f"null/{m}": v for m, v in null.items()})
   return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}

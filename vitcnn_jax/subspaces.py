@@ -54,7 +54,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from vitcnn_jax import layerpairs
 
 NAMES = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "shape_metric", "procrustes",
          "gulp", "eigenspace_overlap")
@@ -82,121 +83,123 @@ def _outer(u: jax.Array, w: jax.Array, precision) -> jax.Array:
   return jnp.einsum("lik,ljk->lij", u * w[:, None, :], u, precision=precision)
 
 
-def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
-  """(L, L) values of `fn` for every pair of rows of the stacked pytrees `a` and `b`
-  (leading axis L), L pairs at a time (all pairs at once would not fit). `fn` maps
-  two (P, ...) chunks to a dict of (P,) values; with b None (a against itself, each
-  unordered pair once) a key ending "~" gives the value of the reversed pair,
-  otherwise the matrix is symmetric. With `b`, "~" keys are dropped."""
-  num = jax.tree.leaves(a)[0].shape[0]
-  if b is None:
-    rows, cols = np.triu_indices(num)
-  else:
-    rows, cols = np.divmod(np.arange(num * num), num)
-  pad = -len(rows) % num
-  chunks = np.stack([np.r_[rows, np.zeros(pad, int)], np.r_[cols, np.zeros(pad, int)]], -1)
-  other = a if b is None else b
-  take = lambda tree, idx: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
-  values = jax.lax.map(lambda p: fn(take(a, p[:, 0]), take(other, p[:, 1])),
-                       jnp.asarray(chunks.reshape(-1, num, 2)))
-  out = {}
-  for key, v in values.items():
-    if key.endswith("~"):
-      continue
-    v = v.reshape(-1)[:len(rows)]
-    m = jnp.zeros((num, num), v.dtype).at[rows, cols].set(v)
-    if b is None:
-      back = values.get(key + "~")
-      m = (m.at[cols, rows].set(back.reshape(-1)[:len(rows)]) if back is not None
-           else m + jnp.triu(m, 1).T)
-    out[key] = m
-  return out
-
-
 class _OneAtATime:
   """Runs the step's LAPACK calls one after another. jaxlib's CPU eigh and SVD
-  split a batch over XLA's thread pool and block a pool thread until it is done;
+  split a batch over XLA's thread pool and block their thread until it is done;
   two such calls that XLA runs side by side can each hold a thread the other
-  waits for (on 2 cores: a deadlock, seen at minibatches of 256). Each call's
-  input is made to wait for the previous call's output."""
+  waits for (on 2 cores: a deadlock). Each call's inputs get a zero computed from
+  the previous call's output: a data dependency that orders them at run time,
+  which an optimization_barrier (its buffers aliased) does not."""
 
   def __init__(self):
     self.last = None
 
   def __call__(self, fn, *args):
     if self.last is not None:
-      args, _ = jax.lax.optimization_barrier((args, self.last))
+      zero = 0.0 * jnp.nan_to_num(jax.tree.leaves(self.last)[0].ravel()[0].astype(jnp.float32))
+      args = jax.tree.map(lambda x: x + zero.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                          else x, args)
     out = fn(*args)
     self.last = out
     return out
 
 
-def _nuclear(a: jax.Array, b: jax.Array | None, precision) -> jax.Array:
-  """(L, L) sums of the singular values of a_iᵀ b_j for stacked (L, n, r) factors
-  (with b None, of a_iᵀ a_j)."""
-  def fn(x, y):
-    m = jnp.einsum("pnr,pns->prs", x, y, precision=precision)
-    return {"nuc": jnp.linalg.svd(m, compute_uv=False).sum(-1)}
-  return pairwise(fn, a, b)["nuc"]
+def _nuclear(m: jax.Array) -> jax.Array:
+  """(P,) sums of the singular values of (P, r, s) matrices."""
+  return jnp.linalg.svd(m, compute_uv=False).sum(-1)
 
 
-def _canonical(q: jax.Array, w: jax.Array, other, *, pw: bool, precision) -> dict[str, jax.Array]:
-  """(L, L) sums of the canonical correlations of the (L, n, r) orthonormal
-  factors `q` (zero columns past each layer's rank) and, with `pw`, PWCCA's
-  weighted mean: each canonical variate of the row layer h = Q u weighted by the
-  variance of the layer along it, hᵀ K h = Σ w u² (`w` (L, r), K's eigenvalues on q);
-  `other`: the column layers' (q, w), or None for q against itself."""
-  def fn(x, y):
-    (qx, wx), (qy, wy) = x, y
-    m = jnp.einsum("pnr,pns->prs", qx, qy, precision=precision)
-    if not pw:
-      return {"cca": jnp.linalg.svd(m, compute_uv=False).sum(-1)}
-    u, rho, vt = jnp.linalg.svd(m, full_matrices=False)
-    fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
-    weighted = lambda wts: ((wts * fewer * rho).sum(1)  # noqa: E731
-                            / jnp.maximum((wts * fewer).sum(1), 1e-30))
-    return {"cca": rho.sum(-1), "pwcca": weighted(jnp.einsum("pk,pki->pi", wx, u * u)),
-            "pwcca~": weighted(jnp.einsum("pk,pik->pi", wy, vt * vt))}
-  return pairwise(fn, (q, w), other)
+def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
+  """The canonical correlations' sums of (P, r, r) products of orthonormal factors
+  (zero columns past each layer's rank) and PWCCA's weighted means both ways: each
+  canonical variate of the row layer h = Q u weighted by the variance of the layer
+  along it, hᵀ K h = Σ w u² (`wx`, `wy` (P, r): K's eigenvalues on the factors)."""
+  u, rho, vt = jnp.linalg.svd(m, full_matrices=False)
+  fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
+  weighted = lambda wts: ((wts * fewer * rho).sum(1)  # noqa: E731
+                          / jnp.maximum((wts * fewer).sum(1), 1e-30))
+  return {"cca": rho.sum(-1), "pwcca": weighted(jnp.einsum("pk,pki->pi", wx, u * u)),
+          "pwcca~": weighted(jnp.einsum("pk,pik->pi", wy, vt * vt))}
 
 
-def _matmul_sums(f: dict, names, matrix, precision) -> dict[str, jax.Array]:
-  """The measures of per-layer (L, n, n) matrices: one matmul over every pair."""
+def _chunk_sums(x: dict, ys: tuple, names, precision) -> dict[str, jax.Array]:
+  """The SVD measures of one chunk of P pairs: row factors `x` against column
+  factors `ys` (the layers, and for the null their re-indexed examples), each
+  kind of SVD in one call for both, one call after another."""
+  lapack = _OneAtATime()
+  both = lambda k: (jnp.concatenate([x[k]] * len(ys)),  # noqa: E731
+                    jnp.concatenate([y[k] for y in ys]))
+  prod = lambda a, b: jnp.einsum("pnr,pns->prs", a, b, precision=precision)  # noqa: E731
+  nuclear = lambda a, b: _nuclear(prod(a, b))  # noqa: E731
+  got = {}
+  if "a" in x:
+    got["nuc"] = lapack(nuclear, *both("a"))
+  if "pro" in x:
+    got["nuc_p"] = lapack(nuclear, *both("pro"))
+  if "pwcca" in names:
+    got.update(lapack(lambda a, b, wx, wy: _pwcca(prod(a, b), wx, wy), *both("q"), *both("w")))
+  elif "mean_cca" in names:
+    got["cca"] = lapack(nuclear, *both("q"))
+  if "svcca" in names and "cca" in got:  # the same subspaces where no layer keeps fewer
+    short = (x["short"] | ys[0]["short"]).any()
+    got["cca_sv"] = lapack(lambda a, b, c: jax.lax.cond(short, nuclear, lambda *_: c, a, b),
+                           *both("q_sv"), got["cca"])
+  elif "svcca" in names:
+    got["cca_sv"] = lapack(nuclear, *both("q_sv"))
+  parts = lambda v: jnp.split(v, len(ys))  # noqa: E731
+  return {pre + k: part for k, v in got.items() for pre, part in zip(("", "null/"), parts(v))}
+
+
+def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str, jax.Array]:
+  """The measures of per-layer (L, n, n) matrices: one matmul over every pair;
+  with `order`, their nulls (see `layerpairs`)."""
   flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
-  pairs = lambda x, y: jnp.matmul(flat(x), flat(y).T, precision=precision)  # noqa: E731
+  moved = (lambda m: m) if order is None else (lambda m: m[:, order][:, :, order])  # noqa: E731
+  pairs = lambda x, y: jnp.matmul(flat(x), flat(moved(y)).T, precision=precision)  # noqa: E731
+  both_ways = (lambda v: v) if order is None else layerpairs.mirror  # noqa: E731
   out = {}
   if "cca_r2" in names:
-    out["cca_r2"] = pairs(f["p"], matrix(f["p"])) / f["smaller"]
-  if "regression" in names:
-    out["regression"] = pairs(f["p"], matrix(f["k"]))
+    out["cca_r2"] = both_ways(pairs(f["p"], f["p"])) / f["smaller"]
+  if "regression" in names:  # below the diagonal: the row layer's examples re-indexed instead
+    reg = pairs(f["p"], f["k"])
+    out["regression"] = reg if order is None else layerpairs.one_way(
+        reg, jnp.matmul(flat(moved(f["p"])), flat(f["k"]).T, precision=precision))
   if "eigenspace_overlap" in names:
-    out["eigenspace_overlap"] = pairs(f["overlap"], matrix(f["overlap"])) / f["larger"]
+    out["eigenspace_overlap"] = both_ways(pairs(f["overlap"], f["overlap"])) / f["larger"]
   if "gulp" in names:  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
     own = jnp.sum(jnp.square(f["hat"]), axis=(1, 2))
-    out["gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * pairs(f["hat"], matrix(f["hat"])), 0.0)
-  return out
+    out["gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * both_ways(pairs(f["hat"], f["hat"])), 0.0)
+  return {("" if order is None else "null/") + k: v for k, v in out.items()}
 
 
-def _svd_sums(f: dict, names, factor, lapack: _OneAtATime, alpha: float, precision) -> dict[str, jax.Array]:
-  """The measures that take an SVD per pair of layers, one batch after another."""
-  nuclear = functools.partial(_nuclear, precision=precision)
+def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alpha: float,
+              precision) -> dict[str, jax.Array]:
+  """The measures that take an SVD per pair of layers (and their nulls), in one
+  pass over the pairs; Procrustes reuses the shape metric's at α = 1."""
+  procrustes = "procrustes" in names
+  keys = (("a",) if "shape_metric" in names or (procrustes and alpha == 1) else ()) + (
+      ("pro",) if procrustes and alpha != 1 else ()) + (
+      ("q", "w") if {"mean_cca", "pwcca"} & set(names) else ()) + (
+      ("q_sv", "short") if "svcca" in names else ())
+  if not keys:
+    return {}
+  rows = {k: f[k] for k in keys}
+  cols = (rows,) if order is None else (
+      rows, {k: v[:, order] if v.ndim == 3 else v for k, v in rows.items()})
+  fn = functools.partial(_chunk_sums, names=names, precision=precision)
+  got = lapack(lambda r, c: layerpairs.pairwise(fn, r, c), rows, cols)
   out = {}
-  if {"mean_cca", "pwcca"} & set(names):
-    got = lapack(functools.partial(_canonical, pw="pwcca" in names, precision=precision), f["q"], f["w"],
-                 None if factor(f["q"]) is None else (factor(f["q"]), f["w"]))
+  for pre in ("", "null/")[:len(cols)]:
     if "mean_cca" in names:
-      out["mean_cca"] = got["cca"] / f["smaller"]
+      out[pre + "mean_cca"] = got[pre + "cca"] / f["smaller"]
     if "pwcca" in names:
-      out["pwcca"] = got["pwcca"]
-  if "svcca" in names:
-    out["svcca"] = lapack(nuclear, f["q_sv"], factor(f["q_sv"])) / f["smaller_sv"]
-  if "shape_metric" in names:
-    nuc = lapack(nuclear, f["a"], factor(f["a"]))
-    out["shape_metric"] = nuc / jnp.maximum(f["norm"][:, None] * f["norm"][None, :], 1e-30)
-  if "procrustes" in names:  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
-    if not ("shape_metric" in names and alpha == 1):
-      nuc = lapack(nuclear, f["procrustes"], factor(f["procrustes"]))
-    out["procrustes"] = jnp.maximum(2 - 2 * nuc, 0.0)
+      out[pre + "pwcca"] = got[pre + "pwcca"]
+    if "svcca" in names:
+      out[pre + "svcca"] = got[pre + "cca_sv"] / f["smaller_sv"]
+    if "shape_metric" in names:
+      out[pre + "shape_metric"] = got[pre + "nuc"] / jnp.maximum(f["norm"][:, None] * f["norm"][None, :], 1e-30)
+    if "procrustes" in names:  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
+      out[pre + "procrustes"] = jnp.maximum(2 - 2 * got.get(pre + "nuc_p", got.get(pre + "nuc")), 0.0)
   return out
 
 
@@ -205,7 +208,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
                   precision) -> dict[str, jax.Array]:
   """One minibatch's (L, L) value of each measure of `names` from the layers'
   centred Grams (and, for `eigenspace_overlap`, the `raw` uncentred ones); with
-  `order`, of the null too (the column layer's examples re-indexed);
+  `order`, of the null too (one layer's examples re-indexed, see `layerpairs`);
   `subspace_count`, 1 where the minibatch has at least two examples, and
   `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`. Summed over minibatches."""
   lapack = _OneAtATime()
@@ -225,8 +228,9 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
        "q": (u * top[:, None, :])[:, :, :dims],  # the top components only: dims x dims SVDs
        "w": s[:, :dims] * top[:, :dims], "norm": jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2))),
        "hat": _outer(u, s / (s + ridge), precision) if has("gulp") else None,
-       "procrustes": u * jnp.sqrt(s)[:, None, :],  # norm 1: the layer scaled to unit Frobenius norm
-       "q_sv": (u * sv[:, None, :])[:, :, :dims], "smaller_sv": smaller(sv.sum(1).astype(jnp.float32))}
+       "pro": u * jnp.sqrt(s)[:, None, :],  # norm 1: the layer scaled to unit Frobenius norm
+       "q_sv": (u * sv[:, None, :])[:, :, :dims], "smaller_sv": smaller(sv.sum(1).astype(jnp.float32)),
+       "short": (sv != top).any(1)}  # a layer whose SVCCA keeps fewer than its top components
   if has("eigenspace_overlap"):
     top_raw = kept_raw & first
     f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision)
@@ -234,11 +238,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
     f["larger"] = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
   valid = (mask.astype(jnp.float32).sum() >= 2).astype(jnp.float32)
   out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid}
-  movers = [("", lambda m: m, lambda x: None)]  # None: a layer stack against itself
-  if order is not None:  # rows and columns of a matrix, rows of a factor
-    movers.append(("null/", lambda m: m[:, order][:, :, order], lambda x: x[:, order]))
-  for pre, matrix, factor in movers:
-    got = {**_matmul_sums(f, names, matrix, precision),
-           **_svd_sums(f, names, factor, lapack, alpha, precision)}
-    out.update({pre + m: v * valid for m, v in got.items()})
-  return out
+  got = {**_matmul_sums(f, names, None, precision), **_svd_sums(f, names, order, lapack, alpha, precision)}
+  if order is not None:
+    got.update(_matmul_sums(f, names, order, precision))
+  return {**out, **{m: v * valid for m, v in got.items()}}

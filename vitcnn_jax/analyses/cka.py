@@ -43,7 +43,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
     "gulp_lambda": 0.01,  # gulp's ridge penalty (the layers scaled to trace 1)
     "uniformity_t": 2.0,  # uniformity_difference's temperature (Wang & Isola 2020)
-    "null": False,  # also each measure with the second layer's examples permuted per minibatch
+    "null": False,  # also each measure with one layer's examples permuted per minibatch
     # 95% intervals per cell from this many Poisson-bootstrap replicates over minibatches
     # (all repeats pooled; 0: none). Host memory and state: replicates x sums x 8 bytes.
     "bootstrap": 0,

@@ -1,0 +1,55 @@
+"""Values of a function for every pair of layers, each unordered pair once.
+
+Measures that decompose or compare two layers' matrices pair by pair (an SVD per
+pair, neighbour lists) cannot be had from one matmul over the stack; `pairwise`
+runs them over chunks of pairs, so that memory stays that of L pairs.
+
+The null of every measure permutes one layer's examples. Above the diagonal the
+column layer's examples are re-indexed by the permutation, below it by its
+inverse: m(X_j, P⁻¹ X_i) = m(P X_j, X_i), so a symmetric measure's null is
+symmetric and each unordered pair is computed once (`mirror`), and an asymmetric
+one's lower triangle is the reverse direction of the same computation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def mirror(m: jax.Array) -> jax.Array:
+  """(L, L) the upper triangle of `m` with its diagonal, mirrored below."""
+  return jnp.triu(m) + jnp.triu(m, 1).T
+
+
+def one_way(upper: jax.Array, lower: jax.Array) -> jax.Array:
+  """(L, L) an asymmetric measure's null: `upper`'s upper triangle with its
+  diagonal (the column layer re-indexed), `lower`'s strict lower (the row layer)."""
+  return jnp.triu(upper) + jnp.tril(lower, -1)
+
+
+def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
+  """(L, L) values of `fn` for every pair i ≤ j of the rows of the stacked pytrees
+  `a` (the row layers) and `b` (the column layers; default `a`), leading axis L,
+  L pairs at a time. `fn` maps two (P, ...) chunks to a dict of (P,) values; a
+  key ending "~" gives the reversed pair's value, which fills the lower triangle
+  of its key without the "~"; a key without one is mirrored."""
+  num = jax.tree.leaves(a)[0].shape[0]
+  rows, cols = np.triu_indices(num)
+  pad = -len(rows) % num
+  chunks = np.stack([np.r_[rows, np.zeros(pad, int)], np.r_[cols, np.zeros(pad, int)]], -1)
+  other = a if b is None else b
+  take = lambda tree, idx: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
+  values = jax.lax.map(lambda p: fn(take(a, p[:, 0]), take(other, p[:, 1])),
+                       jnp.asarray(chunks.reshape(-1, num, 2)))
+  out = {}
+  for key, v in values.items():
+    if key.endswith("~"):
+      continue
+    m = jnp.zeros((num, num), v.dtype).at[rows, cols].set(v.reshape(-1)[:len(rows)])
+    back = values.get(key + "~")
+    below = rows < cols  # the diagonal keeps the forward value
+    out[key] = (mirror(m) if back is None
+                else m.at[cols[below], rows[below]].set(back.reshape(-1)[:len(rows)][below]))
+  return out
