@@ -30,7 +30,7 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
   """One minibatch's (L,) sums of each layer's statistics from its (L, n, n)
   uncentred Grams `raw` and cosines `cos`, each centred row's projection on the
   mean `proj` (L, n) and the mean's squared norm (L,) (raw and its sums carry the
-  layers' scales, `hsic.LAYER_SCALED`); `pair_count` n (n - 1)."""
+  layers' scales, declared below); `pair_count` n (n - 1)."""
   m = mask.astype(jnp.float32)
   n = m.sum()
   pairs = hsic.pair_mask(mask)
@@ -46,6 +46,9 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
   if "uniformity_difference" in names:
     out["uniformity"] = jnp.einsum("lij,ij->l", jnp.exp(-t * (2 - 2 * cos)), pairs)
   return out
+
+
+hsic.declare_scale("magnitude", 2, per_pair=False)
 
 
 def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -348,15 +348,24 @@ def pair_mask(mask: jax.Array) -> jax.Array:
   return m[:, None] * m[None, :] * (1 - jnp.eye(m.shape[0], dtype=jnp.float32))
 
 
-# Sums carrying the layers' scales: a pair's by 2^(c (e_a + e_b)), a layer's by 2^(c e).
-PAIR_SCALED = {"hsic": 2, "hsic_biased": 2, "dcov": 1, "rsm": 1}
-LAYER_SCALED = {"moments": 4, "magnitude": 2}
+# The sums that carry the layers' scales, key -> (c, per pair): a pair's sum by
+# 2^(c (e_a + e_b)), a layer's by 2^(c e). The module that makes a sum declares it
+# beside it (`declare_scale`); `shared_scale` and `unscale` read them.
+_SCALED: dict[str, tuple[int, bool]] = {}
+
+
+def declare_scale(key: str, power: int, per_pair: bool) -> None:
+  """Sums named `key` (or "prefix/key") carry the layers' scales to `power`."""
+  _SCALED[key] = (power, per_pair)
+
+
+declare_scale("hsic", 2, per_pair=True)
+declare_scale("moments", 4, per_pair=False)
 
 
 def _power(key: str) -> tuple[int, bool]:
   """(c, whether per pair) of a sum's scale 2^(c e), (0, False) for a scale-free one."""
-  base = key.rsplit("/", 1)[-1]
-  return (PAIR_SCALED[base], True) if base in PAIR_SCALED else (LAYER_SCALED.get(base, 0), False)
+  return _SCALED.get(key.rsplit("/", 1)[-1], (0, False))
 
 
 def shared_scale(sums: dict[str, jax.Array], axis_name: str | tuple[str, ...] | None

@@ -159,9 +159,12 @@ class Stack(NamedTuple):
                jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
                jnp.asarray([lay.features for lay in layers], jnp.float32))
 
-  def raw(self) -> jax.Array:
-    """(L, n, n) Grams of the rows as they are (uncentred)."""
-    return self.gram + self.proj[:, :, None] + self.proj[:, None, :] + self.mean_sq[:, None, None]
+  def raw(self, mask: jax.Array) -> jax.Array:
+    """(L, n, n) Grams of the rows as they are (uncentred), padding rows and
+    columns zero (the centred Gram's are; the mean's term is not)."""
+    m = mask.astype(jnp.float32)
+    return (self.gram + self.proj[:, :, None] + self.proj[:, None, :]
+            + self.mean_sq[:, None, None]) * (m[:, None] * m[None, :])
 
 
 def _normalise_rows(k: jax.Array, mask: jax.Array) -> jax.Array:
@@ -174,12 +177,12 @@ def _normalise_rows(k: jax.Array, mask: jax.Array) -> jax.Array:
 
 def cosine(stack: Stack, mask: jax.Array) -> jax.Array:
   """(L, n, n) cosine similarities of the examples' features (l2-normalised Grams)."""
-  return jax.vmap(_normalise_rows, (0, None))(stack.raw(), mask)
+  return jax.vmap(_normalise_rows, (0, None))(stack.raw(mask), mask)
 
 
 def correlation(stack: Stack, mask: jax.Array) -> jax.Array:
   """(L, n, n) Pearson correlations between examples (each row centred on its own mean)."""
-  rowcentred = stack.raw() - stack.features[:, None, None] * stack.rowmean[:, :, None] * stack.rowmean[:, None, :]
+  rowcentred = stack.raw(mask) - stack.features[:, None, None] * stack.rowmean[:, :, None] * stack.rowmean[:, None, :]
   return jax.vmap(_normalise_rows, (0, None))(rowcentred, mask)
 
 
@@ -306,7 +309,7 @@ def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
     kernels = jax.vmap(rbf_kernel, (0, None, None))(stack.gram, mask, spec.rbf_sigma)
     _pairs(out, "rbf_hsic", per_layer(centre, kernels), order, precision, hsic_norm)
   if {"distance_correlation", "rsm_difference"} & set(spec.names):
-    dist = per_layer(distances, stack.gram)  # at the layers' scales 2^-e: see hsic.PAIR_SCALED
+    dist = per_layer(distances, stack.gram)  # at the layers' scales 2^-e (declared below)
     if "distance_correlation" in spec.names:  # dCov²: the V-statistic's 1/n², not 1/(n-1)²
       _pairs(out, "dcov", per_layer(centre, dist), order, precision,
              hsic_norm if unbiased else 1 / jnp.maximum(n, 1.0) ** 2)
@@ -317,6 +320,11 @@ def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
   return out
 
 
+hsic.declare_scale("hsic_biased", 2, per_pair=True)
+hsic.declare_scale("dcov", 1, per_pair=True)
+hsic.declare_scale("rsm", 1, per_pair=True)
+
+
 def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
   """The measures of the examples' cosines: neighbourhoods and the descriptive statistics."""
   n, out = valid_count(mask), {}
@@ -324,7 +332,7 @@ def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
   if set(neighbours.NAMES) & set(spec.names):
     out.update(neighbours.neighbour_sums(cos, mask, spec.names, spec.knn_k, order, precision))
   if set(descriptive.NAMES) & set(spec.names):
-    out.update(descriptive.statistic_sums(stack.raw(), cos, stack.proj, stack.mean_sq, mask,
+    out.update(descriptive.statistic_sums(stack.raw(mask), cos, stack.proj, stack.mean_sq, mask,
                                           spec.names, spec.uniformity_t))
   if {"mutual_knn", "cknna"} & set(spec.names):
     knn = jax.vmap(knn_mask, (0, None, None))(cos, mask, spec.knn_k)
@@ -363,8 +371,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
       out["null/rsa"] = layerpairs.mirror(jnp.matmul(z, z_null.T, precision=precision))
   chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
   if chosen:
-    m = mask.astype(jnp.float32)
-    raw = stack.raw() * (m[:, None] * m[None, :]) if "eigenspace_overlap" in chosen else None
+    raw = stack.raw(mask) if "eigenspace_overlap" in chosen else None
     out.update(subspaces.subspace_sums(stack.gram, raw, mask, chosen, spec.cca_dims,
                                        spec.shape_alpha, spec.gulp_lambda, spec.svcca_variance,
                                        order, precision))
