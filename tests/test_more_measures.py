@@ -279,22 +279,26 @@ def test_distance_correlation_weighs_unequal_minibatches_as_defined(estimator):
     assert_close(got["distance_correlation"][i, j], want, bound, f"dCor {i}-{j} {estimator}")
 
 
-def test_the_step_s_lapack_calls_do_not_deadlock_on_two_cores():
-  """Two batched eighs (centred and uncentred Grams) that XLA ran side by side each
-  held one of two pool threads waiting for the other (minibatches of 256): the
-  step, in a process of its own on 2 cores, must finish its calls."""
+@pytest.mark.parametrize("names,rows", [
+    (("eigenspace_overlap", "cca_r2", "regression", "gulp"), 256),  # two eighs side by side
+    (("shape_metric", "pwcca", "svcca"), 32)])  # the pair loop's SVDs, ordered by a barrier only
+def test_the_step_s_lapack_calls_do_not_deadlock_on_two_cores(names, rows):
+  """jaxlib's batched eigh and SVD block a thread of XLA's pool until the pool has
+  run their batch: two side by side each held one of two pool threads waiting for
+  the other. The step, in a process of its own on 2 cores, must finish its calls
+  (both cases hung with calls ordered by an optimization_barrier alone)."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  code = """
+  code = f"""
 import functools, os, jax, jax.numpy as jnp, numpy as np
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 from vitcnn_jax import measures
 rng = np.random.default_rng(0)
-acts = [jnp.asarray(rng.normal(size=(256, 64)), jnp.float32) for _ in range(40)]
-spec = measures.Spec(("eigenspace_overlap", "cca_r2", "regression", "gulp"), cca_dims=127, null=True)
+acts = [jnp.asarray(rng.normal(size=({rows}, 64)), jnp.float32) for _ in range(40)]
+spec = measures.Spec({names!r}, cca_dims={rows // 2 - 1}, null=True)
 f = jax.jit(functools.partial(measures.minibatch_sums, spec=spec))
 for i in range(3):
-  jax.block_until_ready(f(acts, jnp.ones(256), key=jax.random.PRNGKey(i)))
+  jax.block_until_ready(f(acts, jnp.ones({rows}), key=jax.random.PRNGKey(i)))
 print("done")
 """
   from conftest import ROOT, device_env  # pylint: disable=g-import-not-at-top
