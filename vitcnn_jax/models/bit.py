@@ -56,8 +56,7 @@ def block_sizes(depth: int | Sequence[int]) -> tuple[int, ...]:
 class StdConv(nn.Module):
   """Bias-free conv whose kernel is standardised per output channel (unless
   `standardized`: the kernel given is standardised already, see `BiT.for_inference`).
-  A 1x1 conv is the same sums as a dot over channels (of every stride-th pixel),
-  which XLA's CPU backend runs about 1.3x faster than its convolution."""
+  Computed as `common.conv` (dots where XLA's CPU convolution is slow)."""
   features: int
   kernel: int
   stride: int = 1
@@ -69,13 +68,7 @@ class StdConv(nn.Module):
                    (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
     if not self.standardized:
       w = standardize_kernel(w)
-    if self.kernel == 1:
-      x = x[:, ::self.stride, ::self.stride] if self.stride > 1 else x
-      return jnp.einsum("nhwc,co->nhwo", x, w[0, 0].astype(x.dtype))
-    pad = (self.kernel - 1) // 2
-    return jax.lax.conv_general_dilated(
-        x, w.astype(x.dtype), (self.stride, self.stride), [(pad, pad)] * 2,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return common.conv(x, w.astype(x.dtype), self.stride)
 
 
 def standardize_kernel(w: jax.Array) -> jax.Array:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import flax.linen as nn
 from flax import traverse_util
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
@@ -46,6 +47,30 @@ def per_architecture(fn: Callable) -> Callable:
       return fn(*args)
     return cached(*args)
   return call
+
+
+def conv(x: Array, w: Array, stride: int) -> Array:
+  """NHWC by HWIO, padding (kernel - 1) // 2 on each side, in the form XLA:CPU runs
+  fastest: a 1x1 conv as a dot over the channels of every stride-th pixel (about
+  1.3x faster than its convolution), and one whose output has at most 2x2 pixels
+  as one dot over its kernel's shifted windows (those not all padding): there its
+  convolution ran at 7 to 27 GFLOP/s (a 3x3 256 -> 256 at 2x2 over 1,000 images:
+  0.78 s against 0.05 s)."""
+  k = w.shape[0]
+  if k == 1:
+    return jnp.einsum("nhwc,co->nhwo", x[:, ::stride, ::stride] if stride > 1 else x, w[0, 0])
+  pad = (k - 1) // 2
+  out = [(d + 2 * pad - k) // stride + 1 for d in x.shape[1:3]]
+  if out[0] * out[1] > 4:
+    return jax.lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad)] * 2,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  real = [[i for i in range(k) if any(pad <= i + stride * t < pad + d for t in range(o))]
+          for d, o in zip(x.shape[1:3], out)]
+  taps = [(i, j) for i in real[0] for j in real[1]]
+  x = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  windows = jnp.stack([x[:, i:i + stride * (out[0] - 1) + 1:stride, j:j + stride * (out[1] - 1) + 1:stride]
+                       for i, j in taps], 3)
+  return jnp.einsum("nhwkc,kco->nhwo", windows, jnp.stack([w[i, j] for i, j in taps]))
 
 
 def random_params(model: nn.Module, images, seed: int = 0) -> dict:

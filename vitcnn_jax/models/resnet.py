@@ -41,12 +41,7 @@ INPUT_ORDERS = ("rgb", "bgr")
 
 
 class Conv(nn.Module):
-  """A conv with symmetric padding (kernel - 1) // 2; a 1x1 one as a dot over
-  channels of every stride-th pixel (as BiT's, faster on XLA:CPU), and so is one
-  whose output has at most 2x2 pixels, over its kernel's shifted windows (those
-  not all padding): there
-  XLA:CPU's convolution ran at 7 to 27 GFLOP/s (ResNet-18's last two stages at
-  32 px, 1,000 images: 0.78 s against 0.05 s for a 3x3 256 -> 256 at 2x2)."""
+  """A conv with symmetric padding (kernel - 1) // 2 (`common.conv`)."""
   features: int
   kernel: int
   stride: int = 1
@@ -56,23 +51,7 @@ class Conv(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", nn.initializers.he_normal(),
                    (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
-    if self.kernel == 1:
-      x = x[:, ::self.stride, ::self.stride] if self.stride > 1 else x
-      y = jnp.einsum("nhwc,co->nhwo", x, w[0, 0])
-    else:
-      pad, k, s = (self.kernel - 1) // 2, self.kernel, self.stride
-      out = [(d + 2 * pad - k) // s + 1 for d in x.shape[1:3]]
-      if out[0] * out[1] <= 4:  # the taps whose window is not all padding
-        real = [[i for i in range(k) if any(pad <= i + s * t < pad + d for t in range(o))]
-                for d, o in zip(x.shape[1:3], out)]
-        taps = [(i, j) for i in real[0] for j in real[1]]
-        x = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-        windows = jnp.stack([x[:, i:i + s * (out[0] - 1) + 1:s, j:j + s * (out[1] - 1) + 1:s]
-                             for i, j in taps], 3)
-        y = jnp.einsum("nhwkc,kco->nhwo", windows, jnp.stack([w[i, j] for i, j in taps]))
-      else:
-        y = jax.lax.conv_general_dilated(x, w, (s, s), [(pad, pad)] * 2,
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = common.conv(x, w, self.stride)
     if self.bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
     return y
