@@ -50,4 +50,7 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   shapes = out.split("convolutions and dots by shape")[1].split("the rest by role")[0]
   assert re.search(r"conv 7x7/2 3->32 out 16x16 .* x1$", shapes, re.M), shapes  # the root, read from HLO
   convs = re.findall(r"conv \S+ \d+->\d+ out \S+ .* x(\d+)$", shapes, re.M)
-  assert sum(int(c) for c in convs) == 5, shapes  # the root and one 3x3 per stage
+  # The root and the 3x3s of the first two stages; the last two stages' (2x2 and 1x1
+  # outputs) are dots over their windows (`common.conv`): 4 x 2 x 2 rows, 9 taps of 128.
+  assert sum(int(c) for c in convs) == 3, shapes
+  assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
