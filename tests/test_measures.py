@@ -208,7 +208,7 @@ def test_rsa_equals_the_correlation_of_dissimilarity_matrices(method, gram_path)
   assert_close(got["rsa"] / got["rsa_count"], ref / 3, bound, f"RSA ({method})")
 
 
-def test_the_null_is_the_measure_of_a_permuted_second_layer():
+def test_the_null_is_the_measure_with_one_layer_permuted():
   """With a fixed key, the null equals the measure computed on explicitly permuted
   rows of the column layer above the diagonal and of the row layer below it (valid
   rows only; padding stays in place)."""

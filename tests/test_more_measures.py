@@ -194,7 +194,7 @@ def test_a_layer_as_wide_as_the_minibatch_is_reduced():
   assert_close(got["eigenspace_overlap"][0, 1], ref.eigenspace_overlap([x], [y], dims=7), 1e-3, "reduced")
 
 
-def test_the_null_is_each_measure_of_a_permuted_second_layer():
+def test_the_null_is_each_measure_with_one_layer_permuted():
   """`null/` is the measure with the column layer's examples in the key's order
   above the diagonal, the row layer's below it (PWCCA is one-way); the
   descriptive statistics ignore the order, so they have none."""

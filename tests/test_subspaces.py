@@ -171,7 +171,7 @@ class _Config(dict):
   __getattr__ = dict.__getitem__
 
 
-def test_the_null_is_each_measure_of_a_permuted_second_layer():
+def test_the_null_is_each_measure_with_one_layer_permuted():
   """Above the diagonal the column layer's examples are permuted, below it the row
   layer's: regression and PWCCA, one-way, tell the two apart."""
   acts = _data(3, n=16)

@@ -337,7 +337,7 @@ def _linear_out(grams: jax.Array, moments: jax.Array, exps: jax.Array, n_all: in
          "log2_scale": exps}
   if order is not None:  # the barrier keeps XLA from fusing the centring into both uses (compile memory)
     grams = jax.lax.optimization_barrier(grams)
-    moved = grams.reshape(-1, n_all, n_all)[:, order][:, :, order].reshape(grams.shape)
+    moved = layerpairs.permuted(grams.reshape(-1, n_all, n_all), order).reshape(grams.shape)
     out["null/hsic"] = layerpairs.mirror(_hsic_of_grams(grams, n_all, mask, precision, moved))
   return out
 

@@ -18,6 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def permuted(mats: jax.Array, order: jax.Array) -> jax.Array:
+  """(L, n, n) per-layer matrices over the examples, rows and columns re-indexed by
+  `order`: those of the layers with their examples permuted (the null's input)."""
+  return mats[:, order][:, :, order]
+
+
 def mirror(m: jax.Array) -> jax.Array:
   """(L, L) the upper triangle of `m` with its diagonal, mirrored below."""
   return jnp.triu(m) + jnp.triu(m, 1).T

@@ -279,18 +279,13 @@ def permutation(key: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.argsort(jnp.where(mask > 0, u, 2.0 + jnp.arange(mask.shape[0])))
 
 
-def _permute(stack: jax.Array, order: jax.Array) -> jax.Array:
-  """(L, n, n) matrices with rows and columns re-indexed by `order`."""
-  return stack[:, order][:, :, order]
-
-
 def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, precision,
            scale: jax.Array | float = 1.0) -> None:
   """Every pair of layers' flattened (L, n, n) matrices, and the null (see `layerpairs`)."""
   flat = mats.reshape(mats.shape[0], -1)
   out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
   if order is not None:
-    moved = _permute(mats, order).reshape(flat.shape)
+    moved = layerpairs.permuted(mats, order).reshape(flat.shape)
     out[f"null/{name}"] = layerpairs.mirror(scale * jnp.matmul(flat, moved.T, precision=precision))
 
 
@@ -342,7 +337,7 @@ def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
     if "cknna" in spec.names:
       out["cknna_hsic"] = cknna_hsic(cos, knn, cos, knn, n, precision)
       if order is not None:
-        moved = _permute(cos, order), _permute(knn, order)  # one-way: 1ᵀ A B 1 is not symmetric
+        moved = layerpairs.permuted(cos, order), layerpairs.permuted(knn, order)  # one-way: 1ᵀ A B 1 is not symmetric
         out["null/cknna_hsic"] = layerpairs.one_way(cknna_hsic(cos, knn, *moved, n, precision),
                                                     cknna_hsic(*moved, cos, knn, n, precision))
   return out
@@ -367,7 +362,7 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
     out["rsa"] = jnp.matmul(z, z.T, precision=precision)
     out["rsa_count"] = (valid.sum() > 1).astype(jnp.float32)
     if order is not None:
-      z_null, _ = rsa_vectors(_permute(corr, order), mask, spec.rsa_method)
+      z_null, _ = rsa_vectors(layerpairs.permuted(corr, order), mask, spec.rsa_method)
       out["null/rsa"] = layerpairs.mirror(jnp.matmul(z, z_null.T, precision=precision))
   chosen = tuple(m for m in spec.names if m in subspaces.NAMES)
   if chosen:

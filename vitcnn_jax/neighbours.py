@@ -70,7 +70,7 @@ def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: i
   fn = lambda x, y: _rows(x, y, k, precision)  # noqa: E731
   got = layerpairs.pairwise(fn, (cos, idx, ok))
   if order is not None:
-    moved = cos[:, order][:, :, order]
+    moved = layerpairs.permuted(cos, order)
     null = layerpairs.pairwise(fn, (cos, idx, ok), (moved, *neighbours(moved, mask, k)))
     got.update({f"null/{m}": v for m, v in null.items()})
   return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}

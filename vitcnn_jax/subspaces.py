@@ -154,7 +154,7 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
   """The measures of per-layer (L, n, n) matrices: one matmul over every pair;
   with `order`, their nulls (see `layerpairs`)."""
   flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
-  moved = (lambda m: m) if order is None else (lambda m: m[:, order][:, :, order])  # noqa: E731
+  moved = (lambda m: m) if order is None else (lambda m: layerpairs.permuted(m, order))  # noqa: E731
   pairs = lambda x, y: jnp.matmul(flat(x), flat(moved(y)).T, precision=precision)  # noqa: E731
   both_ways = (lambda v: v) if order is None else layerpairs.mirror  # noqa: E731
   out = {}
