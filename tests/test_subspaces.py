@@ -6,12 +6,13 @@ case of a layer as wide as the minibatch; the null."""
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import numpy as np
 import pytest
 
-from numerics import assert_close, likely, worst
+from numerics import assert_close, cka_bound, likely, worst
 from test_measures import SIZES, _batches, _data, _sums
 from vitcnn_jax import hsic, measures
 
@@ -194,3 +195,43 @@ def test_the_null_is_each_measure_with_one_layer_permuted():
       assert_close(got[f"null/{m}"][0, b], ref[m][0, 1], bound, f"null {m} 0-{b}")
       if b:  # below the diagonal the row layer's examples are re-indexed (see layerpairs)
         assert_close(got[f"null/{m}"][b, 0], ref[m][1, 0], bound, f"null {m} {b}-0")
+
+
+
+def test_cca_family_regression_and_biased_cka_equal_repsim():
+  """repsim 0.1.5 (Kisung You's C++ package, float64) where it defines a measure as
+  we do, on one minibatch of layers narrower than cca_dims (nothing reduced): its
+  CCA summarised as "pillai" is the mean canonical correlation and as "yanai" the
+  mean squared one; its linear regression (its C++ `cpp_linreg`) averages the two
+  directions of R² (on centred layers: it does not centre); its Gretton-estimator
+  linear CKA is biased CKA. Not compared: its PWCCA weighs by Morcos et al.'s
+  absolute projections, not our squared ones; its SVCCA applies the 99% rule to
+  an orthonormal basis of each layer, whose directions all carry equal variance,
+  so it keeps nearly every one (it equals its CCA), not Raghu et al.'s top components."""
+  from conftest import require  # pylint: disable=g-import-not-at-top
+  repsim = require("repsim")
+  rng = np.random.default_rng(21)
+  n, widths = 24, (4, 7, 9)
+  centred = lambda a: a - a.mean(0)  # noqa: E731
+  shared = np.linalg.qr(centred(rng.standard_normal((n, max(widths)))))[0]
+  acts = []
+  for d in widths:  # related layers of known conditioning: singular values from 1 to 0.3
+    basis = np.linalg.qr(shared[:, :d] + 0.5 * centred(rng.standard_normal((n, d))))[0]
+    rotation = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    acts.append(basis * np.linspace(1.0, 0.3, d) @ rotation + rng.standard_normal(d))  # offset rows
+  got = _one(acts, measures.Spec(("mean_cca", "cca_r2", "regression"), cca_dims=(n - 1) // 2))
+  cka = _one(acts, measures.Spec(("linear_cka",), estimator="biased"))["linear_cka"]
+  ref = {"mean_cca": repsim.cca(acts, "pillai"), "cca_r2": repsim.cca(acts, "yanai"),
+         # its C++ module binds linear regression; 0.1.5 has no Python wrapper for it
+         "regression": importlib.import_module("repsim._repsim").cpp_linreg([centred(a) for a in acts]),
+         "linear_cka": repsim.cka(acts, kernel_type="linear", estimator="gretton")}
+  # As in the definitions' test: float32 Grams of up to 9 features over 24 rows; the
+  # column space moves by that over its smallest eigenvalue relative to its largest.
+  spread = max(np.linalg.cond(centred(a)) ** 2 for a in acts)
+  noise = 8 * (likely(max(widths), n) + worst(n)) * spread
+  bounds = {"mean_cca": noise, "cca_r2": noise, "regression": noise,
+            "linear_cka": cka_bound(n, max(widths))}
+  both_ways = {"regression": lambda v: (v + v.T) / 2}
+  for m, want in ref.items():
+    value = cka if m == "linear_cka" else got[m]
+    assert_close(both_ways.get(m, lambda v: v)(value), want, bounds[m], f"{m} vs repsim")
