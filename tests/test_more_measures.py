@@ -279,6 +279,16 @@ def test_distance_correlation_weighs_unequal_minibatches_as_defined(estimator):
     assert_close(got["distance_correlation"][i, j], want, bound, f"dCor {i}-{j} {estimator}")
 
 
+def _on_two_cores(code: str, env: dict[str, str]):
+  """`code` run in a child process of one CPU device, on at most 2 of this machine's cores."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from conftest import ROOT  # pylint: disable=g-import-not-at-top
+  code = "import os\nos.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])\n" + code
+  return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, env=env)
+
+
 @pytest.mark.parametrize("names,rows", [
     (("eigenspace_overlap", "cca_r2", "regression", "gulp"), 256),  # two eighs side by side
     (("shape_metric", "pwcca", "svcca"), 32)])  # the pair loop's SVDs, ordered by a barrier only
@@ -287,25 +297,21 @@ def test_the_step_s_lapack_calls_do_not_deadlock_on_two_cores(names, rows):
   run their batch: two side by side each held one of two pool threads waiting for
   the other. The step, in a process of its own on 2 cores, must finish its calls
   (both cases hung with calls ordered by an optimization_barrier alone)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   code = f"""
-import functools, os, jax, jax.numpy as jnp, numpy as np
-os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+import functools, jax, jax.numpy as jnp, numpy as np
 from vitcnn_jax import measures
 rng = np.random.default_rng(0)
 acts = [jnp.asarray(rng.normal(size=({rows}, 64)), jnp.float32) for _ in range(40)]
 spec = measures.Spec({names!r}, cca_dims={rows // 2 - 1}, null=True)
 f = jax.jit(functools.partial(measures.minibatch_sums, spec=spec))
-for i in range(3):
+for i in range(10):  # a deadlock is a race: more steps, more chances to show it
   jax.block_until_ready(f(acts, jnp.ones({rows}), key=jax.random.PRNGKey(i)))
 print("done")
 """
-  from conftest import ROOT, device_env  # pylint: disable=g-import-not-at-top
-  # One device, as main.py runs on a CPU; a pool of one thread a core (vitcnn_jax's
-  # default of two would leave a thread free, and hide the deadlock).
-  got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={**device_env(1), "PJRT_NPROC": "2"})
+  from conftest import device_env  # pylint: disable=g-import-not-at-top
+  # A pool of one thread a core (vitcnn_jax's default of two would leave a thread
+  # free, and hide the deadlock).
+  got = _on_two_cores(code, {**device_env(1), "PJRT_NPROC": "2"})
   assert got.returncode == 0 and "done" in got.stdout, got.stderr[-2000:]
 
 
@@ -315,20 +321,15 @@ def test_xla_s_cpu_pool_has_two_threads_a_core_unless_set(given):
   (so that a LAPACK call waiting on its pool thread leaves every core working); a
   PJRT_NPROC of the user's stays. Counted: XLA's pool threads of a process on (at
   most) 2 cores."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   code = """
-import os
-os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import vitcnn_jax, jax.numpy as jnp
 jnp.linalg.svd(jnp.ones((8, 4, 4)))[1].block_until_ready()
 names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XLAEigen"))
 """
-  from conftest import ROOT, device_env  # pylint: disable=g-import-not-at-top
+  from conftest import device_env  # pylint: disable=g-import-not-at-top
   env = {k: v for k, v in device_env(1).items() if k not in ("PJRT_NPROC", "NPROC")}
-  got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=env if given is None else {**env, "PJRT_NPROC": given})
+  got = _on_two_cores(code, env if given is None else {**env, "PJRT_NPROC": given})
   assert got.returncode == 0, got.stderr[-2000:]
   cores, *pool = got.stdout.split()
   threads = 2 * int(cores) if given is None else int(given)

@@ -6,7 +6,6 @@ case of a layer as wide as the minibatch; the null."""
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import numpy as np
@@ -197,7 +196,6 @@ def test_the_null_is_each_measure_with_one_layer_permuted():
         assert_close(got[f"null/{m}"][b, 0], ref[m][1, 0], bound, f"null {m} {b}-0")
 
 
-
 def test_cca_family_regression_and_biased_cka_equal_repsim():
   """repsim 0.1.5 (Kisung You's C++ package, float64) where it defines a measure as
   we do, on one minibatch of layers narrower than cca_dims (nothing reduced): its
@@ -223,7 +221,7 @@ def test_cca_family_regression_and_biased_cka_equal_repsim():
   cka = _one(acts, measures.Spec(("linear_cka",), estimator="biased"))["linear_cka"]
   ref = {"mean_cca": repsim.cca(acts, "pillai"), "cca_r2": repsim.cca(acts, "yanai"),
          # its C++ module binds linear regression; 0.1.5 has no Python wrapper for it
-         "regression": importlib.import_module("repsim._repsim").cpp_linreg([centred(a) for a in acts]),
+         "regression": require("repsim._repsim").cpp_linreg([centred(a) for a in acts]),
          "linear_cka": repsim.cka(acts, kernel_type="linear", estimator="gretton")}
   # As in the definitions' test: float32 Grams of up to 9 features over 24 rows; the
   # column space moves by that over its smallest eigenvalue relative to its largest.
