@@ -202,15 +202,16 @@ def part_ours(s: Setup) -> dict:
   if s.cache:
     _enable_cache(s.cache)
   import jax
-  from vitcnn_jax import hsic, preprocess, representations
+  from vitcnn_jax import driver, hsic, preprocess, representations
 
   models = _jax_models(s)
   step, params, batches = _step_inputs(s, models)
-  run = lambda x, m: hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"]
   names = [n for m in models for n in m.names]
 
   rates = [accelerator.matmul_rate(2048)]  # interleaved with the work: before, between, after
-  t = time.perf_counter()  # the run a user makes: compile, every minibatch, the CKA
+  t = time.perf_counter()  # the run a user makes: compile (as the driver does), every minibatch, the CKA
+  step = driver.compiled_step(step, params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
+  run = lambda x, m: hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"]  # noqa: E731
   sums = run(*batches[0])
   first_s = time.perf_counter() - t
   sums = sums + sum(run(x, m) for x, m in batches[1:])
@@ -505,13 +506,14 @@ def part_step(s: Setup, measures: tuple[str, ...] | str = ("linear_cka",), null:
   batches = [(parallel.global_batch(mesh, images[i:i + s.batch]), parallel.global_batch(mesh, mask))
              for i in range(0, s.images, s.batch)]
   random = lambda i: parallel.replicate(mesh, driver.random_of(0, 0, 0, i))
-  t = time.perf_counter()
-  compiled = step.lower(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0)).compile()
-  jax.block_until_ready(step(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0)))
+  t = time.perf_counter()  # as the driver runs it: compiled, the compiler's freed memory handed back
+  compiled = driver.compiled_step(step, params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1],
+                                  random(0))
+  jax.block_until_ready(compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0)))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()
   for i, (x, m) in enumerate(batches):
-    jax.device_get(step(params, None, [x, x], m, m, random(i)))
+    jax.device_get(compiled(params, None, [x, x], m, m, random(i)))
   return dict(step_s=time.perf_counter() - t, compile_s=compile_s, peak_gib=_peak_gib(),
               step_gib=memory.step_bytes(compiled) / memory.GIB)
 

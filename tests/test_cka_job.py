@@ -163,6 +163,21 @@ def test_results_only_then_the_figures_from_the_saved_sums(blocks_one_device, ti
     assert (tmp_path / f"cka_{tag}.png").exists() and (tmp_path / f"cka_{tag}.svg").exists(), tag
 
 
+def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_runs(
+    tiny_vit_bit, tmp_path, monkeypatch):
+  """The driver compiles a pass's step before its first minibatch and hands back
+  the heap the compiler freed (`memory.release_freed`), after planning the
+  devices too: the steps' buffers do not sit on top of it (on workload W, every
+  measure, the process peak fell from 2.88 to 2.35 GiB)."""
+  from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
+  released, ran = [], []
+  monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
+  add = driver._Steps.add  # pylint: disable=protected-access
+  monkeypatch.setattr(driver._Steps, "add", lambda self, *a: (ran.append(1), add(self, *a))[1])
+  _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, *NO_FIGURES, "--config.stop_after=2"))
+  assert released == [0, 0] and len(ran) == 2, (released, ran)  # the plan's, then the pass's
+
+
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,
                                                                 monkeypatch):
   """A fake device memory (config.device_memory_gib) between the step's compiled

@@ -134,6 +134,37 @@ def test_the_planner_takes_the_smallest_group_that_fits():
     memory.choose(1024, 8, peak, 16 * memory.GIB, fixed=3)
 
 
+def test_the_heap_that_free_keeps_goes_back_to_the_os():
+  """`memory.release_freed` returns the pages of freed heap blocks that glibc keeps
+  (as it keeps the compiler's): 64 MiB of 64 KiB blocks freed between live ones
+  stay resident after free() and go after it (in a child process: its own heap)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = """
+import ctypes, os
+from vitcnn_jax import memory
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+blocks = [libc.malloc(64 << 10) for _ in range(2048)]  # below glibc's mmap threshold: on the heap
+for p in blocks:
+  ctypes.memset(p, 1, 64 << 10)
+before = rss()
+for p in blocks[::2]:  # every other one: a live block after each
+  libc.free(p)
+kept = rss()
+memory.release_freed()
+print(before, kept, rss())
+"""
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  before, kept, after = map(int, r.stdout.split()[-3:])
+  freed = 64 << 20
+  assert before - kept < freed / 10, ("free() alone handed the blocks back: nothing left to test",
+                                      before, kept)
+  assert kept - after > 0.9 * freed, (before, kept, after)
+
+
 def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatch):
   """A 16 GiB device's own figure, config.device_memory_gib=16 and paper_scale's
   PLAN for 16 GiB give one limit, with the planner's headroom: a step of 14.5 GiB

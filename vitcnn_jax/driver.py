@@ -82,6 +82,17 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
                                out_specs=P()))
 
 
+def compiled_step(step_fn: Callable, *args) -> jax.stages.Compiled:
+  """`step_fn` compiled for `args` (as it is if compiled already) before it runs,
+  then the host memory the compiler freed handed back (`memory.release_freed`):
+  run at once, the step's buffers would add to it."""
+  if isinstance(step_fn, jax.stages.Compiled):
+    return step_fn
+  compiled = step_fn.lower(*args).compile()
+  memory.release_freed()
+  return compiled
+
+
 def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: dict[str, loading.Loaded],
                  precision: hsic.Precision) -> tuple[memory.Plan, dict]:
   """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
@@ -109,6 +120,7 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
     return memory.step_bytes(compiled[minibatch, group])
 
   plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
+  memory.release_freed()
   if limit is not None and jax.process_index() == 0:
     print(f"Memory plan: {plan.describe()}.")
   return plan, compiled
@@ -138,9 +150,8 @@ class _Steps:
 def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: protocol.Analysis,
         models: dict[str, loading.Loaded], sources: dict[str, data.Source]
         ) -> tuple[dict[str, np.ndarray], dict] | None:
-  """Runs `analysis` to completion (or to `config.stop_after` steps: None) and
-  writes its files NAME.{npz,json} and figures; `sources` by name ("data", and
-  any the analysis adds). Returns its arrays and summary."""
+  """Runs `analysis` to completion (or to `config.stop_after` steps: None), writing NAME.{npz,json}
+  and figures; `sources` by name ("data", and any the analysis adds). Returns its arrays and summary."""
   figures = control.plot_options(config)
   state = runstate.State(results.workdir_path(workdir, f"{name}_state.npz"),
                          runstate.identity(config, models, sources), jax.process_index() == 0)
@@ -177,6 +188,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
           first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
           random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
+          step_fn = compiled_step(step_fn, *args, b.images, labels, b.mask, random)  # once a pass
           steps.add(step_fn(*args, b.images, labels, b.mask, random), first)
           ran += 1
           bar.update(1, b.examples)

@@ -8,6 +8,7 @@ holds it (`parallel.GROUP`): the estimator's minibatch stays the configured one.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from typing import Callable
 
@@ -33,6 +34,16 @@ def step_bytes(compiled) -> int:
   m = compiled.memory_analysis()
   return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
              + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+
+
+def release_freed() -> None:
+  """Hands back to the OS the heap pages that free() keeps (glibc's malloc_trim;
+  elsewhere, nothing). XLA's compiler frees what it used in small pieces that
+  glibc holds on to (0.5 GiB for workload W's step with every measure), and the
+  step's large buffers, mapped afresh, would sit on top of them in the process's peak."""
+  trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+  if trim is not None:
+    trim(0)
 
 
 @dataclasses.dataclass
