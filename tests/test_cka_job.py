@@ -168,7 +168,7 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
   """The driver compiles a pass's step before its first minibatch and hands back
   the heap the compiler freed (`memory.release_freed`), after planning the
   devices too: the steps' buffers do not sit on top of it (on workload W, every
-  measure, the process peak fell from 2.88 to 2.35 GiB)."""
+  measure, the process peak fell from 2.89 to 2.43 GiB)."""
   from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
   released, ran = [], []
   monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
