@@ -41,9 +41,11 @@ def release_freed() -> None:
   elsewhere, nothing). XLA's compiler frees what it used in small pieces that
   glibc holds on to (0.5 GiB for workload W's step with every measure), and the
   step's large buffers, mapped afresh, would sit on top of them in the process's peak."""
-  trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-  if trim is not None:
-    trim(0)
+  try:
+    trim = ctypes.CDLL(None).malloc_trim
+  except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl; Windows has no CDLL(None))
+    return
+  trim(0)
 
 
 @dataclasses.dataclass
