@@ -506,10 +506,10 @@ def part_step(s: Setup, measures: tuple[str, ...] | str = ("linear_cka",), null:
   batches = [(parallel.global_batch(mesh, images[i:i + s.batch]), parallel.global_batch(mesh, mask))
              for i in range(0, s.images, s.batch)]
   random = lambda i: parallel.replicate(mesh, driver.random_of(0, 0, 0, i))
+  first = (params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0))
   t = time.perf_counter()  # as the driver runs it: compiled, the compiler's freed memory handed back
-  compiled = driver.compiled_step(step, params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1],
-                                  random(0))
-  jax.block_until_ready(compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0)))
+  compiled = driver.compiled_step(step, *first)
+  jax.block_until_ready(compiled(*first))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()
   for i, (x, m) in enumerate(batches):

@@ -120,7 +120,8 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
     return memory.step_bytes(compiled[minibatch, group])
 
   plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
-  memory.release_freed()
+  if compiled:  # measured by compiling (a device memory known): its freed memory handed back
+    memory.release_freed()
   if limit is not None and jax.process_index() == 0:
     print(f"Memory plan: {plan.describe()}.")
   return plan, compiled
