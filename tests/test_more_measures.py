@@ -141,6 +141,20 @@ def test_each_equals_its_definition_over_unequal_padded_minibatches(estimator):
       assert_close(values[m][i, j], want[m], bounds[m], f"{m} {i}-{j} {estimator}")
 
 
+def test_the_neighbour_measures_where_k_leaves_a_part_block_of_examples():
+  """They take k examples at a time: 13 with k = 4 end in a block padded with 3
+  examples that have no neighbours, which must add nothing."""
+  acts = _data(SEED)
+  xs, ys = [acts[0][:13]], [acts[1][:13]]
+  c = _conditioning(acts, [np.arange(13)])
+  assert c["cos_margin"] > 2 * cos_error(c), c["cos_margin"]  # the same neighbours as float64
+  got = _one([xs[0], ys[0]], measures.Spec(neighbours.NAMES, knn_k=K))
+  bounds = {"knn_jaccard": worst(13, K * K), "rank_similarity": worst(13, K * K),
+            "second_order_cosine": 4 * cos_error(c) + worst(13, 2 * K)}
+  for m in neighbours.NAMES:
+    assert_close(got[m][0, 1], _reference(m, xs, ys, "unbiased"), bounds[m], m)
+
+
 def test_second_order_cosine_is_hamiltons_not_resis():
   """Hamilton et al. compare cosine similarities; ReSi's code compares distances."""
   acts = _data(SEED)

@@ -1,7 +1,7 @@
 """Values of a function for every pair of layers, each unordered pair once.
 
-Measures that decompose or compare two layers' matrices pair by pair (an SVD per
-pair, neighbour lists) cannot be had from one matmul over the stack; `pairwise`
+Measures that decompose two layers' matrices pair by pair (an SVD per pair)
+cannot be had from one matmul over the stack; `pairwise`
 runs them over chunks of pairs, so that memory stays that of L pairs.
 
 The null of every measure permutes one layer's examples. Above the diagonal the

@@ -15,7 +15,9 @@ every example of every minibatch:
   cosine similarities to the neighbours of either layer, N_i ∪ N'_i, in one
   layer and in the other (ReSi's code uses cosine distances instead).
 
-Each pair of layers compares index lists, k x k per example, L pairs at a time.
+Each is a few matmuls over the examples j per example i, for every pair of
+layers at once: of which j are a layer's neighbours (and at which rank) and of
+the cosines, k examples i at a time.
 """
 
 from __future__ import annotations
@@ -36,28 +38,53 @@ def neighbours(cos: jax.Array, mask: jax.Array, k: int) -> tuple[jax.Array, jax.
   return idx, top > -jnp.inf
 
 
-def _rows(x, y, k: int, precision) -> dict[str, jax.Array]:
-  """Per pair of layers (P of them), each measure summed over the examples."""
+def _one_hot(idx: jax.Array, ok: jax.Array, n: int) -> jax.Array:
+  """(..., n, k): 1 where example j is the r-th neighbour (r < k) in the list."""
+  return ((idx[..., None, :] == jnp.arange(n)[:, None]) & ok[..., None, :]).astype(jnp.float32)
+
+
+def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
+  """One example's (L, L) value of each measure for every pair of a row layer of
+  `x` and a column layer of `y`, each a (cos (L, n), idx (L, k), ok (L, k)) of
+  that example: sums over the examples j that are neighbours, as matmuls of
+  per-layer indicators over j (N_i ∪ N'_i as N_i and the rest of N'_i)."""
   (cos_x, idx_x, ok_x), (cos_y, idx_y, ok_y) = x, y
-  same = (idx_x[..., :, None] == idx_y[..., None, :]) & ok_x[..., :, None] & ok_y[..., None, :]
-  shared = same.sum((-2, -1)).astype(jnp.float32)  # (P, n)
-  both = jnp.maximum(ok_x.sum(-1) + ok_y.sum(-1) - shared, 1.0)
-  rank = jnp.arange(1, k + 1, dtype=jnp.float32)
-  weight = 2 / ((1 + jnp.abs(rank[:, None] - rank[None, :])) * (rank[:, None] + rank[None, :]))
-  harmonic = jnp.cumsum(jnp.r_[0.0, 1 / rank])  # harmonic[c] = Σ_{t ≤ c} 1/t
-  agree = jnp.einsum("pnab,ab->pn", same.astype(jnp.float32), weight, precision=precision)
+  n = cos_x.shape[-1]
+  rank_x, rank_y = _one_hot(idx_x, ok_x, n), _one_hot(idx_y, ok_y, n)  # (L, n, k)
+  in_x, in_y = rank_x.sum(-1), rank_y.sum(-1)  # (L, n): j is a neighbour
+  mm = lambda a, b: jnp.matmul(a, b.T, precision=precision)  # noqa: E731  Σ_j a[row, j] b[col, j]
+  r = jnp.arange(1, k + 1, dtype=jnp.float32)
+  weight = 2 / ((1 + jnp.abs(r[:, None] - r[None, :])) * (r[:, None] + r[None, :]))
+  harmonic = jnp.cumsum(jnp.r_[0.0, 1 / r])  # harmonic[c] = Σ_{t ≤ c} 1/t
+  flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
+  shared = mm(in_x, in_y)
+  agree = mm(flat(rank_x), flat(jnp.matmul(rank_y, weight, precision=precision)))
+  count_x, count_y = ok_x.sum(-1).astype(jnp.float32), ok_y.sum(-1).astype(jnp.float32)
+  valid = (count_x > 0).astype(jnp.float32)[:, None]
+  jaccard = shared / jnp.maximum(count_x[:, None] + count_y[None, :] - shared, 1.0)
   ranks = agree / jnp.maximum(harmonic[shared.astype(jnp.int32)], 1.0)  # (none shared: 0 / 1)
-  at = lambda cos, idx: jnp.take_along_axis(cos, idx, -1)  # noqa: E731
-  in_y = same.any(-1)  # (P, n, k): x's neighbour is also y's
-  # Σ over N ∪ N' = Σ over N + Σ over N' - Σ over N ∩ N'
-  over = lambda f_x, f_y: (f_x * (ok_x & ~in_y)).sum(-1) + (f_y * ok_y).sum(-1)  # noqa: E731
-  xx, yx = at(cos_x, idx_x), at(cos_y, idx_x)  # both layers' cosines to x's neighbours
-  xy, yy = at(cos_x, idx_y), at(cos_y, idx_y)
-  dot, norm_x, norm_y = over(xx * yx, xy * yy), over(xx * xx, xy * xy), over(yx * yx, yy * yy)
+  out_x = 1 - in_x  # Σ over N ∪ N' = Σ over N + Σ over N' outside N
+  dot = mm(in_x * cos_x, cos_y) + mm(out_x * cos_x, in_y * cos_y)
+  norm_x = (in_x * cos_x * cos_x).sum(-1)[:, None] + mm(out_x * cos_x * cos_x, in_y)
+  norm_y = mm(in_x, cos_y * cos_y) + mm(out_x, in_y * cos_y * cos_y)
   second = dot * jax.lax.rsqrt(jnp.maximum(norm_x * norm_y, 1e-30))
-  valid = ok_x.any(-1)
-  return {"knn_jaccard": (shared / both * valid).sum(-1), "rank_similarity": (ranks * valid).sum(-1),
-          "second_order_cosine": (second * valid).sum(-1)}
+  return {"knn_jaccard": jaccard * valid, "rank_similarity": ranks * valid,
+          "second_order_cosine": second * valid}
+
+
+def _pair_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
+  """(L, L) sums over the examples of `_example_sums`, a few examples at a time
+  (k of them: about the memory of the k x k comparisons of L pairs)."""
+  xs, ys = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), (x, y))  # leading axis: the example
+  n = xs[0].shape[0]
+  block = min(n, k)
+  pad = -n % block
+  blocks = lambda t: jax.tree.map(  # noqa: E731  padding examples have no neighbours
+      lambda v: jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)).reshape(-1, block, *v.shape[1:]), t)
+  one = jax.vmap(lambda a, b: _example_sums(a, b, k, precision))
+  zero = {m: jnp.zeros_like(x[0], shape=(x[0].shape[0], y[0].shape[0])) for m in NAMES}  # as varying as x
+  add = lambda sums, ab: ({m: sums[m] + v.sum(0) for m, v in one(*ab).items()}, None)  # noqa: E731
+  return jax.lax.scan(add, zero, (blocks(xs), blocks(ys)))[0]
 
 
 def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: int,
@@ -67,10 +94,9 @@ def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: i
   examples of one layer re-indexed, see `layerpairs`), and `neighbour_count`, its examples."""
   idx, ok = neighbours(cos, mask, k)
   out = {"neighbour_count": mask.astype(jnp.float32).sum()}
-  fn = lambda x, y: _rows(x, y, k, precision)  # noqa: E731
-  got = layerpairs.pairwise(fn, (cos, idx, ok))
+  got = {m: layerpairs.mirror(v) for m, v in _pair_sums((cos, idx, ok), (cos, idx, ok), k, precision).items()}
   if order is not None:
     moved = layerpairs.permuted(cos, order)
-    null = layerpairs.pairwise(fn, (cos, idx, ok), (moved, *neighbours(moved, mask, k)))
-    got.update({f"null/{m}": v for m, v in null.items()})
+    null = _pair_sums((cos, idx, ok), (moved, *neighbours(moved, mask, k)), k, precision)
+    got.update({f"null/{m}": layerpairs.mirror(v) for m, v in null.items()})
   return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}
