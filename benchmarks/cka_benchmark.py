@@ -738,7 +738,7 @@ def main():
   ap.add_argument("--work", default="", help="the parts' shared folder (default: a fresh temporary one)")
   ap.add_argument("--cache", default="", help=argparse.SUPPRESS)  # a part's compilation cache
   ap.add_argument("--compare", default="", metavar="REV")
-  ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--overhead", action="store_true",
                   help="time the step with linear CKA alone and with more measures and the null")
   args = ap.parse_args()
