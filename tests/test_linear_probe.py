@@ -12,6 +12,7 @@ import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import assert_close, worst
 from vitcnn_jax import checkpoints, data, probe
+from vitcnn_jax.analyses import linear_probe
 
 L2S = (2.0 ** -10, 1.0, 2.0 ** 10)
 
@@ -176,3 +177,9 @@ def test_features_read_tokens_and_maps_as_documented():
                pooled, worst(6) * np.abs(maps).max(), "final_grid")
   assert probe.check_features("cls", (1, 4, 6, 3), 0, (2, 2)).startswith("'cls' needs a class token")
   assert "does not pool evenly" in probe.check_features("final_grid", (1, 5, 6, 3), 0, (2, 2))
+
+
+def test_the_figures_call_one_seed_one_draw_not_a_mean():
+  assert linear_probe._over(3, 10) == "mean over 3 seeds"
+  assert linear_probe._over(1, 10) == "one draw of the shots"
+  assert linear_probe._over(1, 0) == "one fit on every training example"

@@ -151,7 +151,11 @@ def test_probe_and_reference_figures_readable(tmp_path):
   entry = {"points": ["block0/out", "block1/out"], "accuracy": [0.3, 0.6], "std_over_seeds": [0.01, 0.02]}
   fig = _draw(plotting.probe_depth, {"vit": {"cls": entry}}, {"vit": "ViT"}, "probes",
               tmp_path=tmp_path)
+  assert len(fig.axes[0].collections) == 1 and "band" in fig.axes[0].get_legend().get_title().get_text()
   _check_readable(fig)
+  fig = _draw(plotting.probe_depth, {"vit": {"cls": entry}}, {"vit": "ViT"}, "one seed", band=False,
+              tmp_path=tmp_path)  # a spread over one seed says nothing: no band, none named
+  assert not fig.axes[0].collections and "band" not in fig.axes[0].get_legend().get_title().get_text()
   fig = _draw(plotting.layer_lines, {"3%": (VIT, np.linspace(1, 0.4, len(VIT)))}, "CKA with 100%",
               "t", spread={"3%": np.full(len(VIT), 0.05)}, tmp_path=tmp_path)
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2", "3"]

@@ -391,21 +391,23 @@ FEATURE_LABELS = {"cls": "CLS token", "first": "first token", "spatial_mean": "m
 
 
 @styled
-def probe_depth(models: dict, labels: dict[str, str], title: str, path: str) -> None:
-  """Probe accuracy against relative depth, a line per model and feature (Figs 13, F.1, F.2)."""
+def probe_depth(models: dict, labels: dict[str, str], title: str, path: str, band: bool = True) -> None:
+  """Probe accuracy against relative depth, a line per model and feature (Figs 13, F.1, F.2),
+  with a band of +-1 sd over seeds (`band`; none for one seed)."""
   fig, ax = plt.subplots(figsize=(6.6, 4.4), layout="constrained")
   for name, by_feature in models.items():
     for how, e in by_feature.items():
       depth = (np.arange(len(e["points"])) + 1) / len(e["points"])
       acc, std = 100 * np.asarray(e["accuracy"]), 100 * np.asarray(e["std_over_seeds"])
       line, = ax.plot(depth, acc, "o-", ms=3, label=f"{labels[name]}: {FEATURE_LABELS[how]}")
-      ax.fill_between(depth, acc - std, acc + std, color=line.get_color(), alpha=0.2, lw=0)
+      if band:
+        ax.fill_between(depth, acc - std, acc + std, color=line.get_color(), alpha=0.2, lw=0)
   ax.set_xlabel("relative depth (point / number of points)")
   ax.set_ylabel("test accuracy (%)")
   ax.set_ylim(0, 100)
   ax.grid(alpha=0.3)
   ax.set_title(title)
-  ax.legend(title="model: feature (band: std over seeds)")
+  ax.legend(title="model: feature" + (" (band: std over seeds)" if band else ""))
   save_figure(fig, path)
 
 

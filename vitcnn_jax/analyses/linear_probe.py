@@ -230,18 +230,27 @@ class LinearProbe(protocol.Analysis):
   def plot(self, arrays, summary, workdir: str) -> None:
     labels = {k: m.label for k, m in self.models.items()}
     shots = f"{self.config.shots}-shot" if self.config.shots else "Full-data"
+    over = _over(self.config.seeds, self.config.shots)
+    band = self.config.seeds > 1
     title = (f"{shots} linear probes, {summary['test_examples']} test images\n"
-             f"mean over {self.config.seeds} seeds (band: +-1 sd)")
+             f"{over}{' (band: +-1 sd)' if band else ''}")
     plotting.probe_depth(summary["models"], labels, title,
-                         results.workdir_path(workdir, "linear_probe.png"))
+                         results.workdir_path(workdir, "linear_probe.png"), band)
     for name, m in self.models.items():
       each = [g for g in self.groups if g.model == name and g.how == "each"]
       if each:
         plotting.probe_tokens([(g.point, arrays[f"accuracy/{g.key}"].mean(axis=0), g.grid)
                                for g in each], each[0].prefix,
-                              f"{m.label}: a probe per token, {title.splitlines()[0]}, "
-                              f"mean over {self.config.seeds} seeds",
+                              f"{m.label}: a probe per token, {title.splitlines()[0]}, {over}",
                               results.workdir_path(workdir, f"linear_probe_tokens_{name}.png"))
+
+
+def _over(seeds: int, shots: int) -> str:
+  """What the plotted accuracy is: a mean over draws of the shots, or one fit
+  (a spread over one seed would say nothing)."""
+  if seeds > 1:
+    return f"mean over {seeds} seeds"
+  return "one draw of the shots" if shots else "one fit on every training example"
 
 
 def _rises(s: dict) -> declaration.Verdict:
