@@ -73,8 +73,8 @@ def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
 
 
 def _pair_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
-  """(L, L) sums over the examples of `_example_sums`, a few examples at a time
-  (k of them: about the memory of the k x k comparisons of L pairs)."""
+  """(L, L) sums over the examples of `_example_sums`, k examples at a time: each
+  holds a few (L, L) arrays of its sums and (L, n, k) one-hots of its neighbours."""
   xs, ys = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), (x, y))  # leading axis: the example
   n = xs[0].shape[0]
   block = min(n, k)
