@@ -202,7 +202,7 @@ def part_ours(s: Setup) -> dict:
   if s.cache:
     _enable_cache(s.cache)
   import jax
-  from vitcnn_jax import driver, hsic, preprocess, representations
+  from vitcnn_jax import hsic, preprocess, representations
 
   models = _jax_models(s)
   step, params, batches = _step_inputs(s, models)
@@ -210,7 +210,7 @@ def part_ours(s: Setup) -> dict:
 
   rates = [accelerator.matmul_rate(2048)]  # interleaved with the work: before, between, after
   t = time.perf_counter()  # the run a user makes: compile (as the driver does), every minibatch, the CKA
-  step = driver.compiled_step(step, params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
+  step = step.compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
   run = lambda x, m: hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"]  # noqa: E731
   sums = run(*batches[0])
   first_s = time.perf_counter() - t
@@ -508,7 +508,7 @@ def part_step(s: Setup, measures: tuple[str, ...] | str = ("linear_cka",), null:
   random = lambda i: parallel.replicate(mesh, driver.random_of(0, 0, 0, i))
   first = (params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], random(0))
   t = time.perf_counter()  # as the driver runs it: compiled, the compiler's freed memory handed back
-  compiled = driver.compiled_step(step, *first)
+  compiled = step.compiled(*first)
   jax.block_until_ready(compiled(*first))
   compile_s = time.perf_counter() - t
   t = time.perf_counter()

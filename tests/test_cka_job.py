@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import socket
 
@@ -171,14 +172,18 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
   compile, or after the memory planner's (a device memory given), whose step it
   runs: the steps' buffers do not sit on top of it (on workload W, every measure,
   the process peak fell from 2.89 to 2.43 GiB)."""
-  from vitcnn_jax import driver, memory  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import driver, memory, programs  # pylint: disable=g-import-not-at-top
   released, ran = [], []
   monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
+  monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())  # none compiled before
   add = driver._Steps.add  # pylint: disable=protected-access
   monkeypatch.setattr(driver._Steps, "add", lambda self, *a: (ran.append(1), add(self, *a))[1])
   limit = ("--config.device_memory_gib=64",) if planned else ()
   _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, *NO_FIGURES, "--config.stop_after=2", *limit))
   assert released == [0] and len(ran) == 2, (released, ran)
+  # The same run again in this process: its step is the one compiled above, not compiled again.
+  _run(_flags(tiny_vit_bit, tmp_path / "again", *BLOCKS, *NO_FIGURES, "--config.stop_after=2", *limit))
+  assert released == [0] and len(ran) == 4, (released, ran)
 
 
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,

@@ -9,11 +9,11 @@ import numpy as np
 
 from conftest import IN_PROCESS_DEVICES
 from numerics import VIT_ROUNDINGS, assert_close, network, worst
-from vitcnn_jax import driver, loading, parallel, representations
+from vitcnn_jax import driver, loading, parallel, protocol, representations
 from vitcnn_jax.models import ViT, common
 
 
-class _SumsOfPoints:
+class _SumsOfPoints(protocol.Pass):
   """A pass whose sums are the selected activations summed over valid rows."""
   title, repeats, labels = "capture", 1, False
   points = {"m": ["block*/out", "**/attn/weights"]}

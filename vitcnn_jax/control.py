@@ -6,6 +6,7 @@ so a mistake in the config costs nothing.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from vitcnn_jax import declaration as declaration_lib
@@ -32,13 +33,35 @@ CONTROL = dict(
     # from the saved results), and the CKA colour scale.
     plot=dict(format="png", vmin=0.0, vmax=1.0),
     cache_dir="",  # demo models trained on first use; "": ~/.cache/vitcnn_jax
+    # JAX's persistent compilation cache, so that a second run of the same shapes
+    # compiles nothing: "" (default) the environment's VITCNN_JAX_COMPILATION_CACHE, else
+    # JAX's own JAX_COMPILATION_CACHE_DIR, else CACHE_DIR/xla; "none": off; or a folder.
+    compilation_cache="",
 )
 # Fields that do not change a run's result (left out of its identity).
-VOLATILE = ("stop_after", "save_every_seconds", "device_memory_gib", "plot", "cache_dir")
+VOLATILE = ("stop_after", "save_every_seconds", "device_memory_gib", "plot", "cache_dir",
+            "compilation_cache")
+COMPILATION_CACHE_ENV = "VITCNN_JAX_COMPILATION_CACHE"
+OFF = ("none", "off", "0")
 
 
 def cache_dir(config: Any) -> str:
   return config.get("cache_dir") or CACHE_DIR
+
+
+def compilation_cache(config: Any, jax_dir: str | None) -> str | None:
+  """The persistent compilation cache's folder for a run of `config` (None: off),
+  given the one JAX has already (`jax_compilation_cache_dir`, None if unset)."""
+  field = config.get("compilation_cache") or ""
+  env = os.environ.get(COMPILATION_CACHE_ENV, "")
+  chosen = field or env or jax_dir or os.path.join(cache_dir(config), "xla")
+  if chosen.lower() in OFF:
+    return None
+  if os.path.exists(chosen) and not os.path.isdir(chosen):
+    where = f"config.compilation_cache={field!r}" if field else f"{COMPILATION_CACHE_ENV}={env!r}"
+    raise ValueError(f"{where}: {chosen} is a file; give a folder for JAX's compilation cache, "
+                     f"or 'none' to turn it off.")
+  return os.path.expanduser(chosen)
 
 
 def check_config(config: Any, declared: declaration_lib.Declaration) -> None:

@@ -30,6 +30,7 @@ from vitcnn_jax import memory
 from vitcnn_jax import parallel
 from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
+from vitcnn_jax import programs
 from vitcnn_jax import progress
 from vitcnn_jax import protocol
 from vitcnn_jax import results
@@ -49,10 +50,29 @@ def random_of(seed: int, pass_: int, repeat: int, first: int, abstract=None) -> 
   return key, jnp.asarray(first, jnp.int32)
 
 
+def _program_key(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
+                 precision: hsic.Precision) -> tuple | None:
+  """What decides the program of pass `p`'s step, beyond its inputs' signature;
+  None where the pass does not say (`Pass.program`) or a part does not hash."""
+  what = p.program()
+  if what is None:
+    return None
+  key = (type(p), what, tuple((k, tuple(v), models[k].model, models[k].policy) for k, v in p.points.items()),
+         mesh, precision)
+  try:
+    hash(key)
+  except TypeError:
+    return None
+  return key
+
+
 def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
-                 precision: hsic.Precision = hsic.HIGHEST) -> Callable:
+                 precision: hsic.Precision = hsic.HIGHEST) -> programs.Step:
   names = list(p.points)
   grouped = mesh.shape[parallel.GROUP] > 1
+  # The step reads each model's architecture and preprocessing, never the parameters
+  # it was loaded with (they are its inputs): none are held by the function.
+  models = {k: dataclasses.replace(models[k], params=None) for k in names}
 
   def reduce(key: str, s: jax.Array) -> jax.Array:
     if key.startswith(protocol.BOOT):  # one per minibatch, in minibatch order
@@ -78,27 +98,16 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
     return {k: jax.tree.map(lambda s, k=k: reduce(k, s), v) for k, v in out.items()}
 
   axis = P(parallel.AXES)
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis, P()),
-                               out_specs=P()))
-
-
-def compiled_step(step_fn: Callable, *args) -> jax.stages.Compiled:
-  """`step_fn` compiled for `args` (as it is if compiled already) before it runs,
-  then the host memory the compiler freed handed back (`memory.release_freed`):
-  run at once, the step's buffers would add to it."""
-  if isinstance(step_fn, jax.stages.Compiled):
-    return step_fn
-  compiled = step_fn.lower(*args).compile()
-  memory.release_freed()
-  return compiled
+  return programs.Step(jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis, P()),
+                                             out_specs=P())), _program_key(p, models, mesh, precision))
 
 
 def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: dict[str, loading.Loaded],
-                 precision: hsic.Precision) -> tuple[memory.Plan, dict]:
+                 precision: hsic.Precision) -> tuple[memory.Plan, dict[tuple[int, int], programs.Step]]:
   """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
   choose), checked against device memory where it is known (GPU, TPU, or
-  `config.device_memory_gib`) by compiling the step of pass `p`; and the
-  compiled steps by (minibatch, group) it measured."""
+  `config.device_memory_gib`) by compiling the step of pass `p`; and the steps
+  by (minibatch, group) it compiled to measure them."""
   fixed, batch = config.get("devices_per_minibatch", 1), config.batch_size
   if fixed < 0:
     raise ValueError(f"config.devices_per_minibatch={fixed} must be >= 1, or 0 to choose it.")
@@ -112,16 +121,13 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
     abstract = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
     params = [jax.tree.map(lambda a: abstract(a.shape, a.dtype, rep), models[k].params) for k in p.points]
     images = [abstract((rows, models[k].size, models[k].size, 3), jnp.uint8, sharded) for k in p.points]
-    step = compile_pass(p, models, mesh, precision)
+    step = compiled[minibatch, group] = compile_pass(p, models, mesh, precision)
     with parallel.uncached(mesh):
-      compiled[minibatch, group] = step.lower(
+      return memory.step_bytes(step.compiled(
           params, None, images, abstract((rows,), jnp.int32, sharded),
-          abstract((rows,), jnp.float32, sharded), random_of(0, 0, 0, 0, abstract=rep)).compile()
-    return memory.step_bytes(compiled[minibatch, group])
+          abstract((rows,), jnp.float32, sharded), random_of(0, 0, 0, 0, abstract=rep)))
 
   plan = memory.choose(batch, jax.device_count(), peak, limit, fixed)
-  if compiled:  # measured by compiling (a device memory known): its freed memory handed back
-    memory.release_freed()
   if limit is not None and jax.process_index() == 0:
     print(f"Memory plan: {plan.describe()}.")
   return plan, compiled
@@ -176,8 +182,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
     for pi in range(state.position[0], len(passes)):
       p = passes[pi]
       p.setup(state.done[:pi])
-      step_fn = (planned if pi == 0 and planned and p.constants is None
-                 else compile_pass(p, models, mesh, precision))
+      program = ((planned if pi == 0 and p.constants is None else None)
+                 or compile_pass(p, models, mesh, precision))
       args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
       for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
         start, sums = state.start(pi, repeat)
@@ -189,8 +195,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
           first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
           random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
-          step_fn = compiled_step(step_fn, *args, b.images, labels, b.mask, random)  # once a pass
-          steps.add(step_fn(*args, b.images, labels, b.mask, random), first)
+          steps.add(program(*args, b.images, labels, b.mask, random), first)
           ran += 1
           bar.update(1, b.examples)
           stop = bool(config.get("stop_after")) and ran >= config.stop_after

@@ -18,7 +18,8 @@ Numerics: float32 with precision=HIGHEST for every Gram and HSIC product
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, NamedTuple, Sequence
+import functools
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -199,16 +200,23 @@ def _exponent(v: jax.Array) -> jax.Array:
   return ((jax.lax.bitcast_convert_type(v, jnp.int32) >> 23) & 0xFF) - 126
 
 
-class Layer(NamedTuple):
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["gram", "mean", "proj", "rowmean", "e"], meta_fields=["features"])
+@dataclasses.dataclass(frozen=True)
+class Layer:
   """One layer's minibatch at a power-of-two scale 2^-e (`scaled_layer`): the Gram
   of its centred rows, the mean, each centred row's projection on the mean, each
-  row's mean over its `features` (padding rows zero)."""
+  row's mean over its `features` (padding rows zero). A pytree whose `features`
+  is static, so that a scan over identical blocks stacks the arrays alone."""
   gram: jax.Array  # (n, n) K_c 2^-2e
   mean: jax.Array  # (D,) 2^-e
   proj: jax.Array  # (n,) 2^-2e
   rowmean: jax.Array  # (n,) 2^-e
   e: jax.Array
   features: int
+
+  def arrays(self) -> tuple[jax.Array, ...]:
+    return self.gram, self.mean, self.proj, self.rowmean, self.e
 
 
 def _parts_at(a: jax.Array, mask: jax.Array | None, precision: Precision, f: jax.Array
@@ -249,7 +257,7 @@ def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precisi
     first = state[0]
     f = jax.lax.cond(first, lambda: zeros(jnp.int32), lambda: log2_scales([a], mask)[0])
     layer, fits = _parts_at(a, mask, precision, f)
-    return first & False, fits | ~first, *layer[:5]
+    return first & False, fits | ~first, *layer.arrays()
 
   rows, features = a.shape[0], int(np.prod(a.shape[1:]))
   no = zeros(jnp.bool_)
@@ -323,7 +331,9 @@ def linear_sums(layers: Sequence[Layer], mask: jax.Array | None, precision: Prec
   examples re-indexed by `order` (see `layerpairs`; U-centring commutes with it)."""
   n_all = layers[0].gram.shape[0]
   n = _valid_rows(n_all, mask)
-  grams = jnp.stack([center_unbiased(lay.gram, mask).ravel() for lay in layers])
+  # One batched centring for every layer: its code does not grow with the layers.
+  grams = jax.vmap(center_unbiased, (0, None))(jnp.stack([lay.gram for lay in layers]), mask)
+  grams = grams.reshape(len(layers), -1)
   return _linear_out(grams, jnp.stack([n * fourth_moment(lay.mean) for lay in layers]),
                      jnp.stack([lay.e for lay in layers]), n_all, mask, precision, order)
 

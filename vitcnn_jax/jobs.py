@@ -28,6 +28,7 @@ from vitcnn_jax import driver
 from vitcnn_jax import loading
 from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
+from vitcnn_jax import programs
 from vitcnn_jax import report
 from vitcnn_jax import train
 from vitcnn_jax import workdir as workdir_lib
@@ -71,6 +72,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
   name = config.get("analysis")
   if name not in (*analyses.names(), *OTHER_JOBS):
     raise ValueError(f"config.analysis={name!r} is not one of {analyses.names() + list(OTHER_JOBS)}.")
+  programs.use_compilation_cache(control.compilation_cache(config, programs.users_compilation_cache()))
   if jax.process_index() != 0:  # process 0 alone writes, so it alone checks and locks
     return _dispatch(name, config, workdir, sources)
   workdir = workdir_lib.check(workdir)

@@ -382,19 +382,30 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                    axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
                    key: jax.Array | None = None,
                    precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
-  """`hsic.minibatch_sums` and, from the same Grams, the sums of `spec`'s other
-  measures (and nulls, permuted by `key`), at the exponents shared along `axis_name`."""
-  if group is not None or only_linear(spec):
+  """`layer_sums` of the layers' activations; a minibatch spread over a `group` of
+  devices has unbiased linear CKA alone (`hsic.minibatch_sums`)."""
+  if group is not None:
     if not only_linear(spec):
       raise ValueError(f"config.measures={spec.names} (estimator {spec.estimator!r}, null "
                        f"{spec.null}) need each minibatch on one device: set "
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
     return hsic.minibatch_sums(acts, mask, axis_name, group, precision)
-  layers = [hsic.scaled_layer(a, mask, precision) for a in acts]
+  return layer_sums([hsic.scaled_layer(a, mask, precision) for a in acts], mask, spec, axis_name,
+                    key, precision)
+
+
+def layer_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
+               axis_name: str | tuple[str, ...] | None = None, key: jax.Array | None = None,
+               precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+  """`hsic.linear_sums` of one minibatch's layers (`hsic.scaled_layer`, made where
+  the forward made each activation) and, from the same Grams, the sums of
+  `spec`'s other measures (and nulls, permuted by `key`), at the exponents shared
+  along `axis_name`."""
   order = permutation(key, mask) if spec.null else None
   out = hsic.linear_sums(layers, mask, precision, order)
-  out.update(measure_sums(layers, mask, spec, order, precision))
+  if not only_linear(spec):
+    out.update(measure_sums(layers, mask, spec, order, precision))
   return hsic.shared_scale(out, axis_name)
 
 

@@ -8,7 +8,7 @@ give every optional member its default, so the driver asks for nothing twice.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import jax
 import numpy as np
@@ -17,6 +17,7 @@ from vitcnn_jax import hsic
 from vitcnn_jax import measures
 from vitcnn_jax import parallel
 from vitcnn_jax import preprocess
+from vitcnn_jax.models import common
 
 Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
 ROWS = "rows/"  # step results that are rows, gathered rather than summed
@@ -49,10 +50,26 @@ class Forward:
     one batched program for any number of same-shaped layers)."""
     return hsic.stacked_sums(stacks, mask, parallel.AXES, self._group, self._precision)
 
-  def measure_sums(self, acts: Sequence[jax.Array], mask: jax.Array, spec: measures.Spec) -> Sums:
-    """`minibatch_sums` and the sums of `spec`'s other measures (`measures.minibatch_sums`)."""
-    return measures.minibatch_sums(acts, mask, spec, parallel.AXES,
-                                   self._group, self.key, self._precision)
+  def measure_sums(self, points: dict[str, Sequence[str]], mask: jax.Array, spec: measures.Spec
+                   ) -> Sums:
+    """`minibatch_sums` and the sums of `spec`'s other measures of the points of
+    each model (`measures.layer_sums`), each point's Gram made where the forward
+    makes it (`layers`)."""
+    if self.grouped:
+      acts = [self(name)[p] for name, names in points.items() for p in names]
+      return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
+                                     self._precision)
+    layers = [lay for name, names in points.items() for lay in self.layers(name, names, mask)]
+    return measures.layer_sums(layers, mask, spec, parallel.AXES, self.key, self._precision)
+
+  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[hsic.Layer]:
+    """`hsic.scaled_layer` of each of `points` of model `name`, made inside the
+    forward as each is computed (`common.Capture.reduce`): in a scan over
+    identical blocks its activation dies in its block and its code is compiled once."""
+    capture = common.Capture(tuple(points), reduce=lambda a: hsic.scaled_layer(a, mask, self._precision))
+    out = self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
+                                        capture=capture)[1]
+    return [out[p] for p in points]
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32, normalised as its policy says."""
@@ -91,6 +108,13 @@ class Pass:
   def host_sums(self, got: Sums) -> Sums:
     """A step's result as float64 sums on the host (e.g. `hsic.unscale`)."""
     return got
+
+  def program(self) -> Hashable | None:
+    """Everything `step` computes from beyond its models, points and inputs (e.g.
+    the measures and their parameters), as a hashable value: a later run whose
+    pass has an equal one reuses this one's compiled step in the same process
+    (`driver.Step`). None: compiled anew for each run."""
+    return None
 
   def setup(self, done: list[list[Sums]]) -> None:
     """Runs before the pass with the sums of the passes before it."""

@@ -66,14 +66,13 @@ class CKA(protocol.HsicPass, protocol.Analysis):
 
   def step(self, forward, labels, mask) -> dict:
     del labels
-    acts = []
-    for key, names in self.points.items():
-      out = forward(key)
-      acts += [out[n] for n in names]
-    got = forward.measure_sums(acts, mask, self.spec)
+    got = forward.measure_sums(self.points, mask, self.spec)
     if not self.config.get("bootstrap", 0):
       return got
     return {k if k == "log2_scale" else protocol.BOOT + k: v for k, v in got.items()}
+
+  def program(self):
+    return self.spec, bool(self.config.get("bootstrap", 0))
 
   def finalize(self, sums):
     n, spec = self.config.num_examples, self.spec

@@ -176,11 +176,13 @@ class Stage(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
-    for u in range(1, self.units + 1):
-      name = f"unit{u:02d}"
-      x = Unit(self.nmid, self.stride if u == 1 else 1, self.standardized, name=name)(
-          x, capture.child(name), out)
-    return x
+    names = [f"unit{u:02d}" for u in range(1, self.units + 1)]
+    x = Unit(self.nmid, self.stride, self.standardized, name=names[0])(x, capture.child(names[0]), out)
+    if len(names) == 1:
+      return x
+    # The units after the first are identical.
+    return common.apply_blocks(self, functools.partial(Unit, self.nmid, 1, self.standardized), names[1:],
+                               x, [capture.child(n) for n in names[1:]], out)
 
 
 class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):

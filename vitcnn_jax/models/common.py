@@ -133,6 +133,10 @@ class Capture:
   """
   patterns: tuple[str, ...] | None = None
   prefix: str = ""
+  # Applied to each kept point where it is made (e.g. its Gram, `hsic.scaled_layer`):
+  # inside a scan over identical blocks (`run_blocks`) the activation then dies
+  # within its block, and the reduction is compiled once for the run.
+  reduce: Callable[[Array], Any] | None = None
 
   @classmethod
   def of(cls, spec: "Capture | str | Sequence[str] | None") -> "Capture":
@@ -156,8 +160,72 @@ class Capture:
   def put(self, out: dict[str, Any], name: str, value: Array) -> Array:
     """Records `value` under its full name if wanted; returns it unchanged."""
     if self.wants(name):
-      out[self.prefix + name] = value
+      out[self.prefix + name] = value if self.reduce is None else self.reduce(value)
     return value
+
+
+def apply_blocks(parent: nn.Module, make: Callable[..., nn.Module], names: Sequence[str], x: Array,
+                 captures: Sequence[Capture], out: dict, *args) -> Array:
+  """Identical blocks `make(name=names[i])` of `parent` applied in turn as
+  `block(x, captures[i], out, *args) -> x`: made one by one when `parent` is
+  initialised (their parameters as they are stored), scanned otherwise
+  (`run_blocks`)."""
+  if parent.is_initializing():
+    for name, capture in zip(names, captures):
+      x = make(name=name)(x, capture, out, *args)
+    return x
+  params = parent.variables["params"]
+  return run_blocks(make(parent=None), [params[n] for n in names], x, captures, out, *args)
+
+
+def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
+               out: dict, *args) -> Array:
+  """`block` (unbound: `parent=None`) applied in turn with `params[i]`, capturing
+  with `captures[i]`, as `block(x, capture, out, *args) -> x`: each run of
+  consecutive blocks that keep the same points is one `lax.scan` (its points
+  stacked by the scan, then handed out per block), so a network of identical
+  blocks is traced and compiled once, not once per block. Parameters are stacked
+  for each run: a copy of those blocks' weights per call."""
+  names = _block_points(block, params[0], x, args)
+  wanted = [tuple(c.wants(n) for n in names) for c in captures]
+  start = 0
+  while start < len(params):
+    stop = start + 1
+    while stop < len(params) and wanted[stop] == wanted[start]:
+      stop += 1
+    x = _scan(block, params[start:stop], x, captures[start:stop], out, args)
+    start = stop
+  return x
+
+
+def _block_points(block: nn.Module, params: Any, x: Array, args: tuple) -> list[str]:
+  """Every point `block` can capture (abstract evaluation: nothing runs)."""
+  abstract = lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
+
+  def points(p, x):
+    local: dict = {}
+    block.apply({"params": p}, x, Capture(None), local, *args)
+    return local
+  return list(jax.eval_shape(points, jax.tree.map(abstract, params), abstract(x)))
+
+
+def _scan(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
+          out: dict, args: tuple) -> Array:
+  """One `lax.scan` over the blocks (one block too: eager, a lone block would run op
+  by op, and its rounding would then depend on which points are captured)."""
+  first, order = captures[0], []
+
+  def body(x, p):
+    local: dict = {}
+    x = block.apply({"params": p}, x, first, local, *args)
+    order[:] = local  # the network's order (the scan returns its dict sorted)
+    return x, local
+
+  x, stacked = jax.lax.scan(body, x, jax.tree.map(lambda *a: jnp.stack(a), *params))
+  for i, c in enumerate(captures):
+    for name in order:
+      out[c.prefix + name[len(first.prefix):]] = jax.tree.map(lambda a, i=i: a[i], stacked[name])
+  return x
 
 
 class MlpBlock(nn.Module):

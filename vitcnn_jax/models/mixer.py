@@ -11,6 +11,7 @@ and stem (B,h,w,D), encoded, pre_logits, logits.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -81,9 +82,10 @@ class Mixer(anatomy.PatchTokens, anatomy.NoAttention, anatomy.ParamsAsRead, nn.M
     x = nn.Conv(self.hidden_dim, p, strides=p, padding="VALID", name="stem")(images)
     capture.put(out, "stem", x)
     x = x.reshape(x.shape[0], -1, x.shape[-1])
-    for i in range(self.num_blocks):
-      x = MixerBlock(self.tokens_mlp_dim, self.channels_mlp_dim, self.gelu,
-                     name=f"MixerBlock_{i}")(x, capture.child(f"block{i:02d}"), out)
+    x = common.apply_blocks(
+        self, functools.partial(MixerBlock, self.tokens_mlp_dim, self.channels_mlp_dim, self.gelu),
+        [f"MixerBlock_{i}" for i in range(self.num_blocks)], x,
+        [capture.child(f"block{i:02d}") for i in range(self.num_blocks)], out)
     x = capture.put(out, "encoded", common.layer_norm("pre_head_layer_norm")(x))
     x = capture.put(out, "pre_logits", x.mean(axis=1))
     if self.num_classes:

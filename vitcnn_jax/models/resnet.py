@@ -20,6 +20,7 @@ root/pool, pre_logits, logits.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -171,11 +172,13 @@ class ResNet(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.
     pad = tuple(int(p) for p in self.pool_pad)
     x = root.put(out, "pool", nn.max_pool(nn.relu(x), (3, 3), (2, 2), (pad, pad)))
     for b, (units, width) in enumerate(zip(self.depth, self.widths), 1):
-      for u in range(1, int(units) + 1):
-        name = f"block{b}/unit{u:02d}"
-        x = Unit(int(width), int(width) * self.expansion, 2 if u == 1 and b > 1 else 1,
-                 self.block, self.stride_in, self.batchnorm, self.bn_eps,
-                 name=f"block{b}_unit{u:02d}")(x, capture.child(name), out)
+      unit = functools.partial(Unit, int(width), int(width) * self.expansion, block=self.block,
+                               stride_in=self.stride_in, batchnorm=self.batchnorm, eps=self.bn_eps)
+      x = unit(2 if b > 1 else 1, name=f"block{b}_unit01")(x, capture.child(f"block{b}/unit01"), out)
+      if units > 1:  # the units after the first are identical
+        x = common.apply_blocks(self, functools.partial(unit, 1),
+                                [f"block{b}_unit{u:02d}" for u in range(2, int(units) + 1)], x,
+                                [capture.child(f"block{b}/unit{u:02d}") for u in range(2, int(units) + 1)], out)
     x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))
     if self.num_classes:
       x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))

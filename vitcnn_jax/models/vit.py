@@ -23,6 +23,7 @@ pre_logits, logits. `T` counts the cls token first when pool == "token".
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -231,11 +232,16 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
                rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
-    for i in range(self.depth):
-      x = EncoderBlock(self.mlp_dim, self.num_heads, self.options,
-                       skip=i not in self.no_skip if self.skip_gates is None else self.skip_gates[i],
-                       name=f"encoderblock_{i}")(
-                           x, capture.child(f"block{i:02d}"), out, rope)
+    captures = [capture.child(f"block{i:02d}") for i in range(self.depth)]
+    names = [f"encoderblock_{i}" for i in range(self.depth)]
+    if self.no_skip or self.skip_gates is not None:  # blocks that differ in their residuals
+      for i in range(self.depth):
+        x = EncoderBlock(self.mlp_dim, self.num_heads, self.options,
+                         skip=i not in self.no_skip if self.skip_gates is None else self.skip_gates[i],
+                         name=names[i])(x, captures[i], out, rope)
+    else:
+      x = common.apply_blocks(self, functools.partial(EncoderBlock, self.mlp_dim, self.num_heads,
+                                                      self.options), names, x, captures, out, rope)
     return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
 

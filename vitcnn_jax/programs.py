@@ -1,0 +1,84 @@
+"""Compiled programs: each compiled once, then reused.
+
+Within a process, a pass's step is kept by what decides its program and by its
+inputs' signature (`Step`): a notebook's second call, or a report's next
+section on the same models, compiles nothing. Across processes, JAX's
+persistent compilation cache (`use_compilation_cache`, on by default under the
+project's cache folder) hands a run the programs an earlier run compiled.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import jax
+import numpy as np
+
+from vitcnn_jax import memory
+
+_JAX_OWN: list[str | None] = []  # JAX's cache folder as the user set it, before ours
+
+
+def users_compilation_cache() -> str | None:
+  """The persistent compilation cache folder JAX had before any run of ours set
+  one (JAX_COMPILATION_CACHE_DIR, or the user's own `jax.config` setting)."""
+  if not _JAX_OWN:
+    _JAX_OWN.append(jax.config.jax_compilation_cache_dir or None)
+  return _JAX_OWN[0]
+
+
+def use_compilation_cache(folder: str | None) -> None:
+  """JAX's persistent compilation cache in `folder` (None: off), for programs that
+  took at least JAX's minimum compile time (`jax_persistent_cache_min_compile_time_secs`,
+  1 s unless set): a later process compiling the same program reads it back
+  instead of compiling. Grouped CPU steps still stay out of it (`parallel.uncached`)."""
+  users_compilation_cache()  # read before the first change
+  if folder == (jax.config.jax_compilation_cache_dir or None):
+    return
+  jax.config.update("jax_enable_compilation_cache", folder is not None)
+  if folder is not None:
+    jax.config.update("jax_compilation_cache_dir", folder)
+
+
+# Compiled steps kept for later runs in this process (a notebook's next call, a
+# report's next section), by program and input signature; the oldest dropped first.
+KEEP_COMPILED = 16
+_COMPILED: collections.OrderedDict[tuple, jax.stages.Compiled] = collections.OrderedDict()
+
+
+class Step:
+  """A pass's step over the mesh, compiled once per input signature (shapes,
+  dtypes, shardings) before it first runs, then the host memory the compiler
+  freed handed back (`memory.release_freed`: run at once, the step's buffers
+  would add to it). A pass that says what its program is (`Pass.program`) shares
+  its compiled steps with every later run of the same program in this process:
+  no trace, no compile. The cache holds compiled programs, not the pass or its
+  models' parameters."""
+
+  def __init__(self, fn: Callable, key: tuple | None):
+    self._fn, self._key, self._own = fn, key, {}
+
+  def compiled(self, *args) -> jax.stages.Compiled:
+    """The step compiled for `args` (arrays, or `jax.ShapeDtypeStruct`s with shardings)."""
+    signature = _signature(args)
+    cache = self._own if self._key is None else _COMPILED
+    key = (self._key, signature)
+    if key in cache:
+      if cache is _COMPILED:
+        _COMPILED.move_to_end(key)
+      return cache[key]
+    cache[key] = self._fn.lower(*args).compile()
+    memory.release_freed()
+    while len(_COMPILED) > KEEP_COMPILED:
+      _COMPILED.popitem(last=False)
+    return cache[key]
+
+  def __call__(self, *args):
+    return self.compiled(*args)(*args)
+
+
+def _signature(args) -> tuple:
+  leaves, tree = jax.tree.flatten(args)
+  return tree, tuple((tuple(np.shape(a)), np.dtype(a.dtype).str, bool(getattr(a, "weak_type", False)),
+                      getattr(a, "sharding", None)) for a in leaves)
