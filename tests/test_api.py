@@ -163,3 +163,29 @@ def test_measures_from_one_line(tiny_vit_bit, images):
   assert r.summary["bootstrap"]["replicates"] == 8 and set(r.summary["measures"]) == {"linear_cka", "rsa"}
   with pytest.raises(ValueError, match=r"config.measures=\['cka'\]"):
     vj.cka({"ViT": vit}, images[0][:32], measures=("cka",))
+
+
+def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog):
+  """A notebook's next call with the same models, layers and measures runs the step
+  the first call compiled (`programs.Step`): its step is neither traced nor compiled
+  again, nor read from the persistent cache. Another measure is another program."""
+  import jax  # pylint: disable=g-import-not-at-top
+  vit, bit = tiny_vit_bit
+  grey = images[0][:16]
+  models = {"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}
+  kw = dict(layers="blocks", batch_size=8, repeats=1, **NO_FIGURES)
+
+  def step_events(**more) -> tuple[list[str], object]:
+    caplog.clear()
+    with jax.log_compiles(), caplog.at_level("DEBUG"):
+      r = vj.cka(models, grey, **kw, **more)
+    return [m for m in caplog.messages if "jit(local)" in m or "local for pjit" in m
+            or "'jit_local'" in m], r
+
+  first, r1 = step_events()
+  assert any("Finished XLA compilation of jit(local)" in m or "'jit_local'" in m for m in first), first
+  again, r2 = step_events()
+  assert again == [], again
+  np.testing.assert_array_equal(r1["cka_resnet_vit"], r2["cka_resnet_vit"])
+  other, _ = step_events(measures=("linear_cka", "rbf_cka"))
+  assert other, "another measure ran the first call's program"

@@ -231,3 +231,36 @@ def test_grouped_steps_are_kept_out_of_the_persistent_cache_on_cpu():
   with pytest.raises(RuntimeError), parallel.uncached(parallel.mesh(4)):
     raise RuntimeError("a failed compile")
   assert getattr(jax.config, key) == before  # restored on errors too
+
+
+def test_the_persistent_compilation_cache_is_on_by_default_and_can_be_moved_or_turned_off(
+    tmp_path, monkeypatch):
+  """`config.compilation_cache` over VITCNN_JAX_COMPILATION_CACHE over JAX's own
+  folder over CACHE_DIR/xla; "none" turns it off; a file is refused by name.
+  `programs.use_compilation_cache` sets JAX's cache to the folder chosen."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import control, programs  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({"cache_dir": str(tmp_path / "c"), "compilation_cache": ""})
+  monkeypatch.delenv(control.COMPILATION_CACHE_ENV, raising=False)
+  assert control.compilation_cache(config, None) == str(tmp_path / "c" / "xla")
+  assert control.compilation_cache(config, "/jax/own") == "/jax/own"
+  monkeypatch.setenv(control.COMPILATION_CACHE_ENV, str(tmp_path / "env"))
+  assert control.compilation_cache(config, "/jax/own") == str(tmp_path / "env")
+  monkeypatch.setenv(control.COMPILATION_CACHE_ENV, "none")
+  assert control.compilation_cache(config, "/jax/own") is None
+  config.compilation_cache = str(tmp_path / "field")
+  assert control.compilation_cache(config, "/jax/own") == str(tmp_path / "field")
+  (tmp_path / "file").write_text("")
+  config.compilation_cache = str(tmp_path / "file")
+  with pytest.raises(ValueError, match="config.compilation_cache=.*is a file"):
+    control.compilation_cache(config, None)
+  before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+  try:
+    programs.use_compilation_cache(str(tmp_path / "field"))
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "field")
+    assert jax.config.jax_enable_compilation_cache
+    programs.use_compilation_cache(None)
+    assert not jax.config.jax_enable_compilation_cache
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_enable_compilation_cache", before[1])

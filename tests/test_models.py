@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import forward
-from numerics import assert_close, likely, worst
+from numerics import (BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, likely, network,
+                      worst)
 from vitcnn_jax.models import BiT, Mixer, ViT, bit, get_model, vit
-from vitcnn_jax.models.common import Capture, random_params
+from vitcnn_jax.models.common import Capture, matches, random_params
 
 TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
 
@@ -251,3 +252,62 @@ def test_a_family_with_attention_names_it_in_its_attention_preset(family):
   assert ("attention" in model.layer_presets) == bool(layers), family
   for layer in layers:
     assert common.matches(layer.weights, model.layer_presets["attention"]), (family, layer.weights)
+
+
+def _dots(jaxpr) -> int:
+  """dot_general equations in `jaxpr` and the jaxprs inside it (a scan's body once)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    total += eqn.primitive.name == "dot_general"
+    for sub in eqn.params.values():
+      for j in sub if isinstance(sub, (list, tuple)) else [sub]:
+        total += _dots(j.jaxpr) if hasattr(j, "jaxpr") else _dots(j) if hasattr(j, "eqns") else 0
+  return total
+
+
+@pytest.mark.parametrize("family", ["vit", "bit", "resnet", "mixer"])
+def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
+  """A ViT's and a Mixer's blocks, and the units after each stage's first of a BiT
+  and a ResNet, are traced once (`common.run_blocks`): a deeper network has no
+  more dots to compile. Captured alone, with the rest, or reduced where it is made
+  (`Capture.reduce`), every point has its value and the network's order; points
+  wanted by some blocks only split the scan, and the logits stay bit-equal."""
+  from vitcnn_jax import hsic, representations  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.models import ResNet  # pylint: disable=g-import-not-at-top
+  make = {"vit": lambda d: ViT(**{**TINY_VIT, "depth": d}),
+          "bit": lambda d: BiT(num_classes=5, width=0.5, depth=(1, d)),
+          "resnet": lambda d: ResNet(num_classes=5, depth=(1, d), widths=(8, 16), stem_width=8,
+                                     block="basic"),
+          "mixer": lambda d: Mixer(num_classes=5, patch_size=8, image_size=32, hidden_dim=16, num_blocks=d,
+                                   tokens_mlp_dim=8, channels_mlp_dim=32)}[family]
+  dots = []
+  for depth in (2, 3):
+    model = make(depth)
+    params, x = _init(model)
+    params = jax.tree_util.tree_map_with_path(  # BatchNorm variances drawn positive
+        lambda path, v: np.abs(v) + 0.5 if path[-1].key == "var" else v, params)
+    dots.append(_dots(jax.make_jaxpr(lambda p, x, m=model: m.apply({"params": p}, x))(params, x).jaxpr))
+  assert dots[0] == dots[1], dots  # unrolled, one more block would add its dots
+  f = jax.jit(lambda p, x, capture: model.apply({"params": p}, x, capture=capture), static_argnums=2)
+  logits, full = f(params, x, None)
+  order = list(representations.point_shapes(model, params))  # the network's order, as traced
+  last = [k for k in order if k.startswith("block")][-1]
+  some = (last.rsplit("/", 1)[0] + "/**", "logits")  # one block's points: the scan splits around it
+  got_logits, got = f(params, x, some)
+  assert list(representations.point_shapes(model, params, some)) == [k for k in order if matches(k, some)]
+  # Two programs of one network: XLA fuses a norm differently when a point is an output
+  # (BiT's logits moved by 6e-8 with the capture before blocks were scanned too).
+  rel = network({"vit": VIT_ROUNDINGS, "mixer": MIXER_ROUNDINGS}.get(family, BIT_ROUNDINGS))
+  for k, v in [("logits", got_logits), *got.items()]:
+    want = logits if k == "logits" else full[k]
+    assert_close(v, want, rel * float(np.abs(want).max()), k)
+  grams = Capture(None, reduce=hsic.scaled_layer)  # made inside the scan: arrays stacked, `features` static
+  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=grams))(params, x)
+  alone = jax.jit(lambda vs: {k: hsic.scaled_layer(v) for k, v in vs.items()})(full)
+  for k, v in full.items():
+    want = alone[k]
+    assert reduced[k].features == int(np.prod(v.shape[1:])) and isinstance(reduced[k].features, int), k
+    assert int(reduced[k].e) == int(want.e), k
+    # Two float32 Grams of the same rows: each entry a sum of `features` products.
+    bound = 2 * reduced[k].features * 2.0 ** -24 * float(np.abs(want.gram).max())
+    np.testing.assert_allclose(reduced[k].gram, want.gram, rtol=0, atol=bound, err_msg=k)
