@@ -36,7 +36,8 @@ that is not installed or fails is a row that says why.
 
 `--compare REV` instead times our part for git revision REV (a temporary
 worktree, running its own copy of this script) and for this checkout,
-alternating `--rounds` times in one run, and prints both and their ratio.
+alternating `--rounds` times in one run, each with no compilation cache, and
+prints both (end to end, compile, steps) and their ratios.
 `--overhead` times the step (forward included) with linear CKA alone and with
 every measure and the null (issue 34's budget: at most 1.3x time, 1.1x peak),
 alternating `--rounds` times in one run. Both run workload W.
@@ -562,17 +563,21 @@ def compare(rev: str, s: Setup, rounds: int) -> None:
         for label, root in ((rev, tree), ("this checkout", ROOT)):
           runs[label].append(_run_part("ours", s, root))
           got = runs[label][-1]
-          print(f"round {r + 1} {label}: ours {got['ours_s']:.1f} s, forward only "
+          print(f"round {r + 1} {label}: ours {got['total_s']:.1f} s end to end = compile "
+                f"{got['compile_s']:.1f} s + steps {got['ours_s']:.1f} s, forward only "
                 f"{got['forward_s']:.1f} s, peak {got['peak_gib']:.2f} GiB", flush=True)
     finally:
       subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False)
-  med = {k: {f: float(np.median([x[f] for x in v])) for f in ("ours_s", "forward_s", "peak_gib")}
-         for k, v in runs.items()}
+  fields = ("total_s", "compile_s", "ours_s", "forward_s", "peak_gib")
+  med = {k: {f: float(np.median([x[f] for x in v])) for f in fields} for k, v in runs.items()}
   for k, m in med.items():
-    print(f"{k}: median ours {m['ours_s']:.1f} s (CKA beyond the forward "
-          f"{m['ours_s'] - m['forward_s']:.1f} s), forward only {m['forward_s']:.1f} s, "
-          f"peak {m['peak_gib']:.2f} GiB")
-  print(f"this checkout / {rev}: {med['this checkout']['ours_s'] / med[rev]['ours_s']:.3f}x time")
+    print(f"{k}: median end to end {m['total_s']:.1f} s = compile {m['compile_s']:.1f} s + steps "
+          f"{m['ours_s']:.1f} s (CKA beyond the forward {m['ours_s'] - m['forward_s']:.1f} s), "
+          f"forward only {m['forward_s']:.1f} s, peak {m['peak_gib']:.2f} GiB")
+  here, there = med["this checkout"], med[rev]
+  print(f"this checkout / {rev}: {here['total_s'] / there['total_s']:.3f}x end to end, "
+        f"{here['compile_s'] / there['compile_s']:.3f}x compile, {here['ours_s'] / there['ours_s']:.3f}x steps, "
+        f"{here['peak_gib'] / there['peak_gib']:.3f}x peak")
 
 
 def _peer_row(s: Setup, tool: str, ref: dict) -> dict:
