@@ -178,14 +178,24 @@ def apply_blocks(parent: nn.Module, make: Callable[..., nn.Module], names: Seque
   return run_blocks(make(parent=None), [params[n] for n in names], x, captures, out, *args)
 
 
+# Runs of fewer blocks are applied one by one: for one or two blocks a scan's loop
+# and stacked parameters cost more to trace and compile than they save (the tiny
+# test models: 19% more suite time on two analysis test files).
+MIN_SCAN = 3
+
+
 def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
                out: dict, *args) -> Array:
   """`block` (unbound: `parent=None`) applied in turn with `params[i]`, capturing
-  with `captures[i]`, as `block(x, capture, out, *args) -> x`: each run of
-  consecutive blocks that keep the same points is one `lax.scan` (its points
-  stacked by the scan, then handed out per block), so a network of identical
-  blocks is traced and compiled once, not once per block. Parameters are stacked
-  for each run: a copy of those blocks' weights per call."""
+  with `captures[i]`, as `block(x, capture, out, *args) -> x`: each run of at
+  least `MIN_SCAN` consecutive blocks that keep the same points is one
+  `lax.scan` (its points stacked by the scan, then handed out per block), so a
+  network of identical blocks is traced and compiled once, not once per block.
+  Parameters are stacked for each run: a copy of those blocks' weights per call."""
+  if len(params) < MIN_SCAN:
+    for p, capture in zip(params, captures):
+      x = block.apply({"params": p}, x, capture, out, *args)
+    return x
   names = _block_points(block, params[0], x, args)
   wanted = [tuple(c.wants(n) for n in names) for c in captures]
   start = 0
@@ -193,7 +203,11 @@ def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequ
     stop = start + 1
     while stop < len(params) and wanted[stop] == wanted[start]:
       stop += 1
-    x = _scan(block, params[start:stop], x, captures[start:stop], out, args)
+    if stop - start < MIN_SCAN:
+      for i in range(start, stop):
+        x = block.apply({"params": params[i]}, x, captures[i], out, *args)
+    else:
+      x = _scan(block, params[start:stop], x, captures[start:stop], out, args)
     start = stop
   return x
 
@@ -211,8 +225,9 @@ def _block_points(block: nn.Module, params: Any, x: Array, args: tuple) -> list[
 
 def _scan(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
           out: dict, args: tuple) -> Array:
-  """One `lax.scan` over the blocks (one block too: eager, a lone block would run op
-  by op, and its rounding would then depend on which points are captured)."""
+  """One `lax.scan` over the blocks. (Eager, a scan is compiled and a run applied
+  block by block is not: their roundings differ, so points that split a scan into
+  short runs can move the logits by a rounding there; under jit they do not.)"""
   first, order = captures[0], []
 
   def body(x, p):
