@@ -255,10 +255,11 @@ def test_a_family_with_attention_names_it_in_its_attention_preset(family):
 
 
 def _dots(jaxpr) -> int:
-  """dot_general equations in `jaxpr` and the jaxprs inside it (a scan's body once)."""
+  """dot_general and convolution equations in `jaxpr` and the jaxprs inside it (a
+  scan's body once)."""
   total = 0
   for eqn in jaxpr.eqns:
-    total += eqn.primitive.name == "dot_general"
+    total += eqn.primitive.name in ("dot_general", "conv_general_dilated")
     for sub in eqn.params.values():
       for j in sub if isinstance(sub, (list, tuple)) else [sub]:
         total += _dots(j.jaxpr) if hasattr(j, "jaxpr") else _dots(j) if hasattr(j, "eqns") else 0
@@ -280,14 +281,17 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
                                      block="basic"),
           "mixer": lambda d: Mixer(num_classes=5, patch_size=8, image_size=32, hidden_dim=16, num_blocks=d,
                                    tokens_mlp_dim=8, channels_mlp_dim=32)}[family]
-  dots = []
+  dots, trained = [], []
   for depth in (MIN_SCAN, MIN_SCAN + 1):
     model = make(depth)
     params, x = _init(model)
     params = jax.tree_util.tree_map_with_path(  # BatchNorm variances drawn positive
         lambda path, v: np.abs(v) + 0.5 if path[-1].key == "var" else v, params)
-    dots.append(_dots(jax.make_jaxpr(lambda p, x, m=model: m.apply({"params": p}, x))(params, x).jaxpr))
-  assert dots[0] == dots[1], dots  # unrolled, one more block would add its dots
+    for train, count in ((False, dots), (True, trained)):
+      count.append(_dots(jax.make_jaxpr(lambda p, x, m=model, t=train: m.apply({"params": p}, x, train=t))(
+          params, x).jaxpr))
+  assert dots[0] == dots[1], dots  # unrolled, one more block would add its dots and convolutions
+  assert trained[0] < trained[1], trained  # trained (differentiated): block by block, faster there
   f = jax.jit(lambda p, x, capture: model.apply({"params": p}, x, capture=capture), static_argnums=2)
   logits, full = f(params, x, None)
   order = list(representations.point_shapes(model, params))  # the network's order, as traced

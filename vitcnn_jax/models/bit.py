@@ -173,6 +173,7 @@ class Stage(nn.Module):
   nmid: int
   stride: int
   standardized: bool = False
+  scan: bool = True  # identical units as one scan (`common.apply_blocks`)
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
@@ -182,7 +183,7 @@ class Stage(nn.Module):
       return x
     # The units after the first are identical.
     return common.apply_blocks(self, functools.partial(Unit, self.nmid, 1, self.standardized), names[1:],
-                               x, [capture.child(n) for n in names[1:]], out)
+                               x, [capture.child(n) for n in names[1:]], out, scan=self.scan)
 
 
 class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
@@ -224,7 +225,6 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
   def __call__(self, images: jax.Array, *,
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    del train
     common.check_image(images, None, "BiT")  # any size runs
     if self.root_pool_pad not in ROOT_POOL_PADS:
       raise ValueError(f"root_pool_pad={self.root_pool_pad!r} is not one of {sorted(ROOT_POOL_PADS)}.")
@@ -234,7 +234,8 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
     x = Root(root, self.root_pool_pad, self.standardized, name="root_block")(images, capture.child("root"), out)
     for b, units in enumerate(block_sizes(self.depth), 1):
       name = f"block{b}"
-      x = Stage(units, root * 2 ** (b - 1), 1 if b == 1 else 2, self.standardized, name=name)(
+      x = Stage(units, root * 2 ** (b - 1), 1 if b == 1 else 2, self.standardized, not train,
+                name=name)(
           x, capture.child(name), out)
     x = capture.put(out, "head/preact", nn.relu(GroupNorm(name="norm-pre-head")(x)))
     x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))

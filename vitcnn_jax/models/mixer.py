@@ -74,7 +74,6 @@ class Mixer(anatomy.PatchTokens, anatomy.NoAttention, anatomy.ParamsAsRead, nn.M
   def __call__(self, images: jax.Array, *,
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    del train
     capture = common.Capture.of(capture)
     common.check_image(images, common.to_pair(self.image_size), "Mixer")
     out: dict = {}
@@ -85,7 +84,7 @@ class Mixer(anatomy.PatchTokens, anatomy.NoAttention, anatomy.ParamsAsRead, nn.M
     x = common.apply_blocks(
         self, functools.partial(MixerBlock, self.tokens_mlp_dim, self.channels_mlp_dim, self.gelu),
         [f"MixerBlock_{i}" for i in range(self.num_blocks)], x,
-        [capture.child(f"block{i:02d}") for i in range(self.num_blocks)], out)
+        [capture.child(f"block{i:02d}") for i in range(self.num_blocks)], out, scan=not train)
     x = capture.put(out, "encoded", common.layer_norm("pre_head_layer_norm")(x))
     x = capture.put(out, "pre_logits", x.mean(axis=1))
     if self.num_classes:

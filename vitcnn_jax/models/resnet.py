@@ -160,7 +160,6 @@ class ResNet(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.
   def __call__(self, images: jax.Array, *,
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    del train
     common.check_image(images, None, "ResNet")  # any size runs
     self._check()
     capture = common.Capture.of(capture)
@@ -178,7 +177,8 @@ class ResNet(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.
       if units > 1:  # the units after the first are identical
         x = common.apply_blocks(self, functools.partial(unit, 1),
                                 [f"block{b}_unit{u:02d}" for u in range(2, int(units) + 1)], x,
-                                [capture.child(f"block{b}/unit{u:02d}") for u in range(2, int(units) + 1)], out)
+                                [capture.child(f"block{b}/unit{u:02d}") for u in range(2, int(units) + 1)], out,
+                                scan=not train)
     x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))
     if self.num_classes:
       x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))

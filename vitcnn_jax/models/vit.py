@@ -228,6 +228,7 @@ class Encoder(nn.Module):
   no_skip: tuple[int, ...] = ()
   final_norm: bool = True  # False: the pooled features are normed instead (`fc_norm`)
   skip_gates: jax.Array | None = None  # see ViT
+  scan: bool = True  # identical blocks as one scan (`common.apply_blocks`)
 
   @nn.compact
   def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
@@ -241,7 +242,8 @@ class Encoder(nn.Module):
                          name=names[i])(x, captures[i], out, rope)
     else:
       x = common.apply_blocks(self, functools.partial(EncoderBlock, self.mlp_dim, self.num_heads,
-                                                      self.options), names, x, captures, out, rope)
+                                                      self.options), names, x, captures, out, rope,
+                              scan=self.scan)
     return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
 
@@ -349,7 +351,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
   def __call__(self, images: jax.Array, *,
                capture: common.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    del train  # No dropout: these models are for analysis and light training.
+    # No dropout: these models are for analysis and light training; a model being
+    # trained applies its blocks one by one (`common.apply_blocks`).
     if self.pool not in POOLS:
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
     if self.posemb not in POSEMBS:
@@ -396,7 +399,8 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     capture.put(out, "embedded", x)
 
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
-                final_norm=not self.fc_norm, skip_gates=self.skip_gates, name="Transformer")(
+                final_norm=not self.fc_norm, skip_gates=self.skip_gates, scan=not train,
+                name="Transformer")(
                     x, capture, out, rope)
     capture.put(out, "encoded", x)
     return self._head(x, capture, out), out
