@@ -57,11 +57,12 @@ def compilation_cache(config: Any, jax_dir: str | None) -> str | None:
   chosen = field or env or jax_dir or os.path.join(cache_dir(config), "xla")
   if chosen.lower() in OFF:
     return None
+  chosen = os.path.expanduser(chosen)
   if os.path.exists(chosen) and not os.path.isdir(chosen):
     where = f"config.compilation_cache={field!r}" if field else f"{COMPILATION_CACHE_ENV}={env!r}"
     raise ValueError(f"{where}: {chosen} is a file; give a folder for JAX's compilation cache, "
                      f"or 'none' to turn it off.")
-  return os.path.expanduser(chosen)
+  return chosen
 
 
 def check_config(config: Any, declared: declaration_lib.Declaration) -> None:

@@ -113,7 +113,7 @@ class Pass:
     """Everything `step` computes from beyond its models, points and inputs (e.g.
     the measures and their parameters), as a hashable value: a later run whose
     pass has an equal one reuses this one's compiled step in the same process
-    (`driver.Step`). None: compiled anew for each run."""
+    (`programs.Step`). None: compiled anew for each run."""
     return None
 
   def setup(self, done: list[list[Sums]]) -> None:

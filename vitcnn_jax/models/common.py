@@ -193,11 +193,8 @@ def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequ
   `lax.scan` (its points stacked by the scan, then handed out per block), so a
   network of identical blocks is traced and compiled once, not once per block.
   Parameters are stacked for each run: a copy of those blocks' weights per call."""
-  if len(params) < MIN_SCAN:
-    for p, capture in zip(params, captures):
-      x = block.apply({"params": p}, x, capture, out, *args)
-    return x
-  names = _block_points(block, params[0], x, args)
+  # Too few blocks to scan: no points asked for, so one run, applied block by block.
+  names = _block_points(block, params[0], x, args) if len(params) >= MIN_SCAN else []
   wanted = [tuple(c.wants(n) for n in names) for c in captures]
   start = 0
   while start < len(params):
