@@ -34,6 +34,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 PAIRS = {  # name -> (ViT fields, BiT fields, input size)
     "b16_r50": (dict(variant="B/16"), dict(width=1, depth=50), 224),
@@ -57,12 +58,15 @@ def _models(pair: str) -> dict:
   return out
 
 
-def matmul_rate(n: int, tries: int = 5) -> float:
-  """fp32 (HIGHEST) matmul FLOP/s of the default device: the best of `tries`."""
+def matmul_rate(n: int, tries: int = 5, precision=None) -> float:
+  """float32 matmul FLOP/s of the default device at `precision` (None: HIGHEST;
+  a dot algorithm counts its product once, however many passes it makes): the
+  best of `tries`, on random values (zeros can run faster)."""
   import jax
   import jax.numpy as jnp
-  a = jnp.ones((n, n), jnp.float32)
-  mm = jax.jit(lambda a: jnp.matmul(a, a, precision=jax.lax.Precision.HIGHEST))
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  precision = jax.lax.Precision.HIGHEST if precision is None else precision
+  mm = jax.jit(lambda a: jnp.matmul(a, a, precision=precision))
   mm(a).block_until_ready()
   best = 0.0
   for _ in range(tries):
@@ -134,6 +138,21 @@ def device_peak() -> int | None:
   return stats.get("peak_bytes_in_use") if stats else None
 
 
+def precision_rates(precisions: list[str], n: int) -> dict[str, float]:
+  """name -> the measured matmul rate of each Gram precision the backend runs
+  (`auto` as the one it stands for), and "default": float32 at JAX's default
+  precision, as the forward runs (TF32 on a GPU that has it)."""
+  import jax
+  from vitcnn_jax import hsic
+  rates = {"default": matmul_rate(n, precision=jax.lax.Precision.DEFAULT)}
+  for name in precisions:
+    try:
+      rates[name] = matmul_rate(n, precision=hsic.gram_precision(name))
+    except Exception:  # pylint: disable=broad-except  (reported by the run's row)
+      pass
+  return rates
+
+
 def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str]) -> list[dict]:
   import jax
   import vitcnn_jax as vj
@@ -166,8 +185,12 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
     print(f"  {name}: {row['seconds']:.1f} s, {row}", flush=True)  # a cut-off run still shows it
   rate = max(rate, matmul_rate(4096 if jax.default_backend() != "cpu" else 1024))
   bound = steps * (fwd + gram) / rate
+  rates = precision_rates(precisions, 4096 if jax.default_backend() != "cpu" else 1024)
   for row in rows:
     row.update(bound=bound, rate=rate, fwd_flops=fwd * steps, gram_flops=gram * steps)
+    if row["precision"] in rates:  # the forward at the default rate, the Grams at their own
+      row.update(own_rate=rates[row["precision"]], default_rate=rates["default"],
+                 own_bound=steps * (fwd / rates["default"] + gram / rates[row["precision"]]))
   return rows
 
 
@@ -181,7 +204,7 @@ def report_lines(record: dict) -> list[str]:
            f"{r0['gram_flops'] / 1e12:.2f} Gram TFLOP) / {r0['rate'] / 1e12:.2f} TFLOP/s (fp32 "
            "matmul, best measured)",
            "precision | time (s, incl. compile) | of which compiling (s) | rest / bound | "
-           "plan peak (GiB) | device peak so far (GiB) | max |CKA - highest|"]
+           "plan peak (GiB) | device peak so far (GiB) | max |CKA - highest| | own bound (s) | rest / own bound"]
   for r in rows:
     if "error" in r:
       lines.append(f"{r['precision']} | not run here: {r['error']}")
@@ -190,9 +213,40 @@ def report_lines(record: dict) -> list[str]:
     plan = f"{r['plan_peak'] / gib:.2f}" if r["plan_peak"] else "n/a (not planned)"
     diff = f"{r['max_diff']:.2e}" if r["max_diff"] is not None else "n/a (no highest run)"
     rest = r["seconds"] - r["compile_seconds"]
+    own = (f" | {r['own_bound']:.1f} | {rest / r['own_bound']:.2f}x" if "own_bound" in r else " | - | -")
     lines.append(f"{r['precision']} | {r['seconds']:.1f} | {r['compile_seconds']:.1f} | "
-                 f"{rest / r['bound']:.2f}x | {plan} | {dev} | {diff}")
+                 f"{rest / r['bound']:.2f}x | {plan} | {dev} | {diff}" + own)
+  rates = {r["precision"]: r["own_rate"] for r in rows if "own_rate" in r}
+  if rates:
+    default = next(r["default_rate"] for r in rows if "default_rate" in r)
+    lines.append("own bound: the forward's FLOPs at float32's default-precision rate "
+                 f"({default / 1e12:.1f} TFLOP/s) plus the Grams' at each precision's own, measured here: "
+                 + ", ".join(f"{k} {v / 1e12:.1f}" for k, v in rates.items()) + " TFLOP/s")
+  peer = record.get("peer")
+  if peer:
+    lines.append(f"{peer['tool']} on torch's {peer['device']}, the same layers and images: "
+                 + (f"not run: {peer['error']}" if "error" in peer else
+                    f"{peer['total_s']:.1f} s end to end (its forward alone {peer['forward_s']:.1f} s)"
+                    + (f", peak device memory {peer['device_peak_gib']:.2f} GiB"
+                       if peer.get("device_peak_gib") is not None else "")))
   return lines
+
+
+def _peer(args) -> dict:
+  """A PyTorch CKA package on timm's ViT-B/16 and BiT-R50x1 with the paper's
+  layers (`cka_benchmark.py`'s part): its time, or why it did not run (an
+  out-of-memory error says what it asked for)."""
+  import cka_benchmark
+  if args.pair != "b16_r50":
+    raise SystemExit("--peer: the peers run pair b16_r50 (timm's networks).")
+  with tempfile.TemporaryDirectory() as work:
+    s = cka_benchmark.Setup("W", args.examples, args.batch, 224, work, device=args.peer_device)
+    try:
+      got = cka_benchmark._run_part(args.peer, s)  # pylint: disable=protected-access
+    except RuntimeError as e:
+      lines = [x for x in str(e).splitlines() if x.strip()]
+      return dict(tool=args.peer, device=args.peer_device, error=lines[-1][:300] if lines else "failed")
+  return dict(got, tool=args.peer, device=args.peer_device)
 
 
 def main():
@@ -204,7 +258,11 @@ def main():
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--precisions", default="highest,bf16_6x,bf16_3x,tf32_3x,bf16_9x")
   ap.add_argument("--json", help="also write the rows, device and settings here")
+  ap.add_argument("--peer", default="", help="also run this PyTorch CKA package (cka_benchmark.py's "
+                  "names; pair b16_r50) on torch's --peer_device first, in its own process")
+  ap.add_argument("--peer_device", default="cuda")
   args = ap.parse_args()
+  peer = _peer(args) if args.peer else None  # before JAX takes the device's memory
   precisions = args.precisions.split(",")
   if "highest" in precisions:  # the reference runs first
     precisions = ["highest"] + [p for p in precisions if p != "highest"]
@@ -212,7 +270,7 @@ def main():
   import jax
   record = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
                 devices=jax.device_count(), jax=jax.__version__, pair=args.pair,
-                examples=args.examples, batch=args.batch, repeats=args.repeats, rows=rows)
+                examples=args.examples, batch=args.batch, repeats=args.repeats, rows=rows, peer=peer)
   print("\n".join(report_lines(record)))
   if args.json:  # for `benchmarks/readme_numbers.py device`, where the run was elsewhere
     with open(args.json, "w") as f:

@@ -80,17 +80,17 @@ PEERS = {"torch-cka": ("torch-cka", "torch_cka", "unbiased"), "pytorch-cka": ("p
          "cka-pytorch": ("cka-pytorch", "cka_pytorch.cka", "unbiased")}
 HOW = {  # what each peer computes and the call that runs it, for the notes under the table
     "torch-cka": "HSIC_1 per minibatch, one (K, L) pair at a time, averaged over minibatches; CKA from "
-                 "the means. CKA(m1, m2, model1_layers=, model2_layers=, device='cpu').compare(loader)",
+                 "the means. CKA(m1, m2, model1_layers=, model2_layers=, device='{device}').compare(loader)",
     "pytorch-cka": "HSIC_1 of all layer pairs at once (einsum over stacked Grams), summed over "
                    "minibatches; CKA clipped to [0, 1]. compute_cka(m1, m2, loader, layers=, "
-                   "model2_layers=, device='cpu')",
+                   "model2_layers=, device='{device}')",
     "ckatorch": "HSIC_1 in float64 summed over minibatches (its README's minibatch CKA), from its public "
                 "linear_kernel and hsic1 in our loop. Its CKA class is another estimator: it reads a hooked "
                 "output as (minibatches, examples, features), so a ViT's (images, tokens, channels) gives "
                 "CKA over tokens within each image, and it keeps only each epoch's last dataloader batch",
     "cka-pytorch": "HSIC_1 of stacked Grams (made in its hooks), 256 pairs a call, summed over minibatches; "
                    "CKA = sum / sqrt(product + 1e-4). CKACalculator(m1, m2, model1_layers=, model2_layers=, "
-                   "batched_feature_size=256, device=cpu).calculate_cka_matrix(loader, num_epochs=1): "
+                   "batched_feature_size=256, device={device}).calculate_cka_matrix(loader, num_epochs=1): "
                    "its default of 10 epochs repeats the same images, the same CKA at 10x the time",
 }
 
@@ -104,6 +104,9 @@ class Setup:
   size: int = 224
   work: str = os.path.join(tempfile.gettempdir(), "cka_bench")  # weights, CKA matrices, references
   cache: str = ""  # JAX's persistent compilation cache folder ("": none)
+  device: str = "cpu"  # torch's device for the peers ("cuda": ours runs on JAX's GPU too)
+  reference: bool = True  # the float64 references (False: no error columns)
+  second: bool = False  # also time a second call in the same process (a notebook's usual case)
 
   @property
   def stats(self) -> tuple:
@@ -115,6 +118,18 @@ class Setup:
 
 def _peak_gib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _device_peak_gib(s: Setup, torch_side: bool = False) -> float | None:
+  """The accelerator's peak memory in this process (None on CPU): torch's or JAX's."""
+  if s.device == "cpu":
+    return None
+  if torch_side:
+    import torch
+    return torch.cuda.max_memory_allocated() / 2**30
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None
 
 
 def _images(s: Setup) -> np.ndarray:
@@ -205,22 +220,39 @@ def part_ours(s: Setup) -> dict:
   import jax
   from vitcnn_jax import hsic, preprocess, representations
 
+  phases: dict[str, float] = {}  # JAX's compile events: tracing, lowering, XLA (backend_compile)
+
+  def listen(event: str, seconds: float, **_) -> None:
+    if event.startswith("/jax/core/compile/"):
+      key = event.rsplit("/", 1)[1].removesuffix("_duration")
+      phases[key] = phases.get(key, 0.0) + seconds
+
   models = _jax_models(s)
   step, params, batches = _step_inputs(s, models)
   names = [n for m in models for n in m.names]
 
-  rates = [accelerator.matmul_rate(2048)]  # interleaved with the work: before, between, after
+  rates = [accelerator.matmul_rate(2048)]
+  jax.monitoring.register_event_duration_secs_listener(listen)  # interleaved with the work: before, between, after
   t = time.perf_counter()  # the run a user makes: compile (as the driver does), every minibatch, the CKA
   step = step.compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
   run = lambda x, m: hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"]  # noqa: E731
   sums = run(*batches[0])
   first_s = time.perf_counter() - t
+  compile_phases = dict(phases)
   sums = sums + sum(run(x, m) for x, m in batches[1:])
   ours_cka = hsic.cka_from_hsic(sums, names)
   total_s = time.perf_counter() - t
   t = time.perf_counter()
   run(*batches[0])  # the first minibatch again, warm: the rest of first_s was compiling
   compile_s = first_s - (time.perf_counter() - t)
+  second_s = second_diff = None
+  if s.second:
+    t = time.perf_counter()  # a notebook's second call: the step built again, every minibatch
+    step, params, batches = _step_inputs(s, models)
+    step = step.compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
+    again = sum(run(x, m) for x, m in batches)
+    second_s = time.perf_counter() - t
+    second_diff = float(np.abs(again - sums).max() / np.abs(sums).max())
 
   def forward(ps, x):
     return [m.model.apply({"params": p}, preprocess.normalize(x, m.policy), capture=())[0]
@@ -243,10 +275,13 @@ def part_ours(s: Setup) -> dict:
   rates.append(accelerator.matmul_rate(2048))
   np.save(s.path("ours.npy"), ours_cka)
   return dict(total_s=total_s, ours_s=total_s - compile_s, compile_s=compile_s, forward_s=forward_s,
+              second_s=second_s, second_diff=second_diff, device_peak_gib=_device_peak_gib(s),
+              compile_phases=compile_phases,
               fwd_flops=fwd_flops, gram_flops=gram_flops,
               matmul_flops_per_s=max(rates),  # the machine at its best: rates moved 2x on shared machines
               layers_x=len(models[0].names), layers_y=len(models[1].names), peak_gib=_peak_gib(),
-              cache_entries=len(os.listdir(s.cache)) if s.cache else 0, jax=jax.__version__)
+              cache_entries=len(os.listdir(s.cache)) if s.cache else 0, jax=jax.__version__,
+              backend=f"{jax.devices()[0].device_kind} ({jax.default_backend()})")
 
 
 def part_reference(s: Setup) -> dict:
@@ -337,13 +372,26 @@ def _torch_setup(s: Setup):
   mean, std = (np.asarray(v, np.float32)[:, None, None] * 255 for v in s.stats)
   x = torch.from_numpy((_images(s).transpose(0, 3, 1, 2).astype(np.float32) - mean) / std)
   loader = DataLoader(TensorDataset(x, torch.zeros(len(x), dtype=torch.long)), batch_size=s.batch)
+  m1, m2 = m1.to(s.device), m2.to(s.device)
   with torch.no_grad():
+    for _ in range(s.device != "cpu"):  # cuDNN's first calls choose their kernels
+      m1(next(iter(loader))[0].to(s.device))
+      m2(next(iter(loader))[0].to(s.device))
+    _sync(s)
     t = time.perf_counter()
-    for xb, _ in loader:
+    for xb, _ in loader:  # as the peers do: each minibatch moved to the device in the loop
+      xb = xb.to(s.device)
       m1(xb)
       m2(xb)
+    _sync(s)
     forward_s = time.perf_counter() - t
   return m1, m2, l1, l2, loader, forward_s
+
+
+def _sync(s: Setup) -> None:
+  if s.device != "cpu":
+    import torch
+    torch.cuda.synchronize()
 
 
 def part_torch_reference(s: Setup) -> dict:
@@ -354,7 +402,10 @@ def part_torch_reference(s: Setup) -> dict:
   keys = [(1, n) for n in l1] + [(2, n) for n in l2]
 
   def hook(key):
-    return lambda mod, inp, out: rows.__setitem__(key, (_centred(out.numpy()), _centred(out.numpy(), True)))
+    def keep(mod, inp, out):
+      out = out.cpu().numpy()
+      rows[key] = _centred(out), _centred(out, True)
+    return keep
 
   for k, net in ((1, m1), (2, m2)):
     for name, mod in net.named_modules():
@@ -363,6 +414,7 @@ def part_torch_reference(s: Setup) -> dict:
   hsic = [0.0, 0.0]  # unbiased, biased
   with torch.no_grad():
     for xb, _ in loader:
+      xb = xb.to(s.device)
       m1(xb)
       m2(xb)
       for j in range(2):
@@ -388,29 +440,29 @@ FORMULAS = {"torch-cka": ("as is", _plain),
             "ckatorch": ("as is", _plain), "cka-pytorch": ("1e-4 added under the root", _with_eps)}
 
 
-def _run_torch_cka(m1, m2, l1, l2, loader):
+def _run_torch_cka(m1, m2, l1, l2, loader, device):
   import torch
   from torch_cka import CKA
   with torch.no_grad():
-    cka = CKA(m1, m2, model1_name="m1", model2_name="m2", model1_layers=l1, model2_layers=l2, device="cpu")
+    cka = CKA(m1, m2, model1_name="m1", model2_name="m2", model1_layers=l1, model2_layers=l2, device=device)
     cka.compare(loader)
   # its rows and columns: the order the hooks fired in, kept by its feature dicts
-  return cka.hsic_matrix.numpy(), list(cka.model1_features), list(cka.model2_features)
+  return cka.hsic_matrix.cpu().numpy(), list(cka.model1_features), list(cka.model2_features)
 
 
-def _run_pytorch_cka(m1, m2, l1, l2, loader):
+def _run_pytorch_cka(m1, m2, l1, l2, loader, device):
   from cka import compute_cka
-  (cka,) = compute_cka(m1, m2, loader, layers=l1, model2_layers=l2, device="cpu")
-  return cka.numpy(), l1, l2
+  (cka,) = compute_cka(m1, m2, loader, layers=l1, model2_layers=l2, device=device)
+  return cka.cpu().numpy(), l1, l2
 
 
-def _run_cka_pytorch(m1, m2, l1, l2, loader):
+def _run_cka_pytorch(m1, m2, l1, l2, loader, device):
   import torch
   from cka_pytorch.cka import CKACalculator
   calc = CKACalculator(model1=m1, model2=m2, model1_layers=l1, model2_layers=l2,
-                       batched_feature_size=256, device=torch.device("cpu"))
+                       batched_feature_size=256, device=torch.device(device))
   cka = calc.calculate_cka_matrix(loader, num_epochs=1)
-  return cka.numpy(), calc.hook_manager1.module_names, calc.hook_manager2.module_names
+  return cka.cpu().numpy(), calc.hook_manager1.module_names, calc.hook_manager2.module_names
 
 
 def _hooked(nets_layers, feats: dict) -> None:
@@ -421,7 +473,7 @@ def _hooked(nets_layers, feats: dict) -> None:
         mod.register_forward_hook(lambda mod, inp, out, key=(k, name): feats.__setitem__(key, out))
 
 
-def _run_ckatorch(m1, m2, l1, l2, loader):
+def _run_ckatorch(m1, m2, l1, l2, loader, device):
   """ckatorch's HSIC_1 (`hsic1`, float64 as its `cka_batch`) of every pair, summed
   over minibatches as its README's minibatch CKA: its CKA class reads a hooked
   output as (minibatches, examples, features), which an image network's is not."""
@@ -429,10 +481,12 @@ def _run_ckatorch(m1, m2, l1, l2, loader):
   from ckatorch import hsic1, linear_kernel
   feats: dict = {}
   _hooked([(m1, l1), (m2, l2)], feats)
-  hxy = torch.zeros(len(l1), len(l2), dtype=torch.float64)
-  hxx, hyy = torch.zeros(len(l1), dtype=torch.float64), torch.zeros(len(l2), dtype=torch.float64)
+  hxy = torch.zeros(len(l1), len(l2), dtype=torch.float64, device=device)
+  hxx = torch.zeros(len(l1), dtype=torch.float64, device=device)
+  hyy = torch.zeros(len(l2), dtype=torch.float64, device=device)
   with torch.no_grad():
     for xb, _ in loader:
+      xb = xb.to(device)
       m1(xb)
       m2(xb)
       gx = torch.stack([linear_kernel(feats[0, n].flatten(1).double()) for n in l1])
@@ -441,10 +495,10 @@ def _run_ckatorch(m1, m2, l1, l2, loader):
       hyy += hsic1(gy, gy)
       for i in range(len(l1)):
         hxy[i] += hsic1(gx[i].expand_as(gy), gy)
-  return (hxy / torch.sqrt(torch.outer(hxx, hyy))).numpy(), l1, l2
+  return (hxy / torch.sqrt(torch.outer(hxx, hyy))).cpu().numpy(), l1, l2
 
 
-def _ckatorch_class(m1, m2, l1, l2, loader) -> str:
+def _ckatorch_class(m1, m2, l1, l2, loader, device) -> str:
   """What ckatorch's own CKA class does with this workload's first minibatch, as
   its examples call it (after the timed run: its hooks stay on the networks)."""
   import torch
@@ -452,7 +506,7 @@ def _ckatorch_class(m1, m2, l1, l2, loader) -> str:
   from torch.utils.data import DataLoader, TensorDataset
   first = DataLoader(TensorDataset(next(iter(loader))[0]), batch_size=loader.batch_size)
   try:
-    cka = CKA(m1, m2, layers=l1, second_layers=l2, first_name="m1", second_name="m2", device="cpu")
+    cka = CKA(m1, m2, layers=l1, second_layers=l2, first_name="m1", second_name="m2", device=device)
     got = cka(first, epochs=1)
   except Exception as e:  # noqa: BLE001  (its message is the finding)
     return f"its CKA class fails on this workload: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
@@ -470,15 +524,23 @@ def part_peer(s: Setup, tool: str) -> dict:
   m1, m2, l1, l2, loader, forward_s = _torch_setup(s)
   importlib.import_module(PEERS[tool][1])
   t = time.perf_counter()
-  cka, rows, cols = RUNS[tool](m1, m2, l1, l2, loader)
+  cka, rows, cols = RUNS[tool](m1, m2, l1, l2, loader, s.device)
+  _sync(s)
   total_s = time.perf_counter() - t
-  note = _ckatorch_class(m1, m2, l1, l2, loader) if tool == "ckatorch" else ""
+  second_s = None
+  if s.second:
+    t = time.perf_counter()  # a notebook's second call (the tool set up again)
+    RUNS[tool](m1, m2, l1, l2, loader, s.device)
+    _sync(s)
+    second_s = time.perf_counter() - t
+  note = _ckatorch_class(m1, m2, l1, l2, loader, s.device) if tool == "ckatorch" else ""
   extra = (len(rows) - len(l1)) + (len(cols) - len(l2))
   if extra:  # cka-pytorch also hooks every module whose own name (not its path) is asked for
     note = f"hooked {extra} more layers than asked (a name's last part matches), dropped here"
   cka = np.asarray(cka, np.float64)[np.ix_([rows.index(n) for n in l1], [cols.index(n) for n in l2])]
   np.save(s.path(f"peer_{tool}.npy"), cka)
-  return dict(total_s=total_s, forward_s=forward_s, peak_gib=_peak_gib(), note=note,
+  return dict(total_s=total_s, second_s=second_s, forward_s=forward_s, peak_gib=_peak_gib(),
+              device_peak_gib=_device_peak_gib(s, torch_side=True), note=note,
               version=metadata.version(PEERS[tool][0]), layers_x=len(l1), layers_y=len(l2))
 
 
@@ -541,11 +603,15 @@ def overhead(s: Setup, rounds: int) -> None:
 
 def _run_part(name: str, s: Setup, root: str = ROOT) -> dict:
   """Part `name` in a fresh process. Another checkout's copy of this script (at
-  an older revision) is given only the arguments every revision takes."""
+  an older revision) is given only the arguments every revision takes (and, for
+  workload resnet18, those of the revisions that have it)."""
   cmd = [sys.executable, os.path.join(root, "benchmarks", os.path.basename(__file__)), "--part", name,
          "--images", str(s.images), "--batch", str(s.batch)]
+  if root != ROOT and s.workload != "W":
+    cmd += ["--workload", s.workload, "--size", str(s.size), "--work", s.work]
   if root == ROOT:
-    cmd += ["--workload", s.workload, "--size", str(s.size), "--work", s.work, "--cache", s.cache]
+    cmd += ["--workload", s.workload, "--size", str(s.size), "--work", s.work, "--cache", s.cache,
+            "--device", s.device] + ["--second"] * s.second
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=root)
   if r.returncode:
     raise RuntimeError(f"part {name} failed in {root}:\n{r.stderr[-4000:]}")
@@ -553,10 +619,15 @@ def _run_part(name: str, s: Setup, root: str = ROOT) -> dict:
 
 
 def compare(rev: str, s: Setup, rounds: int) -> None:
-  """Our part at `rev` and here, interleaved (rev, here, rev, here, ...)."""
+  """Our part at `rev` and here, interleaved (rev, here, rev, here, ...). `rev`
+  may be a folder holding a revision's files (`git archive REV | tar -x -C DIR`),
+  for a machine without the repository's history."""
   with tempfile.TemporaryDirectory() as tmp:
-    tree = os.path.join(tmp, "rev")
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", tree, rev], cwd=ROOT, check=True)
+    tree = os.path.abspath(rev) if os.path.isdir(rev) else os.path.join(tmp, "rev")
+    if not os.path.isdir(rev):
+      subprocess.run(["git", "worktree", "add", "--detach", "-q", tree, rev], cwd=ROOT, check=True)
+    if s.workload == "resnet18":
+      _run_part("weights", s)
     try:
       runs = {rev: [], "this checkout": []}
       for r in range(rounds):
@@ -567,7 +638,8 @@ def compare(rev: str, s: Setup, rounds: int) -> None:
                 f"{got['compile_s']:.1f} s + steps {got['ours_s']:.1f} s, forward only "
                 f"{got['forward_s']:.1f} s, peak {got['peak_gib']:.2f} GiB", flush=True)
     finally:
-      subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False)
+      if not os.path.isdir(rev):
+        subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, check=False)
   fields = ("total_s", "compile_s", "ours_s", "forward_s", "peak_gib")
   med = {k: {f: float(np.median([x[f] for x in v])) for f in fields} for k, v in runs.items()}
   for k, m in med.items():
@@ -582,20 +654,24 @@ def compare(rev: str, s: Setup, rounds: int) -> None:
 
 def _peer_row(s: Setup, tool: str, ref: dict) -> dict:
   """A peer's part, or why it did not run, and its CKA's distance from each reference."""
-  row = dict(tool=tool, estimator=PEERS[tool][2], how=HOW[tool])
+  row = dict(tool=tool, estimator=PEERS[tool][2], how=HOW[tool].format(device=s.device))
   try:
     got = _run_part(tool, s)
   except RuntimeError as e:
     lines = [x for x in str(e).splitlines() if x.strip()]
     return dict(row, error=lines[-1][:160] if lines else "failed")
+  row.update(version=got["version"], end_to_end_s=got["total_s"], forward_s=got["forward_s"],
+             beyond_forward_s=got["total_s"] - got["forward_s"], peak_gib=got["peak_gib"],
+             second_s=got.get("second_s"), device_peak_gib=got.get("device_peak_gib"),
+             max_abs_err=None, note=got["note"])
+  if not ref:
+    return row
   cka, (what, formula) = np.load(s.path(f"peer_{tool}.npy")), FORMULAS[tool]
   lx = len(cka)
   err = lambda want: float(np.abs(cka - want).max())
   errs = {"unbiased": err(_plain(ref["hsic"], lx)), "biased": err(ref["biased"])}
-  row.update(version=got["version"], end_to_end_s=got["total_s"], forward_s=got["forward_s"],
-             beyond_forward_s=got["total_s"] - got["forward_s"], peak_gib=got["peak_gib"],
-             max_abs_err=errs["unbiased"], biased_err=errs["biased"], formula=what,
-             formula_err=err(formula(ref["hsic"], lx)), note=got["note"])
+  row.update(max_abs_err=errs["unbiased"], biased_err=errs["biased"], formula=what,
+             formula_err=err(formula(ref["hsic"], lx)))
   closest = min(errs, key=errs.get)
   if closest != row["estimator"]:
     row["note"] = (f"closer to the {closest} float64 CKA than to the {row['estimator']} one its source "
@@ -609,22 +685,27 @@ def _peer_row(s: Setup, tool: str, ref: dict) -> dict:
 def _table(rows: list[dict]) -> list[str]:
   """One line per tool: time, time beyond the forward, peak, max |CKA - float64| (the
   unbiased minibatch CKA, which every tool computes; the same with the tool's own
-  changes to it, see the notes; the biased one), ratios to ours (cold)."""
+  changes to it, see the notes; the biased one), ratios to ours (cold); where
+  measured, a second call in the same process and the device's peak memory."""
   ours = rows[0]
+  extra = any(r.get("second_s") is not None or r.get("device_peak_gib") for r in rows)
   lines = [f"{'tool':<17} | {'end to end':>10} | {'beyond fwd':>10} | {'peak GiB':>8} | "
            f"{'max |CKA - f64|':>15} | {'its formula':>11} | {'biased f64':>10} | {'e2e / ours':>10} | "
-           f"{'beyond / ours':>13}"]
+           f"{'beyond / ours':>13}" + (f" | {'2nd call':>8} | {'device GiB':>10}" if extra else "")]
+  opt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
   for r in rows:
     if "error" in r:
       lines.append(f"{r['tool']:<17} | not run: {r['error']}")
       continue
     r["e2e_ratio"] = r["end_to_end_s"] / ours["end_to_end_s"]
     r["beyond_ratio"] = r["beyond_forward_s"] / max(ours["beyond_forward_s"], 1e-9)
-    own = f"{r.get('formula_err', r['max_abs_err']):.1e}"
-    biased = f"{r['biased_err']:.1e}" if "biased_err" in r else "-"
+    own = opt(r.get("formula_err", r["max_abs_err"]), "{:.1e}")
     lines.append(f"{r['tool']:<17} | {r['end_to_end_s']:>8.1f} s | {r['beyond_forward_s']:>8.1f} s | "
-                 f"{r['peak_gib']:>8.2f} | {r['max_abs_err']:>15.1e} | {own:>11} | {biased:>10} | "
-                 f"{r['e2e_ratio']:>9.2f}x | {r['beyond_ratio']:>12.2f}x")
+                 f"{r['peak_gib']:>8.2f} | {opt(r['max_abs_err'], '{:.1e}'):>15} | {own:>11} | "
+                 f"{opt(r.get('biased_err'), '{:.1e}'):>10} | {r['e2e_ratio']:>9.2f}x | "
+                 f"{r['beyond_ratio']:>12.2f}x"
+                 + (f" | {opt(r.get('second_s'), '{:.2f} s'):>8} | {opt(r.get('device_peak_gib'), '{:.2f}'):>10}"
+                    if extra else ""))
   return lines
 
 
@@ -634,7 +715,8 @@ def _ours_rows(cold: dict, warm: dict, ref: dict) -> list[dict]:
     rows.append(dict(tool=label, version=f"jax {got['jax']}", end_to_end_s=got["total_s"],
                      compile_s=got["compile_s"], steps_s=got["ours_s"], forward_s=got["forward_s"],
                      beyond_forward_s=got["total_s"] - got["forward_s"], peak_gib=got["peak_gib"],
-                     max_abs_err=ref["max_abs_err"], reference="unbiased", estimator="unbiased",
+                     max_abs_err=ref.get("max_abs_err"), reference="unbiased", estimator="unbiased",
+                     second_s=got.get("second_s"), device_peak_gib=got.get("device_peak_gib"),
                      how="HSIC_1 of every layer pair, one sharded XLA step per minibatch (vitcnn_jax "
                      "driver.compile_pass of analyses.cka.CKA)", note=""))
   return rows
@@ -650,8 +732,17 @@ def _print_ours(s: Setup, cold: dict, warm: dict, ref: dict) -> None:
         f"{cold['gram_flops'] / 1e9:.0f} Gram GFLOP) / {cold['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s "
         f"-> ours' steps (compile excluded) / bound = {cold['ours_s'] / bound:.2f}x"
         + (" (target <= 1.15x)" if s.workload == "W" else ""))
-  print(f"accuracy: max |CKA - float64 reference| = {ref['max_abs_err']:.2e}"
-        + (" (target <= 1e-5)" if s.workload == "W" else ""))
+  if ref:
+    print(f"accuracy: max |CKA - float64 reference| = {ref['max_abs_err']:.2e}"
+          + (" (target <= 1e-5)" if s.workload == "W" else ""))
+  if cold.get("device_peak_gib") is not None:
+    print(f"ours' peak {s.device} memory: {cold['device_peak_gib']:.2f} GiB (JAX's allocator)")
+  for label, got in (("cold", cold), ("warm cache", warm)):
+    print(f"ours' compile ({label}), JAX's events: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in sorted(got.get("compile_phases", {}).items(), key=lambda kv: -kv[1])))
+  if cold.get("second_s") is not None:
+    print(f"ours, a second call in the same process (compiled step reused): {cold['second_s']:.2f} s "
+          f"(its sums {cold['second_diff']:.1e} from the first's, relative)")
 
 
 def _print_targets(rows: list[dict]) -> None:
@@ -670,6 +761,12 @@ def _print_targets(rows: list[dict]) -> None:
         f"{tc['end_to_end_s'] / warm['end_to_end_s']:.1f}x with a warm cache (target >= 5x)")
 
 
+def _device_parts(r: dict) -> str:
+  """A peer's second call and device peak, where measured."""
+  out = f", a second call {r['second_s']:.2f} s" if r.get("second_s") is not None else ""
+  return out + (f", peak device memory {r['device_peak_gib']:.2f} GiB" if r.get("device_peak_gib") else "")
+
+
 def run_all(s: Setup, peers: list[str], json_path: str) -> None:
   """Every part in its own process, then the table (and the `--json` record)."""
   if s.workload == "resnet18":
@@ -677,19 +774,22 @@ def run_all(s: Setup, peers: list[str], json_path: str) -> None:
   cache = s.path("jax_cache")
   os.makedirs(cache, exist_ok=True)
   cold = _run_part("ours", dataclasses.replace(s, cache=cache))
-  warm = _run_part("ours", dataclasses.replace(s, cache=cache))
-  ref = _run_part("reference", s)
+  warm = _run_part("ours", dataclasses.replace(s, second=False, cache=cache))
+  ref = _run_part("reference", s) if s.reference else {}
   what = ("ViT-B/16 x BiT-R50x1; ours at our random init, the peers timm's at timm's" if s.workload == "W"
           else "ResNet-18 x ResNet-18, timm's at random init (seeds 0, 1), the same weights in ours")
   print(f"{s.workload}: {s.images} images of {s.size} px in minibatches of {s.batch}, {cold['layers_x']} x "
-        f"{cold['layers_y']} layers ({what}); {os.cpu_count()} CPU cores", flush=True)
+        f"{cold['layers_y']} layers ({what}); {os.cpu_count()} CPU cores; ours on {cold['backend']}, the "
+        f"peers on torch's {s.device}", flush=True)
   _print_ours(s, cold, warm, ref)
   rows = _ours_rows(cold, warm, ref)
   if peers:
-    _run_part("torch_reference", s)
-    with np.load(s.path("torch_reference.npz")) as f:
-      torch_ref = {k: f[k] for k in ("hsic", "biased")}
-    if s.workload == "resnet18":  # one set of weights: our CKA and timm's activations' float64 agree
+    torch_ref = {}
+    if s.reference:
+      _run_part("torch_reference", s)
+      with np.load(s.path("torch_reference.npz")) as f:
+        torch_ref = {k: f[k] for k in ("hsic", "biased")}
+    if torch_ref and s.workload == "resnet18":  # one set of weights: our CKA and timm's activations' float64 agree
       lx = cold["layers_x"]
       ours = np.load(s.path("ours.npy"))[:lx, lx:]
       print(f"ours vs the float64 CKA of timm's activations (the same networks): max |diff| = "
@@ -699,7 +799,7 @@ def run_all(s: Setup, peers: list[str], json_path: str) -> None:
       r = rows[-1]
       print(f"{tool}: " + (f"not run: {r['error']}" if "error" in r else
                            f"{r['end_to_end_s']:.1f} s, forward only {r['forward_s']:.1f} s, peak "
-                           f"{r['peak_gib']:.2f} GiB"), flush=True)
+                           f"{r['peak_gib']:.2f} GiB" + _device_parts(r)), flush=True)
   print()
   print("\n".join(_table(rows)))
   for r in rows[2:]:
@@ -720,7 +820,7 @@ def run_all(s: Setup, peers: list[str], json_path: str) -> None:
 def _setup(args) -> Setup:
   w = WORKLOADS[args.workload]
   s = Setup(args.workload, args.images or w["images"], args.batch or w["batch"], args.size or w["size"],
-            args.work or Setup.work, args.cache)
+            args.work or Setup.work, args.cache, args.device, not args.no_reference, args.second)
   if s.workload == "W" and s.size != 224:
     raise SystemExit("--size: workload W runs at 224 px only.")
   if s.batch < 4 or s.images % s.batch:
@@ -744,6 +844,10 @@ def main():
   ap.add_argument("--cache", default="", help=argparse.SUPPRESS)  # a part's compilation cache
   ap.add_argument("--compare", default="", metavar="REV")
   ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--device", default="cpu", help="torch's device for the peers (cuda: ours on JAX's GPU too)")
+  ap.add_argument("--no_reference", action="store_true",
+                  help="skip the float64 references (minutes on CPU at W's scale): no error columns")
+  ap.add_argument("--second", action="store_true", help="also time a second call in the same process")
   ap.add_argument("--overhead", action="store_true",
                   help="time the step with linear CKA alone and with more measures and the null")
   args = ap.parse_args()
@@ -760,8 +864,8 @@ def main():
   if unknown:
     raise SystemExit(f"--peers: {unknown} are not among {list(PEERS)}.")
   peers = [p for p in peers if not (args.skip_torch_cka and p == "torch-cka")]
-  if (args.compare or args.overhead) and args.workload != "W":
-    raise SystemExit("--compare and --overhead run workload W.")
+  if args.overhead and args.workload != "W":
+    raise SystemExit("--overhead runs workload W.")
   with tempfile.TemporaryDirectory(prefix="cka_bench_") as tmp:
     args.work = args.work or tmp
     s = _setup(args)
