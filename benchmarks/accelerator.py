@@ -77,9 +77,10 @@ def matmul_rate(n: int, tries: int = 5, precision=None) -> float:
 
 
 def matmul_flops(jaxpr) -> float:
-  """FLOPs of the dots and convolutions in `jaxpr` and the jaxprs inside it: the
-  backend-independent count (a GPU's compiled cost analysis leaves out the
-  cuBLAS and cuDNN calls, and its lowered one is not reported)."""
+  """FLOPs of the dots and convolutions in `jaxpr` and the jaxprs inside it (a
+  scan's body once per turn): the backend-independent count (a GPU's compiled
+  cost analysis leaves out the cuBLAS and cuDNN calls, and its lowered one is
+  not reported)."""
   total = 0.0
   for eqn in jaxpr.eqns:
     out = eqn.outvars[0].aval.shape
@@ -90,12 +91,13 @@ def matmul_flops(jaxpr) -> float:
     elif eqn.primitive.name == "conv_general_dilated":
       rhs, spec = eqn.invars[1].aval.shape, eqn.params["dimension_numbers"].rhs_spec
       total += 2 * np.prod(out) * np.prod([rhs[d] for d in spec[1:]])  # in-features x window
+    turns = eqn.params["length"] if eqn.primitive.name == "scan" else 1  # a scan's body runs `length` times
     for sub in eqn.params.values():
       for j in sub if isinstance(sub, (list, tuple)) else [sub]:
         if hasattr(j, "jaxpr"):  # ClosedJaxpr
-          total += matmul_flops(j.jaxpr)
+          total += turns * matmul_flops(j.jaxpr)
         elif hasattr(j, "eqns"):
-          total += matmul_flops(j)
+          total += turns * matmul_flops(j)
   return float(total)
 
 
@@ -222,6 +224,8 @@ def report_lines(record: dict) -> list[str]:
     lines.append("own bound: the forward's FLOPs at float32's default-precision rate "
                  f"({default / 1e12:.1f} TFLOP/s) plus the Grams' at each precision's own, measured here: "
                  + ", ".join(f"{k} {v / 1e12:.1f}" for k, v in rates.items()) + " TFLOP/s")
+  if record.get("note"):
+    lines.append(record["note"])
   peer = record.get("peer")
   if peer:
     lines.append(f"{peer['tool']} on torch's {peer['device']}, the same layers and images: "

@@ -266,7 +266,8 @@ def part_ours(s: Setup) -> dict:
     jax.block_until_ready(fwd(params, x))
   forward_s = time.perf_counter() - t
 
-  fwd_flops = fwd.lower(params, batches[0][0]).compile().cost_analysis()["flops"] * len(batches)
+  # counted from the jaxpr (`accelerator.matmul_flops`): XLA's GPU cost analysis leaves out cuBLAS calls
+  fwd_flops = accelerator.matmul_flops(jax.make_jaxpr(forward)(params, batches[0][0]).jaxpr) * len(batches)
   shapes = [v for m in models
             for v in representations.point_shapes(m.model, m.params, m.names, s.batch).values()]
   dims = [int(np.prod(v.shape[1:])) for v in shapes]

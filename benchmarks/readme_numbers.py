@@ -204,8 +204,11 @@ def suite() -> None:
 
 
 def device(path: str, command: str) -> None:
-  """An accelerator run's record (`accelerator.py --json`), stamped with this
+  """An accelerator run's record (`accelerator.py --json`), or the log of a
+  `benchmarks/gpu.sh` stage (a .txt file: block `device-NAME`), stamped with this
   checkout's commit (the code the run was sent with) and its device, into RESULTS."""
+  if path.endswith(".txt"):
+    return device_log(path, command)
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import accelerator  # pylint: disable=g-import-not-at-top
   with open(path) as f:
@@ -214,6 +217,21 @@ def device(path: str, command: str) -> None:
   measured["machine"] = f"{record['devices']} x {record['device']} ({record['backend']}), jax {record['jax']}"
   _record("accelerator", {**measured, "command": command, "lines": accelerator.report_lines(record),
                           "record": record})
+
+
+def device_log(path: str, command: str) -> None:
+  """A `gpu.sh` stage's log: its lines (progress bars left out), the machine read
+  from its environment lines."""
+  with open(path) as f:
+    lines = [line.rstrip("\n") for line in f if "\r" not in line and not re.search(r"\d+it/s|step/s", line)]
+  gpu = next((line.split(",")[0] for line in lines if line.startswith("NVIDIA")), None)
+  jax_version = next((line.split()[1] for line in lines if line.startswith("jax ")), None)
+  if not gpu or not jax_version:
+    raise SystemExit(f"{path}: no 'NVIDIA ...' and 'jax X' environment lines (gpu.sh's first step).")
+  measured = _measured(os.path.join("benchmarks", "gpu.sh"), os.path.join("benchmarks", "cka_benchmark.py"))
+  measured["machine"] = f"1 x {gpu}, jax {jax_version}"
+  name = os.path.basename(path).removesuffix(".txt")
+  _record(f"device-{name}", {**measured, "command": command, "lines": lines})
 
 
 def bench_key(args: list[str]) -> str:
@@ -322,6 +340,9 @@ def blocks(r: dict) -> dict[str, str]:
     out["real-key-numbers"] = f"{stamp}:*\n\n" + "\n".join(
         f"- `{sec}` ({s['analysis']}): " + "; ".join(f"{k} {v}" for k, v in s["key_numbers"])
         for sec, s in e["report"].items())
+  for key, e in r.items():
+    if key.startswith("device-"):
+      out[key] = f"*{_stamp(e)}; `{e['command']}`:*\n\n```\n" + "\n".join(e["lines"]) + "\n```"
   if "accelerator" in r:
     e = r["accelerator"]
     out["accelerator"] = f"*{_stamp(e)}; `{e['command']}`:*\n\n```\n" + "\n".join(e["lines"]) + "\n```"

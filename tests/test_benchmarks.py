@@ -4,7 +4,9 @@ forward_profile.py accounts for a forward's time by op class."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import forked
 from conftest import ROOT, device_env
@@ -54,3 +56,24 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   # outputs) are dots over their windows (`common.conv`): 4 x 2 x 2 rows, 9 taps of 128.
   assert sum(int(c) for c in convs) == 3, shapes
   assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
+
+
+def test_the_flop_count_runs_a_scans_body_once_per_turn():
+  """The FLOP bound's count: a scanned ViT's forward has the FLOPs of its blocks
+  applied one by one (training applies them so), and a scan of a dot its
+  body's FLOPs times its length."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import accelerator
+  from vitcnn_jax.models import ViT, common
+  body = lambda c, w: (c @ w, None)  # noqa: E731
+  scanned = jax.make_jaxpr(lambda a, w: jax.lax.scan(body, a, w)[0])(jnp.ones((4, 5)), jnp.ones((3, 5, 5)))
+  assert accelerator.matmul_flops(scanned.jaxpr) == 3 * (2 * 4 * 5 * 5)
+  model = ViT(num_classes=10, image_size=32, patch_size=8, width=32, depth=4, mlp_dim=64, num_heads=2)
+  x = np.zeros((2, 32, 32, 3), np.float32)
+  params = common.random_params(model, x)
+  count = lambda train: accelerator.matmul_flops(jax.make_jaxpr(  # noqa: E731
+      lambda p: model.apply({"params": p}, x, train=train, rngs={"dropout": jax.random.key(0)})[0])(params).jaxpr)
+  assert count(False) == count(True) > 0
