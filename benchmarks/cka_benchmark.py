@@ -34,10 +34,18 @@ cka-pytorch adds 1e-4 under the root: what is left is its float32 arithmetic)
 and from the biased (HSIC_0) one, which tells the two estimators apart. A peer
 that is not installed or fails is a row that says why.
 
+`--device cuda` runs the peers on torch's CUDA device (ours runs wherever JAX
+does: its GPU) and reports each side's peak device memory; `--second` also
+times a second call in the same process (a notebook's usual case: ours reuses
+its compiled step); `--no_reference` skips the float64 references, which take
+minutes at W's scale on CPU. Ours also reports its compile by JAX's phases
+(tracing, lowering to MLIR, XLA's backend compile).
+
 `--compare REV` instead times our part for git revision REV (a temporary
-worktree, running its own copy of this script) and for this checkout,
-alternating `--rounds` times in one run, each with no compilation cache, and
-prints both (end to end, compile, steps) and their ratios.
+worktree, running its own copy of this script; or a folder holding a
+revision's files) and for this checkout, alternating `--rounds` times in one
+run, each with no compilation cache, and prints both (end to end, compile,
+steps) and their ratios.
 `--overhead` times the step (forward included) with linear CKA alone and with
 every measure and the null (issue 34's budget: at most 1.3x time, 1.1x peak),
 alternating `--rounds` times in one run. Both run workload W.

@@ -9,8 +9,8 @@
 # BASE: a folder holding an older revision's files (`git archive REV | tar -x -C BASE`),
 # whose cold runs of ours are the "before" of the same machine. Wheels the machine
 # lacks (ml_collections, the peers, the tests' references) go in .whl/ (README).
-# Every log and record lands in OUT; `benchmarks/readme_numbers.py gpu OUT` makes
-# the README's GPU blocks of them.
+# Every log and record lands in OUT; `benchmarks/readme_numbers.py device OUT/stage1.txt
+# COMMAND` and `... device OUT/paper.json COMMAND` make the README's GPU blocks of them.
 set -u
 out=${1:?usage: gpu.sh OUT STAGE [BASE]}
 stage=${2:?usage: gpu.sh OUT STAGE [BASE]}
