@@ -14,7 +14,7 @@ from conftest import NO_FIGURES, ROOT, run_main
 from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 import vitcnn_jax as vj
-from vitcnn_jax import checkpoints
+from vitcnn_jax import checkpoints, data
 from vitcnn_jax.models import io
 
 N, BATCH = 48, 16
@@ -102,6 +102,10 @@ def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
   assert r.summary["label"] == "tiny ViT"
   np.testing.assert_array_equal(vj.attention_distance(vit, grey, batch_size=8, **NO_FIGURES)["mean_distance"],
                                 r["mean_distance"])  # one model alone: the name it reads
+  # One model's own dict, alone, is that model (not two models named by its keys).
+  alone = vj.attention_distance({"checkpoint": vit, "label": "tiny ViT"}, grey, batch_size=8, **NO_FIGURES)
+  np.testing.assert_array_equal(alone["mean_distance"], r["mean_distance"])
+  assert alone.summary["label"] == "tiny ViT"
   r = vj.skip_ratio({"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}, grey, batch_size=8,
                     **NO_FIGURES)
   assert r["vit_ratio"].shape[:2] == (2, 2) and np.isfinite(r["resnet_ratio"]).all()
@@ -110,6 +114,11 @@ def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
 def test_mistakes_are_named(tiny_vit_bit, images, tmp_path):
   vit, _ = tiny_vit_bit
   grey = images[0]
+  from PIL import Image  # noqa: PLC0415
+  (tmp_path / "photos").mkdir()
+  Image.fromarray(np.zeros((3, 3, 3), np.uint8)).save(tmp_path / "photos" / "tiny.png")
+  with pytest.raises(ValueError, match=r"tiny\.png: a photograph of 3x3 px"):
+    vj.cka({"v": vit}, data.PhotoCrops(str(tmp_path / "photos"), 8, size=32), batch_size=4)
   with pytest.raises(TypeError, match="float32.*uint8"):
     vj.cka({"v": vit}, grey.astype(np.float32))
   with pytest.raises(ValueError, match=r"block\*/nope"):

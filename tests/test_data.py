@@ -243,3 +243,14 @@ def test_the_offline_photographs_as_a_configured_source():
   s = pipeline.make_source(zoo.data_spec("photos", num_examples=30))
   assert (len(s), s.num_classes) == (30, len(packaged.PHOTOS))
   assert s.images([0])[0].shape == (256, 256, 3)
+
+
+def test_a_photograph_too_small_to_crop_is_named(tmp_path):
+  from PIL import Image  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(tmp_path / "big.png")
+  Image.fromarray(rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)).save(tmp_path / "tiny.png")
+  s = data.PhotoCrops(str(tmp_path), 4, size=32)
+  assert s.images([0])[0].shape == (32, 32, 3)  # big.png
+  with pytest.raises(ValueError, match=r"tiny\.png: a photograph of 3x3 px; crops need its shorter side at least 4"):
+    s.images([1])

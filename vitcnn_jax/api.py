@@ -79,10 +79,17 @@ def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> d
   return {**out, "overrides": given}
 
 
+def _one_model(models) -> bool:
+  """Whether `models` is one model: anything but a mapping, or a mapping that is a
+  model's own spec (it names a checkpoint, or a model and its params), not a
+  mapping of names to models."""
+  return not isinstance(models, Mapping) or "checkpoint" in models or "model" in models
+
+
 def _names(declared: declaration.Declaration, models) -> dict[str, tuple[str, ModelSpec]]:
   """{config name: (label, spec)} of the models a notebook passed."""
   fixed = (*declared.models.required, *declared.models.optional)
-  if not isinstance(models, Mapping):  # one model, alone
+  if _one_model(models):
     if len(fixed) > 1 or declared.models.count not in (None, 1):
       raise TypeError(f"{declared.name} reads {declared.models.describe()}: pass a dict of them.")
     name = fixed[0] if fixed else "model"

@@ -303,9 +303,10 @@ class PhotoCrops:
   A few dozen photographs, not ImageNet: crops of one photograph share content."""
 
   SCALES = (1.0, 0.7, 0.5, 0.35, 0.25)
+  MIN_SIDE = 4  # the smallest crop's side
 
   def __init__(self, root: str, num_examples: int, size: int = 256, seed: int = 0):
-    self.photos = FolderSource(root)
+    self.photos, self.root = FolderSource(root), root
     if num_examples < 1 or size < 4:
       raise ValueError(f"num_examples={num_examples}, size={size}: photo crops need at least "
                        "1 example of at least 4x4 pixels.")
@@ -320,7 +321,12 @@ class PhotoCrops:
 
   def _photo(self, p: int) -> np.ndarray:
     if p not in self._cache:
-      self._cache[p] = self.photos.images([p])[0]
+      photo = self.photos.images([p])[0]
+      if min(photo.shape[:2]) < self.MIN_SIDE:
+        raise ValueError(f"{self.photos.files[p][0]}: a photograph of {photo.shape[1]}x{photo.shape[0]} px; "
+                         f"crops need its shorter side at least {self.MIN_SIDE} px. Remove it from {self.root} "
+                         "or use a larger copy.")
+      self._cache[p] = photo
     return self._cache[p]
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]:
@@ -332,7 +338,7 @@ class PhotoCrops:
         raise IndexError(f"{self.name}: index {i} out of range.")
       photo = self._photo(int(i) % count)
       h, w = photo.shape[:2]
-      side = max(4, round(self.SCALES[(int(i) // count) % len(self.SCALES)] * min(h, w)))
+      side = max(self.MIN_SIDE, round(self.SCALES[(int(i) // count) % len(self.SCALES)] * min(h, w)))
       rng = np.random.default_rng((self.seed, int(i)))
       top, left = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
       crop = photo[top:top + side, left:left + side]

@@ -38,7 +38,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "knn_k": 10,  # neighbours of mutual_knn, cknna (Huh et al. 2024 use 10) and the other k-NN measures
     "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
     "cca_dims": 0,  # the CCA family, regression, eigenspace_overlap: each layer's top principal
-    # components (0: half the smallest minibatch, so that two layers' components need not meet)
+    # components (0: (n - 1) // 2 of the smallest minibatch's n, under half of its centred space)
     "svcca_variance": 0.99,  # svcca: the share of each layer's variance its components keep
     "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
     "gulp_lambda": 0.01,  # gulp's ridge penalty (the layers scaled to trace 1)
