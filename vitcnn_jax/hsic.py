@@ -567,18 +567,28 @@ def cka_from_hsic(hsic: np.ndarray, names: Sequence[str],
   if not np.any(hsic) and (mean_m4 is None or not np.any(mean_m4)):
     raise FloatingPointError("CKA: every HSIC is zero: no minibatch of at least "
                              f"{MIN_BATCH} examples was processed (or every activation is zero).")
-  floors = np.zeros(len(diag)) if mean_m4 is None else noise_floor(mean_m4)
-  for name, v, floor in zip(names, diag, floors):
+  check_layers(diag, mean_m4, names)
+  return hsic / np.sqrt(np.outer(diag, diag))
+
+
+def check_layers(self_hsic: np.ndarray, mean_m4: np.ndarray | None, names: Sequence[str],
+                 what: str = "CKA") -> None:
+  """Every layer's accumulated self-HSIC is finite and above float32's rounding
+  level (given each layer's mean `fourth_moment`): else an error naming the layer
+  and the cause. Any similarity of a layer that overflowed, or that is constant
+  over the examples, is a number that means nothing, whichever measure (`what`)."""
+  floors = np.zeros(len(self_hsic)) if mean_m4 is None else noise_floor(mean_m4)
+  for name, v, floor in zip(names, self_hsic, floors):
     if not np.isfinite(v):
-      raise FloatingPointError(f"CKA: self-HSIC of layer {name!r} is {v}; the activations "
+      raise FloatingPointError(f"{what}: self-HSIC of layer {name!r} is {v}; the activations "
                                "overflowed or contain NaN/inf.")
     if v <= floor:
       raise FloatingPointError(
-          f"CKA: layer {name!r} is constant over the examples (self-HSIC {v:.3g}"
+          f"{what}: layer {name!r} is constant over the examples (self-HSIC {v:.3g}"
           f"{', at float32 rounding level for its feature scale' if v > 0 else ''}), so "
-          "its CKA with anything is meaningless. Check the inputs: are the images "
-          "identical or blank? (A layer that is constant by design cannot be compared.)")
-  return hsic / np.sqrt(np.outer(diag, diag))
+          "its similarity with anything is meaningless. Check the inputs: are the images "
+          "identical or blank? (A layer that is constant by design cannot be compared: "
+          "leave it out of the captured points.)")
 
 
 class MinibatchCKA:

@@ -468,7 +468,10 @@ def _normalise(hs: np.ndarray, own: np.ndarray, names: Sequence[str], measure: s
 def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
            null: bool = False) -> dict[str, np.ndarray]:
   """Each measure's (L, L) matrix from one repeat's float64 sums (`null`: its
-  null's, normalised by the measure's own self-terms; none for `WITHOUT_NULL`)."""
+  null's, normalised by the measure's own self-terms; none for `WITHOUT_NULL`).
+  Layers that overflowed or are constant over the examples are refused for every
+  measure, as linear CKA refuses them; a cell no layer explains is named too."""
+  hsic.check_layers(np.diag(sums["hsic"]), sums["moments"] / num_examples, names, ", ".join(spec.names))
   pre = "null/" if null else ""
   out = {}
   stats = descriptive.statistics(sums)
@@ -500,7 +503,22 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       out[m] = sums[pre + m] / np.maximum(sums["subspace_count"], 1.0)
     else:
       out[m] = sums[pre + "rsa"] / np.maximum(sums["rsa_count"], 1.0)
+  for m, v in out.items():
+    _check_finite(v, names, pre + m)
   return out
+
+
+def _check_finite(v: np.ndarray, names: Sequence[str], measure: str) -> None:
+  """A measure's matrix is finite, or an error naming its cells: its layers passed
+  `hsic.check_layers`, so what is left is a step's own arithmetic failing (e.g. a
+  decomposition that did not converge)."""
+  bad = np.argwhere(~np.isfinite(v))
+  if len(bad):
+    cells = ", ".join(f"{names[i]!r} x {names[j]!r}" for i, j in bad[:4])
+    raise FloatingPointError(f"{measure}: {len(bad)} of {v.size} layer pairs are not finite ({cells}"
+                             f"{', ...' if len(bad) > 4 else ''}), though every layer is finite and "
+                             "varies: a decomposition or a sum failed in some minibatch. Please report it "
+                             "with the config; the other measures are unaffected (leave this one out).")
 
 
 def describe(measure: str, spec: Spec) -> str:

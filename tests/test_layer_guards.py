@@ -1,0 +1,55 @@
+"""Layers no measure can compare (constant over the examples, all zero, or
+overflowed to inf) are refused by name for every measure family, as linear CKA
+refuses them; a measure's non-finite cell between good layers is named too."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from test_measures import _data
+from vitcnn_jax import hsic, measures
+
+# Every measure but linear CKA (which `test_faults_numerics` covers): one spec, one compile.
+OTHERS = measures.Spec(tuple(m for m in measures.NAMES if m != "linear_cka"), cca_dims=3, knn_k=3)
+N = 16
+NAMES = ["x", "y", "odd"]
+
+
+@functools.lru_cache(maxsize=1)
+def _step():
+  return jax.jit(functools.partial(measures.minibatch_sums, spec=OTHERS))
+
+
+def _values(odd: np.ndarray) -> dict[str, np.ndarray]:
+  """Every measure of two varied layers and `odd`, over one minibatch of N rows."""
+  x, y, _ = _data(n=N)
+  acts = [a.astype(np.float32) for a in (x, y, odd)]
+  sums = hsic.unscale(jax.device_get(_step()(acts, np.ones(N, np.float32), key=jax.random.PRNGKey(0))))
+  return measures.values({k: np.asarray(v, np.float64) for k, v in sums.items()}, NAMES, OTHERS, N)
+
+
+def test_varied_layers_give_finite_values_for_every_measure():
+  got = _values(1.0 + 0.8 * _data(n=N)[0][:, ::2])
+  assert set(got) == set(OTHERS.names) and all(np.isfinite(v).all() for v in got.values())
+
+
+@pytest.mark.parametrize("odd, why", [
+    (np.zeros((N, 6)), "constant over the examples"),  # an all-zero layer
+    (np.tile(np.linspace(-3, 5, 6), (N, 1)), "constant over the examples"),  # a layer equal to its bias
+    (np.where(np.arange(6) == 2, np.inf, np.ones((N, 6))), "overflowed"),  # one feature at inf
+], ids=["zero", "bias", "inf"])
+def test_a_layer_no_measure_can_compare_is_refused_by_name(odd, why):
+  with pytest.raises(FloatingPointError, match=rf"rbf_cka, .*uniformity_difference: .*layer 'odd'.*{why}"):
+    _values(odd)
+
+
+def test_a_measure_s_non_finite_cell_between_good_layers_is_named():
+  sums = {"hsic": np.eye(3) + 0.5, "moments": np.ones(3), "mean_cca": np.full((3, 3), 0.5),
+          "subspace_count": np.ones((3, 3))}
+  sums["mean_cca"][0, 1] = np.nan  # as a decomposition that did not converge leaves it
+  with pytest.raises(FloatingPointError, match=r"mean_cca: 1 of 9 layer pairs are not finite \('x' x 'y'\)"):
+    measures.values(sums, NAMES, measures.Spec(("mean_cca",)), N)
