@@ -53,3 +53,17 @@ def test_a_measure_s_non_finite_cell_between_good_layers_is_named():
   sums["mean_cca"][0, 1] = np.nan  # as a decomposition that did not converge leaves it
   with pytest.raises(FloatingPointError, match=r"mean_cca: 1 of 9 layer pairs are not finite \('x' x 'y'\)"):
     measures.values(sums, NAMES, measures.Spec(("mean_cca",)), N)
+
+
+def test_no_nan_or_inf_is_written_without_saying_where(tmp_path, capsys):
+  """The last net: results that hold NaN or inf say where, in the json and the log."""
+  import json
+  from vitcnn_jax import driver
+  arrays = {"ok": np.ones(3), "cka_a_b": np.array([[1.0, np.nan], [np.inf, 0.5]]), "ids": np.arange(3)}
+  summary = {"mean": 0.5, "models": {"a": {"scores": [0.1, float("nan")]}}}
+  driver.write(str(tmp_path), "x", summary, arrays)
+  got = json.loads((tmp_path / "x.json").read_text())
+  assert got["non_finite"] == {"npz:cka_a_b": 2, "json:models.a.scores[1]": 1}
+  assert "x's results hold NaN or inf values at ['json:models.a.scores[1]', 'npz:cka_a_b']" in capsys.readouterr().out
+  driver.write(str(tmp_path), "y", {"mean": 0.5}, {"ok": np.ones(3)})
+  assert "non_finite" not in json.loads((tmp_path / "y.json").read_text())

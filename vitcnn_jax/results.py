@@ -19,6 +19,30 @@ def write_json(path: str, obj: Any) -> None:
   fileio.atomic_write(path, lambda f: f.write(data))
 
 
+def non_finite(arrays: dict[str, np.ndarray] | None, summary: Any) -> dict[str, int]:
+  """Where a run's results hold NaN or inf: "NAME.npz:ARRAY" or "NAME.json:a.b[3]"
+  -> how many values. Every analysis checks its own numbers; this is the last
+  net, so that no such value is written without saying where."""
+  out = {}
+  for k, v in (arrays or {}).items():
+    v = np.asarray(v)
+    if np.issubdtype(v.dtype, np.floating) and not np.isfinite(v).all():
+      out[f"npz:{k}"] = int(v.size - np.isfinite(v).sum())
+
+  def walk(node: Any, where: str) -> None:
+    if isinstance(node, dict):
+      for k, v in node.items():
+        walk(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, (list, tuple)):
+      for i, v in enumerate(node):
+        walk(v, f"{where}[{i}]")
+    elif isinstance(node, (float, np.floating)) and not np.isfinite(node):
+      out[f"json:{where}"] = 1
+
+  walk(summary, "")
+  return out
+
+
 def workdir_path(workdir: str, name: str) -> str:
   return os.path.join(workdir, name)
 
