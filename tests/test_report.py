@@ -63,6 +63,21 @@ def test_report_page_has_every_section_and_number(report, tiny_vit_bit):
   # Within-model CKA; the demo specs were given other files, so their labels are those files' names.
   assert re.search(r"vit \d\.\d{3}, bit \d\.\d{3}", page)
   assert re.search(r"uniform \d+\.\d px; block 0: ", page)  # the heads' range
+  assert "NaN or inf in the results" not in page
+
+
+def test_a_section_whose_results_hold_nan_says_where(report, tmp_path):
+  import json
+  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import report as report_lib  # pylint: disable=g-import-not-at-top
+  wd = tmp_path / "wd"
+  shutil.copytree(report, wd)
+  summary = json.loads((wd / "cka" / "cka.json").read_text())
+  summary["non_finite"] = {"npz:cka_resnet_vit": 3}  # as `driver.write` flags it
+  (wd / "cka" / "cka.json").write_text(json.dumps(summary))
+  runs = report_config.get_config("demo,only=cka+attention_distance").runs
+  page = open(report_lib.write(str(wd), dict(runs.items()), "t")).read()
+  assert re.search(r'NaN or inf in the results</td><td class="no">npz:cka_resnet_vit</td>', page)
 
 
 def test_report_in_a_headless_browser(report, tmp_path):

@@ -105,6 +105,9 @@ def _section(name: str, workdir: str, config: ml_collections.ConfigDict) -> str:
   except (KeyError, ValueError, TypeError, IndexError):  # an older summary: its scalars as they are
     numbers = _scalars(summary)
   rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in numbers)
+  if summary.get("non_finite"):  # the run's own flag (`driver.write`), shown beside its numbers
+    rows += (f'<tr><td class="no">NaN or inf in the results</td><td class="no">'
+             f'{html.escape(", ".join(sorted(summary["non_finite"])))}</td></tr>')
   figures = sorted(f for f in os.listdir(folder) if f.endswith(".png"))
   images = "".join(f'<figure><img src="{html.escape(name)}/{html.escape(f)}" alt="{html.escape(f)}">'
                    f"<figcaption>{html.escape(f)}</figcaption></figure>" for f in figures)
