@@ -58,7 +58,17 @@ MODELS = {
                                                          hidden_act="silu", rope_theta=50.0,
                                                          **{**SMALL, "num_attention_heads": 2}),
                      "pooler_output", dict(rope="dinov3", mlp="swiglu", rope_theta=50.0)),
+    # Vision towers saved alone: transformers 5 writes their keys without `vision_model.`.
+    "clip_vision": (T.CLIPVisionModel, T.CLIPVisionConfig(intermediate_size=96, **SMALL), "pooler_output",
+                    dict(gelu="quick", pre_norm=True, ln_eps=1e-5, pool="token", num_classes=None)),
+    "siglip_vision": (T.SiglipVisionModel, T.SiglipVisionConfig(intermediate_size=96, **SMALL),
+                      "pooler_output", dict(gelu="tanh", pool="map", class_token=False)),
+    "siglip2_vision": (T.Siglip2VisionModel, T.Siglip2VisionConfig(
+        intermediate_size=96, num_patches=16, **{k: v for k, v in SMALL.items() if k != "image_size"}),
+                       "pooler_output", dict(gelu="tanh", pool="map", class_token=False, image_size=32)),
 }
+TOWERS = {"clip_vision": "clip_vision_model", "siglip_vision": "siglip_vision_model",
+          "siglip2_vision": "siglip2_vision_model"}
 
 
 def _images(size: int = 32, n: int = 2) -> np.ndarray:
@@ -76,8 +86,8 @@ def _reference(name: str, model, x: np.ndarray, **kwargs) -> tuple[list[np.ndarr
   elif name == "siglip":
     out = hf_ref.run(model.vision_model, x, **kwargs)
     final = out.pooler_output
-  elif name == "siglip2":
-    out = _naflex(model.vision_model, x)
+  elif name.startswith("siglip2"):
+    out = _naflex(model.vision_model if name == "siglip2" else model, x)
     final = out.pooler_output
   else:
     out = hf_ref.run(model, x, **kwargs)
@@ -123,6 +133,23 @@ def test_transformers_folder_matches_transformers(folders, name, caplog):
   for i, ref in enumerate(blocks):
     assert_close(points[f"block{i:02d}/out"], ref, TOL * float(np.abs(ref).max()), f"{name} block {i}")
   assert_close(out, final, TOL * float(np.abs(final).max()), f"{name} output")
+
+
+@pytest.mark.parametrize("name", sorted(TOWERS))
+def test_a_vision_tower_saved_alone_is_read_without_the_vision_model_prefix(folders, name):
+  """The premise of the lone towers in MODELS (matched at every layer above): the
+  file transformers wrote has no `vision_model.` key, and its config.json is the
+  tower's own; each field is read from the bare names."""
+  import json  # noqa: PLC0415
+  import safetensors.numpy  # noqa: PLC0415
+  folder, _ = folders[name]
+  keys = safetensors.numpy.load_file(os.path.join(folder, "model.safetensors"))
+  assert keys and not any(k.startswith("vision_model.") for k in keys), sorted(keys)[:4]
+  with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model_type"] == TOWERS[name]
+  c = checkpoints.load(folder)
+  assert c.fmt == f"hf_{name.removesuffix('_vision')}" and not c.assumed
+  assert c.evidence["width"].startswith("embeddings.patch_embedding.weight ")
 
 
 @pytest.mark.parametrize("name", ["dinov2", "dinov2_registers"])
@@ -312,3 +339,52 @@ def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
   with pytest.raises(checkpoints.CheckpointError, match=r"/m: config.json hidden_act='relu' is not an "
                                                         r"activation our ViT has"):
     checkpoints.load(str(tmp_path / "m"))
+
+
+def test_an_unknown_model_type_is_refused_naming_the_file_and_what_we_read(folders, tmp_path):
+  """A model_type we do not read would have its settings read under keys that may
+  mean other things there (ViT's weights, another model's head count): refused."""
+  import json  # noqa: PLC0415
+  shutil.copytree(folders["vit_pooler"][0], tmp_path / "m")
+  config = tmp_path / "m" / "config.json"
+  config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "vitcnn_nosuch_model"}))
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.load(str(tmp_path / "m"))
+  message = str(e.value)
+  assert message.startswith(f"{config}: model_type='vitcnn_nosuch_model' is not a ViT of "
+                            "transformers we read"), message
+  assert "clip_vision_model, dinov2, " in message and "set model_type to 'vit' in that" in message
+
+
+BAD_STATS = {  # preprocessor_config.json values transformers fails on (or divides by)
+    "string": ("image_mean", "0.5,0.5,0.5"), "two_channels": ("image_mean", [0.5, 0.5]),
+    "nan": ("image_mean", [0.5, float("nan"), 0.5]), "boolean": ("image_std", True),
+    "zero_std": ("image_std", [0.5, 0.0, 0.5]), "negative_std": ("image_std", -0.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STATS))
+def test_a_malformed_image_mean_or_std_is_refused_naming_the_file_and_key(folders, tmp_path, case):
+  import json  # noqa: PLC0415
+  key, value = BAD_STATS[case]
+  processor = dict(image_processor_type="ViTImageProcessor", size={"height": 32, "width": 32},
+                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
+  shutil.copytree(folders["vit_pooler"][0], tmp_path / "m")
+  (tmp_path / "m" / "preprocessor_config.json").write_text(json.dumps({**processor, key: value}))
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.load(str(tmp_path / "m"))
+  assert str(e.value).startswith(f"{tmp_path / 'm' / 'preprocessor_config.json'}: {key}={value!r}, "
+                                 "but it must be a finite number or a list of 3 finite numbers"), e.value
+  assert ("each above 0" in str(e.value)) == (key == "image_std")
+
+
+def test_one_number_for_image_mean_and_std_holds_for_every_channel():
+  """transformers' normalize reads a number as every channel's value: our policy
+  then gives its pixel values."""
+  processor = T.ViTImageProcessor(size={"height": 24, "width": 24}, image_mean=0.5, image_std=0.5)
+  policy, _ = preprocess.from_hf_processor({**processor.to_dict(), "image_mean": 0.5, "image_std": 0.5})
+  assert policy == "hf_bilinear_squash_half"
+  image = np.random.default_rng(2).integers(0, 256, (37, 51, 3)).astype(np.uint8)
+  ref = processor(images=image, return_tensors="np").pixel_values[0].transpose(1, 2, 0)
+  ours = np.asarray(preprocess.normalize(preprocess.preprocess_image(image, 24, policy)[None], policy))[0]
+  assert_close(ours, ref, 1.001 / 255 / 0.5, "one number per statistic")  # one uint8 level

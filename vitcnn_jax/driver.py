@@ -236,12 +236,7 @@ def write(workdir: str, name: str, summary: dict, arrays: dict[str, np.ndarray] 
     return
   if (figures or {}).get("format") == "none":
     plot = None
-  bad = results.non_finite(arrays, summary)
-  if bad:  # flagged where it is written: the json says where, and so does the log
-    summary = {**summary, "non_finite": bad}
-    print(f"WARNING: {name}'s results hold NaN or inf values at {sorted(bad)[:8]}"
-          f"{' ...' if len(bad) > 8 else ''} (the json's non_finite lists them all): an analysis "
-          "left a value undefined without saying why. Please report it with the config.")
+  summary = results.flag_non_finite(name, arrays, summary)
   if arrays is not None:
     results.write_npz(results.workdir_path(workdir, f"{name}.npz"), **arrays)
   results.write_json(results.workdir_path(workdir, f"{name}.json"), summary)

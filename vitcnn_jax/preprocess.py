@@ -116,13 +116,31 @@ def hf_input_size(pre: dict) -> tuple[int, str] | None:
   return None
 
 
+def _hf_channel_stat(pre: dict, key: str) -> np.ndarray:
+  """An image processor's `image_mean` or `image_std` as 3 floats (one number
+  stands for every channel, as transformers reads it), empty where absent. A value
+  transformers fails on (a string, 2 channels) or that normalises to nothing
+  finite (NaN, a std of 0 or less) is refused (ValueError), not read as no policy."""
+  value = pre.get(key)
+  if value is None:
+    return np.zeros(0)
+  items = list(value) if isinstance(value, (list, tuple)) else [value] * 3
+  numbers = len(items) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                     and math.isfinite(v) for v in items)
+  if numbers and (key != "image_std" or min(items) > 0):
+    return np.asarray(items, np.float64)
+  positive = ", each above 0" if key == "image_std" else ""
+  raise ValueError(f"{key}={value!r}, but it must be a finite number or a list of 3 finite "
+                   f"numbers{positive} (one per RGB channel, e.g. [0.5, 0.5, 0.5]).")
+
+
 def from_hf_processor(pre: dict) -> tuple[str, str] | None:
   """(policy, where it is stated) of a transformers image processor's settings
   (preprocessor_config.json), or None where no policy of ours reproduces them."""
   kind = pre.get("image_processor_type") or pre.get("feature_extractor_type", "image processor")
   size, crop, center = _hf_geometry(pre)
   pil = _PIL_FILTERS.get(pre.get("resample", 2 if "ViT" in kind else 3))
-  mean, std = (np.ravel(np.asarray(pre.get(k) or (), np.float64)) for k in ("image_mean", "image_std"))
+  mean, std = (_hf_channel_stat(pre, k) for k in ("image_mean", "image_std"))
   stat = next((k for k, (m, sd) in STATS.items() if mean.shape == std.shape == (3,)
                and np.allclose(mean, m, atol=1e-6) and np.allclose(std, sd, atol=1e-6)), None)
   rescaled = pre.get("do_rescale", True) and abs(pre.get("rescale_factor", 1 / 255) - 1 / 255) < 1e-9

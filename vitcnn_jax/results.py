@@ -43,6 +43,18 @@ def non_finite(arrays: dict[str, np.ndarray] | None, summary: Any) -> dict[str, 
   return out
 
 
+def flag_non_finite(name: str, arrays: dict[str, np.ndarray] | None, summary: dict) -> dict:
+  """`summary` with `non_finite` (where NaN or inf sit, see `non_finite`) if any,
+  said in the log too: flagged where it is written."""
+  bad = non_finite(arrays, summary)
+  if not bad:
+    return summary
+  print(f"WARNING: {name}'s results hold NaN or inf values at {sorted(bad)[:8]}"
+        f"{' ...' if len(bad) > 8 else ''} (the json's non_finite lists them all): an analysis "
+        "left a value undefined without saying why. Please report it with the config.")
+  return {**summary, "non_finite": bad}
+
+
 def workdir_path(workdir: str, name: str) -> str:
   return os.path.join(workdir, name)
 

@@ -36,8 +36,15 @@ class Meta:
 
   def policy(self) -> tuple[str, str] | None:
     """(policy, where it is stated): the preprocessing its image processor states,
-    as one of ours; None without one, or where none of ours reproduces it."""
-    return preprocess.from_hf_processor(self.preprocessor) if self.preprocessor else None
+    as one of ours; None without one, or where none of ours reproduces it. A
+    malformed setting is refused naming the file."""
+    if not self.preprocessor:
+      return None
+    try:
+      return preprocess.from_hf_processor(self.preprocessor)
+    except ValueError as e:
+      raise io.CheckpointError(f"{os.path.join(self.folder, PREPROCESSOR)}: {e} Correct it in "
+                               "that file.") from None
 
   def input_size(self) -> tuple[int, str] | None:
     """(size, evidence): the square size its image processor hands the model."""

@@ -12,15 +12,18 @@ Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.
   hf_dinov2  Dinov2Model and Dinov2WithRegistersModel: as hf_vit with norm1/norm2,
              mlp.fc1/fc2 or SwiGLU mlp.weights_in/weights_out, layer_scale{1,2}.lambda1,
              embeddings.register_tokens; their classifier reads the class token and
-             the patch tokens' mean (our pool "token_gap").
+             the patch tokens' mean (our pool "token_gap"). Torch ONNX exports name
+             weights by module path: transformers 5's are attention.{q,k,v,o}_proj and
+             SwiGLU mlp.{gate,up,down}_proj, older ones' as save_pretrained writes.
   hf_clip    the vision tower of CLIPModel / CLIPVisionModel[WithProjection]:
-             vision_model.{embeddings.{class_embedding, patch_embedding,
+             [vision_model.]{embeddings.{class_embedding, patch_embedding,
              position_embedding}, pre_layrnorm, encoder.layers.N.{layer_norm1,
              self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1/fc2}, post_layernorm},
-             visual_projection (our bias-free head).
+             visual_projection (our bias-free head). transformers 5 saves a tower
+             alone (CLIPVisionModel, SiglipVisionModel, ...) without `vision_model.`.
   hf_siglip  the vision tower of SiglipModel / SiglipVisionModel (SigLIP, and SigLIP 2
              at a fixed resolution): as hf_clip without class token, pre-norm or
-             projection, with the attention-pooling head vision_model.head.*.
+             projection, with the attention-pooling head [vision_model.]head.*.
   hf_siglip2 the vision tower of Siglip2Model / Siglip2VisionModel (SigLIP 2 NaFlex):
              as hf_siglip with a Linear patch embedding over patches flattened (row,
              column, channel), our conv's kernel reshaped. NaFlex runs any grid and
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -92,9 +96,10 @@ class _Layout:
   dropped: tuple[str, ...] = ()  # other towers' prefixes: left out, said so
   policy: str = "hf_bicubic_crop0.875_imagenet"  # the published models' image processor (DINOv2's)
   rope: str = ""  # its rotary embedding (our ViT's `rope`)
+  modules: dict[str, str] | None = None  # `names` as transformers 5's modules (ONNX exports) hold them
 
 
-_TOWER = dict(wrappers=("vision_model.",), patch="embeddings.patch_embedding",
+_TOWER = dict(wrappers=("", "vision_model."), patch="embeddings.patch_embedding",
               pos="embeddings.position_embedding.weight", layer="encoder.layers.{}.",
               names={"LayerNorm_0": "layer_norm1", f"{_ATTN}/query": "self_attn.q_proj",
                      f"{_ATTN}/key": "self_attn.k_proj", f"{_ATTN}/value": "self_attn.v_proj",
@@ -118,7 +123,11 @@ _LAYOUTS = {
         {**_ENCODER, "LayerNorm_0": "norm1", "LayerNorm_1": "norm2",
          "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
         "layernorm", dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-6,
-                          image_size=224), cls="embeddings.cls_token"),
+                          image_size=224), cls="embeddings.cls_token",
+        modules={"LayerNorm_0": "norm1", f"{_ATTN}/query": "attention.q_proj",
+                 f"{_ATTN}/key": "attention.k_proj", f"{_ATTN}/value": "attention.v_proj",
+                 f"{_ATTN}/out": "attention.o_proj", "LayerNorm_1": "norm2",
+                 "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"}),
     "hf_clip": _Layout(
         "CLIPVisionConfig", **_TOWER, cls="embeddings.class_embedding", pre_norm="pre_layrnorm",
         defaults=dict(num_attention_heads=12, hidden_act="quick_gelu", layer_norm_eps=1e-5,
@@ -174,6 +183,21 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
+def _model_type(meta: hf_folder.Meta, layout: _Layout) -> str | None:
+  """config.json's model_type, refused where it names a model we do not read: its
+  settings (heads, activation, eps) would be read under keys that mean other things."""
+  model_type = meta.config.get("model_type")
+  if model_type is None or model_type in MODEL_TYPES:
+    return model_type
+  fits = [t for t, (fmt, _) in MODEL_TYPES.items() if _LAYOUTS[fmt] is layout]
+  raise io.CheckpointError(
+      f"{os.path.join(meta.folder, hf_folder.CONFIG)}: model_type={model_type!r} is not a ViT of "
+      f"transformers we read (we read model_type {', '.join(sorted(MODEL_TYPES))}). The "
+      f"weights look like a {layout.upstream.removesuffix('Config')} model's: if they are one, "
+      f"set model_type to {' or '.join(map(repr, fits))} in that config.json; if not, convert "
+      "the model to one of those types first.")
+
+
 class _Settings:
   """The vision settings of config.json, with the config class's defaults for
   keys it leaves out; without a config.json, those defaults, reported as assumed."""
@@ -182,7 +206,7 @@ class _Settings:
     self.layout, self.meta, self.section, self.path = layout, keys.meta, None, keys.path
     if keys.meta:
       config = keys.meta.config
-      _, sub = MODEL_TYPES.get(config.get("model_type"), (None, None))
+      _, sub = MODEL_TYPES.get(_model_type(keys.meta, layout), (None, None))
       self.section = config.get(sub, {}) if sub else config
       self.where = f"config.json{f' {sub}.' if sub else ' '}"
     self.assumed: list[str] = []
@@ -259,18 +283,27 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
     ev["image_size"] = f"the position embedding's {grid}x{grid} grid"
 
 
+def _names(keys: io.Keys, first: str, layout: _Layout) -> dict[str, str]:
+  """The block's names in this file (`first`: layer 0's prefix): those
+  save_pretrained writes, or transformers 5's module paths, which its ONNX exports
+  name weights by."""
+  if layout.modules and keys.has(f"{first}{layout.modules[f'{_ATTN}/query']}.weight"):
+    return layout.modules
+  return layout.names
+
+
 def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
   layer = base + layout.layer
   idx = keys.indices("^" + layer.replace(".", r"\.").format(r"(\d+)"))
   if not idx or idx[0] != 0:
     raise io.CheckpointError(f"{keys.path}: no {layer.format(0)}* weights found.")
   cfg["depth"], ev["depth"] = len(idx), f"{layer.format('0')}..{idx[-1]}"
-  d, h, kinds = cfg["width"], cfg["num_heads"], set()
+  d, h, kinds, n = cfg["width"], cfg["num_heads"], set(), _names(keys, layer.format(0), layout)
   scaled = keys.has(f"{layer.format(0)}layer_scale1.lambda1")
   cfg["layer_scale"] = scaled
   ev["layer_scale"] = f"{layer.format(0)}layer_scale1.lambda1" + ("" if scaled else ": absent")
   for i in idx:
-    src, ours, n = layer.format(i), f"Transformer/encoderblock_{i}", layout.names
+    src, ours = layer.format(i), f"Transformer/encoderblock_{i}"
     for q in ("query", "key", "value", "out"):
       lin = f"{src}{n[f'{_ATTN}/{q}']}.weight"
       if keys.has(lin) and keys.flat[lin].shape != (d, d):
@@ -330,16 +363,16 @@ def _map_head(keys: io.Keys, p: dict, cfg: dict, head: str) -> None:
                              "from the layers' MLP; our MAP head shares their width.")
 
 
-def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str) -> None:
+def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, base: str) -> None:
   """Pooling and the classifier (or projection) of each layout's models."""
   cfg.update(fc_norm=False, representation_size=None, num_classes=None, head_bias=True)
   ev["num_classes"] = "no classifier in the file"
   if fmt.startswith("hf_siglip"):
-    has_head = keys.has("vision_model.head.probe")
+    has_head = keys.has(f"{base}head.probe")
     cfg["pool"] = "map" if has_head else "gap"
-    ev["pool"] = "vision_model.head.probe" if has_head else "no vision_model.head: the tokens' mean"
+    ev["pool"] = f"{base}head.probe" if has_head else f"no {base}head: the tokens' mean"
     if has_head:
-      _map_head(keys, p, cfg, "vision_model.head")
+      _map_head(keys, p, cfg, f"{base}head")
     return
   cfg["pool"], ev["pool"] = "token", "the class token's final state (the model's pooled output)"
   for name in ("classifier", "visual_projection"):
@@ -442,7 +475,8 @@ def read(keys: io.Keys) -> io.Reading:
     s.assumed.append("num_heads")
   else:
     s.get("num_heads", "num_attention_heads", cfg, ev)
-  gated = keys.has(f"{base}{layout.layer.format(0)}mlp.gate_proj.weight")
+  # DINOv3's gated MLP applies hidden_act; DINOv2's SwiGLU (gate_proj in transformers 5) SiLU always
+  gated = fmt == "hf_dinov3" and keys.has(f"{base}{layout.layer.format(0)}mlp.gate_proj.weight")
   s.get("gelu", "hidden_act", cfg, ev, _silu if gated else _gelu)
   s.get("ln_eps", "layer_norm_eps", cfg, ev, float)
   if keys.has(f"{base}embeddings.mask_token"):  # replaces masked patches in pretraining only
@@ -456,7 +490,7 @@ def read(keys: io.Keys) -> io.Reading:
     io.take_torch_norm(keys, p, base + layout.pre_norm, "norm_pre")
     ev["pre_norm"] = keys.shape(f"{base}{layout.pre_norm}.weight")
   _tokens(keys, p, cfg, ev, s, base, layout)
-  _head(keys, p, cfg, ev, s, fmt)
+  _head(keys, p, cfg, ev, s, fmt, base)
   cfg["distilled"] = False
   policy = hf_folder.policy(keys.meta, layout.policy, "that of the published "
                             f"{layout.upstream.removesuffix('Config').removesuffix('Vision')} models")
