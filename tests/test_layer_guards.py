@@ -67,3 +67,26 @@ def test_no_nan_or_inf_is_written_without_saying_where(tmp_path, capsys):
   assert "x's results hold NaN or inf values at ['json:models.a.scores[1]', 'npz:cka_a_b']" in capsys.readouterr().out
   driver.write(str(tmp_path), "y", {"mean": 0.5}, {"ok": np.ones(3)})
   assert "non_finite" not in json.loads((tmp_path / "y.json").read_text())
+
+
+def test_the_real_pair_s_canonical_correlations_are_finite_and_exact():
+  """The cause of the real report's NaN mean CCA, SVCCA and PWCCA between the
+  ResNet and the ViT: `real_pair_cca_product.npy` is the (127, 127) product of
+  two layers' orthonormal factors (real DINOv2-S/14 x ResNet-50-1by2 on the photo
+  crops, a minibatch of 256), for which LAPACK's divide-and-conquer SVD with
+  vectors, XLA:CPU's default, gave NaN (values alone were right). `subspaces.svd`
+  takes the QR-based one; the singular values (clustered at 1) and the factors
+  are within float32 rounding of float64: a backward-stable SVD moves each value
+  and the reconstruction by at most about n u ||m||_2, here bounded by 4 n u."""
+  import os
+  from vitcnn_jax import subspaces
+  m = np.load(os.path.join(os.path.dirname(__file__), "real_pair_cca_product.npy"))
+  u, s, vt = jax.jit(subspaces.svd)(m[None])
+  want = np.linalg.svd(m.astype(np.float64), compute_uv=False)
+  bound = 4 * len(m) * hsic.U32 * want[0]
+  assert np.abs(np.asarray(s[0], np.float64) - want).max() <= bound
+  assert np.abs((np.asarray(u[0], np.float64) * np.asarray(s[0])) @ np.asarray(vt[0]) - m).max() <= bound
+  w = np.ones((1, len(m)), np.float32)  # every component kept, equal weights: PWCCA is mean CCA
+  got = jax.jit(subspaces._pwcca)(m[None], w, w)  # pylint: disable=protected-access
+  assert abs(float(got["cca"][0]) - want.sum()) <= len(m) * bound
+  assert abs(float(got["pwcca"][0]) - want.mean()) <= bound

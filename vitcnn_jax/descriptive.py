@@ -58,10 +58,17 @@ def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   ratio = lambda key, count: np.divide(sums[key], count, out=np.full(np.shape(sums[key]), np.nan),  # noqa: E731
                                        where=np.broadcast_to(count > 0, np.shape(sums[key])))
   out = {}
-  if "magnitude" in sums:
+  if "magnitude" in sums:  # clipped at 0: counted by `negative_squared_norms`
     out["magnitude_difference"] = np.sqrt(np.maximum(ratio("magnitude", pairs), 0.0))
   if "concentricity" in sums:
     out["concentricity_difference"] = ratio("concentricity", sums["concentricity_count"])
   if "uniformity" in sums:
     out["uniformity_difference"] = np.log(ratio("uniformity", pairs))
   return out
+
+
+def negative_squared_norms(sums: dict[str, np.ndarray]) -> int:
+  """How many layers' unbiased squared norm of the mean came out negative (the
+  sum of <x_i, x_j> over pairs i != j: a mean small against the examples' spread),
+  which `statistics` clips to 0."""
+  return int(np.sum(np.asarray(sums["magnitude"]) < 0))

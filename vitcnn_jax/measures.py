@@ -151,13 +151,15 @@ class Stack(NamedTuple):
   rowmean: jax.Array  # (L, n) each row's mean over its features
   mean_sq: jax.Array  # (L,) the squared norm of the mean
   features: jax.Array  # (L,)
+  e: jax.Array  # (L,) int32: each layer's arrays are at the scale 2^-e
 
   @classmethod
   def of(cls, layers: Sequence[hsic.Layer]) -> "Stack":
     return cls(jnp.stack([lay.gram for lay in layers]), jnp.stack([lay.proj for lay in layers]),
                jnp.stack([lay.rowmean for lay in layers]),
                jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
-               jnp.asarray([lay.features for lay in layers], jnp.float32))
+               jnp.asarray([lay.features for lay in layers], jnp.float32),
+               jnp.stack([lay.e for lay in layers]))
 
   def raw(self, mask: jax.Array) -> jax.Array:
     """(L, n, n) Grams of the rows as they are (uncentred), padding rows and
@@ -291,7 +293,8 @@ def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, preci
 
 def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
   """Biased linear CKA, RBF CKA, distance correlation and the RSM difference: inner
-  products of each pair of layers' kernel matrices."""
+  products of each pair of layers' kernel matrices (and the RSM difference's
+  squared differences, `_rsm_sums`)."""
   n, out = valid_count(mask), {}
   unbiased = spec.estimator == "unbiased"
   per_layer = lambda f, x: jax.vmap(f, (0, None))(x, mask)  # noqa: E731
@@ -310,6 +313,7 @@ def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
              hsic_norm if unbiased else 1 / jnp.maximum(n, 1.0) ** 2)
     if "rsm_difference" in spec.names:
       _pairs(out, "rsm", dist, order, precision)
+      out.update(_rsm_sums(dist, stack.e, order))
   if "rsm_difference" in spec.names:
     out["pair_count"] = n * (n - 1)
   return out
@@ -318,6 +322,34 @@ def _kernel_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
 hsic.declare_scale("hsic_biased", 2, per_pair=True)
 hsic.declare_scale("dcov", 1, per_pair=True)
 hsic.declare_scale("rsm", 1, per_pair=True)
+hsic.declare_scale("rsm_diff", 1, per_pair=True)
+RSM_SPAN = 64  # pairs of layers at most 2^RSM_SPAN apart in scale sum (D_a - D_b)² on the device
+
+
+def _rsm_differences(a: dict, b: dict) -> dict[str, jax.Array]:
+  """(P,) sums of (D_a − D_b)² of chunks of distance matrices `dist` at scales
+  2^-e (`e`), term by term, in units of 2^(e_a + e_b) (`rsm_diff`): ‖D_a‖² + ‖D_b‖²
+  − 2 <D_a, D_b> cancels for close layers. Each layer is brought to 2^((e_a + e_b) / 2)
+  by a power of two (exact), halving the sum where e_a + e_b is odd. Pairs more than
+  2^RSM_SPAN apart in scale, whose squares could overflow, give 0 and `rsm_far` 1."""
+  delta = a["e"] - b["e"]
+  near = jnp.abs(delta) <= RSM_SPAN
+  delta = jnp.where(near, delta, 0)
+  up = (delta + 1) // 2  # a's exponent; b's is up - delta, and their sum 2 up - delta is 0 or 1
+  diff = hsic.pow2(up)[:, None, None] * a["dist"] - hsic.pow2(up - delta)[:, None, None] * b["dist"]
+  total = jnp.sum(jnp.square(diff), axis=(1, 2)) * hsic.pow2(delta - 2 * up)
+  return {"rsm_diff": jnp.where(near, total, 0.0), "rsm_far": (~near).astype(jnp.float32)}
+
+
+def _rsm_sums(dist: jax.Array, e: jax.Array, order: jax.Array | None) -> dict[str, jax.Array]:
+  """`_rsm_differences` of every pair of layers, L pairs at a time, and the null's
+  (the column layer's examples re-indexed, see `layerpairs`)."""
+  rows = {"dist": dist, "e": e}
+  out = layerpairs.pairwise(_rsm_differences, rows)
+  if order is not None:
+    null = layerpairs.pairwise(_rsm_differences, rows, {"dist": layerpairs.permuted(dist, order), "e": e})
+    out.update({f"null/{k}": v for k, v in null.items()})
+  return out
 
 
 def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) -> dict[str, jax.Array]:
@@ -465,15 +497,24 @@ def _normalise(hs: np.ndarray, own: np.ndarray, names: Sequence[str], measure: s
   return hs / np.sqrt(np.outer(diag, diag))
 
 
+CLIPPED = {  # measures that clip a negative estimate to 0, and what `values` counts ("clipped/M")
+    "distance_correlation": "layer pairs whose dCor² (the ratio of the dCov² sums; the unbiased "
+                            "U-statistic can be negative) was negative, reported as dCor 0",
+    "magnitude_difference": "layers whose unbiased squared norm of the mean (the mean of <x_i, x_j> "
+                            "over pairs i != j) was negative, clipped to 0 before the root"}
+
+
 def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
-           null: bool = False) -> dict[str, np.ndarray]:
+           null: bool = False) -> dict[str, np.ndarray | int]:
   """Each measure's (L, L) matrix from one repeat's float64 sums (`null`: its
-  null's, normalised by the measure's own self-terms; none for `WITHOUT_NULL`).
+  null's, normalised by the measure's own self-terms; none for `WITHOUT_NULL`),
+  and for each measure M of `CLIPPED` the number of cells (or layers) whose
+  negative estimate was clipped to 0, as "clipped/M" (for the json).
   Layers that overflowed or are constant over the examples are refused for every
   measure, as linear CKA refuses them; a cell no layer explains is named too."""
   hsic.check_layers(np.diag(sums["hsic"]), sums["moments"] / num_examples, names, ", ".join(spec.names))
   pre = "null/" if null else ""
-  out = {}
+  out, clipped = {}, {}
   stats = descriptive.statistics(sums)
   for m in spec.names:
     if null and m in WITHOUT_NULL:
@@ -486,17 +527,18 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       key = {"rbf_cka": "rbf_hsic", "cknna": "cknna_hsic"}[m]
       out[m] = _normalise(sums[pre + key], sums[key], names, m)
     elif m == "distance_correlation":
-      out[m] = np.sqrt(np.maximum(_normalise(sums[pre + "dcov"], sums["dcov"], names, m), 0.0))
+      squared = _normalise(sums[pre + "dcov"], sums["dcov"], names, m)
+      out[m], clipped[m] = np.sqrt(np.maximum(squared, 0.0)), int(np.sum(squared < 0))
     elif m == "rsm_difference":
-      own = np.diag(sums["rsm"])
-      out[m] = np.sqrt(np.maximum(own[:, None] + own[None, :] - 2 * sums[pre + "rsm"], 0.0)
-                       / np.maximum(sums["pair_count"], 1.0))
+      out[m] = np.sqrt(_rsm_squares(sums, pre) / np.maximum(sums["pair_count"], 1.0))
     elif m == "mutual_knn":
       out[m] = sums[pre + "knn"] / sums["knn_count"]
     elif m in neighbours.NAMES:
       out[m] = sums[pre + m] / np.maximum(sums["neighbour_count"], 1.0)
     elif m in descriptive.NAMES:
       out[m] = np.abs(stats[m][:, None] - stats[m][None, :])
+      if m == "magnitude_difference":
+        clipped[m] = descriptive.negative_squared_norms(sums)
     elif m in subspaces.DISTANCES:
       out[m] = np.sqrt(sums[pre + m] / np.maximum(sums["subspace_count"], 1.0))
     elif m in subspaces.NAMES:
@@ -505,7 +547,27 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
       out[m] = sums[pre + "rsa"] / np.maximum(sums["rsa_count"], 1.0)
   for m, v in out.items():
     _check_finite(v, names, pre + m)
+  return {**out, **{f"clipped/{m}": c for m, c in clipped.items()}}
+
+
+def clip_counts(measure: str, per_repeat: Sequence[dict], null: Sequence[dict] | None = None) -> dict:
+  """A `CLIPPED` measure's json entry: what its clip is, and how many cells (or
+  layers) it fired for in each repeat's `values` (and in its null's)."""
+  key = f"clipped/{measure}"
+  out = {"what": CLIPPED[measure], "per_repeat": [int(r[key]) for r in per_repeat]}
+  if null and key in null[0]:
+    out["null_per_repeat"] = [int(r[key]) for r in null]
   return out
+
+
+def _rsm_squares(sums: dict, pre: str) -> np.ndarray:
+  """(L, L) sums of (D_a − D_b)² over every pair of examples: the device's, term by
+  term; for a pair whose scales were more than 2^RSM_SPAN apart in some minibatch,
+  where one layer's distances dwarf the other's and nothing cancels, ‖D_a‖² + ‖D_b‖²
+  − 2 <D_a, D_b> in float64."""
+  own = np.diag(sums["rsm"])
+  expanded = np.maximum(own[:, None] + own[None, :] - 2 * sums[pre + "rsm"], 0.0)
+  return np.where(sums[pre + "rsm_far"] > 0, expanded, sums[pre + "rsm_diff"])
 
 
 def _check_finite(v: np.ndarray, names: Sequence[str], measure: str) -> None:

@@ -27,13 +27,16 @@ spanned by the columns of U with s > 0. Each measure is a similarity in [0, 1]:
   top left singular vectors of the uncentred layers.
 - `procrustes` (a distance): Ding et al.'s (2021) orthogonal Procrustes distance
   of the centred layers scaled to unit norm, (2 - 2 ‖XᵀY‖_*)^½ (the shape
-  metric's chord at α = 1); the root of the mean over minibatches of its square.
+  metric's chord at α = 1), computed as the residual ‖X Q − Y‖_F at the optimal
+  rotation Q (2 − 2 ‖XᵀY‖_* in float32 cancels to ~n ε for equal layers: ~1e-3
+  under the root); the root of the mean over minibatches of its square.
 - `gulp` (a distance, 0 for equal layers): GULP (Boix-Adserà et al. 2022), how
   differently ridge regression (penalty `gulp_lambda`, on the layers scaled to
   trace 1 as GULP's code does) from each layer predicts any linear function of
   the examples: ‖R_a − R_b‖_F with R = K (K + λ I)⁻¹ the ridge hat matrix, which
-  equals the paper's covariance form; the root of the mean over minibatches of
-  its square.
+  equals the paper's covariance form, summed term by term over R_a − R_b (not as
+  ‖R_a‖² + ‖R_b‖² − 2 <R_a, R_b>, which cancels for close layers); the root of
+  the mean over minibatches of its square.
 
 Where a layer's width reaches the minibatch, its column space is the whole
 centred space and the CCA family and regression say 1 whatever the other layer
@@ -104,9 +107,30 @@ class _OneAtATime:
     return out
 
 
+def svd(m: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The thin SVD with vectors of (P, r, s) matrices. On CPU by LAPACK's QR-based
+  gesvd: its default, divide and conquer (gesdd), returned NaN vectors and values,
+  and said nothing, for one (127, 127) product of a real DINOv2's and a real
+  ResNet's factors (canonical correlations clustered at 1), whose values alone it
+  got right. Elsewhere the backend's own."""
+  algorithm = jax.lax.linalg.SvdAlgorithm.QR if jax.default_backend() == "cpu" else None
+  return jax.lax.linalg.svd(m, full_matrices=False, algorithm=algorithm)
+
+
 def _nuclear(m: jax.Array) -> jax.Array:
   """(P,) sums of the singular values of (P, r, s) matrices."""
   return jnp.linalg.svd(m, compute_uv=False).sum(-1)
+
+
+def _procrustes(a: jax.Array, b: jax.Array, precision) -> dict[str, jax.Array]:
+  """The squared Procrustes distances of (P, n, r) factors of unit norm as the
+  residual ‖a Q − b‖_F² at the optimal rotation Q = W Vᵀ (aᵀb = W Σ Vᵀ), a sum of
+  squares that is 0 for equal layers and keeps its relative precision for close
+  ones, and the nuclear norms Σ σ (the shape metric's at α = 1). Any completion
+  of W, V past aᵀb's rank gives the same residual, 2 − 2 Σ σ in exact arithmetic."""
+  w, sigma, vt = svd(jnp.einsum("pnr,pns->prs", a, b, precision=precision))
+  fitted = jnp.einsum("pnr,prs->pns", a, jnp.matmul(w, vt, precision=precision), precision=precision)
+  return {"pro_sq": jnp.sum(jnp.square(fitted - b), axis=(1, 2)), "nuc_p": sigma.sum(-1)}
 
 
 def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
@@ -114,7 +138,7 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
   (zero columns past each layer's rank) and PWCCA's weighted means both ways: each
   canonical variate of the row layer h = Q u weighted by the variance of the layer
   along it, hᵀ K h = Σ w u² (`wx`, `wy` (P, r): K's eigenvalues on the factors)."""
-  u, rho, vt = jnp.linalg.svd(m, full_matrices=False)
+  u, rho, vt = svd(m)
   fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
   weighted = lambda wts: ((wts * fewer * rho).sum(1)  # noqa: E731
                           / jnp.maximum((wts * fewer).sum(1), 1e-30))
@@ -135,7 +159,7 @@ def _chunk_sums(x: dict, ys: tuple, names, precision) -> dict[str, jax.Array]:
   if "a" in x:
     got["nuc"] = lapack(nuclear, *both("a"))
   if "pro" in x:
-    got["nuc_p"] = lapack(nuclear, *both("pro"))
+    got.update(lapack(functools.partial(_procrustes, precision=precision), *both("pro")))
   if "pwcca" in names:
     got.update(lapack(lambda a, b, wx, wy: _pwcca(prod(a, b), wx, wy), *both("q"), *both("w")))
   elif "mean_cca" in names:
@@ -166,19 +190,25 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
         reg, jnp.matmul(flat(moved(f["p"])), flat(f["k"]).T, precision=precision))
   if "eigenspace_overlap" in names:
     out["eigenspace_overlap"] = both_ways(pairs(f["overlap"], f["overlap"])) / f["larger"]
-  if "gulp" in names:  # ‖R_a‖² + ‖R_b‖² - 2 <R_a, R_b>
-    own = jnp.sum(jnp.square(f["hat"]), axis=(1, 2))
-    out["gulp"] = jnp.maximum(own[:, None] + own[None, :] - 2 * both_ways(pairs(f["hat"], f["hat"])), 0.0)
+  if "gulp" in names:  # pair by pair (see `layerpairs`), the null's column layer re-indexed
+    out["gulp"] = layerpairs.pairwise(_squared_difference, f["hat"], moved(f["hat"]))["gulp"]
   return {("" if order is None else "null/") + k: v for k, v in out.items()}
+
+
+def _squared_difference(a: jax.Array, b: jax.Array) -> dict[str, jax.Array]:
+  """(P,) ‖R_a − R_b‖_F² of chunks of (P, n, n) hat matrices, summed term by term:
+  ‖R_a‖² + ‖R_b‖² − 2 <R_a, R_b> in float32 loses ~n ε of ‖R‖² ~ n to cancellation,
+  so equal layers got ~1e-3 and close ones that much off under the root."""
+  return {"gulp": jnp.sum(jnp.square(a - b), axis=(1, 2))}
 
 
 def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alpha: float,
               precision) -> dict[str, jax.Array]:
   """The measures that take an SVD per pair of layers (and their nulls), in one
-  pass over the pairs; Procrustes reuses the shape metric's at α = 1."""
+  pass over the pairs; the shape metric at α = 1 reuses Procrustes' SVD."""
   procrustes = "procrustes" in names
-  keys = (("a",) if "shape_metric" in names or (procrustes and alpha == 1) else ()) + (
-      ("pro",) if procrustes and alpha != 1 else ()) + (
+  keys = (("a",) if "shape_metric" in names and not (procrustes and alpha == 1) else ()) + (
+      ("pro",) if procrustes else ()) + (
       ("q", "w") if {"mean_cca", "pwcca"} & set(names) else ()) + (
       ("q_sv", "short") if "svcca" in names else ())
   if not keys:
@@ -197,9 +227,10 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
     if "svcca" in names:
       out[pre + "svcca"] = got[pre + "cca_sv"] / f["smaller_sv"]
     if "shape_metric" in names:
-      out[pre + "shape_metric"] = got[pre + "nuc"] / jnp.maximum(f["norm"][:, None] * f["norm"][None, :], 1e-30)
-    if "procrustes" in names:  # d² = ‖X‖² + ‖Y‖² - 2 ‖XᵀY‖_* at unit norms
-      out[pre + "procrustes"] = jnp.maximum(2 - 2 * got.get(pre + "nuc_p", got.get(pre + "nuc")), 0.0)
+      nuc = got[pre + "nuc"] if pre + "nuc" in got else got[pre + "nuc_p"]
+      out[pre + "shape_metric"] = nuc / jnp.maximum(f["norm"][:, None] * f["norm"][None, :], 1e-30)
+    if "procrustes" in names:
+      out[pre + "procrustes"] = got[pre + "pro_sq"]
   return out
 
 

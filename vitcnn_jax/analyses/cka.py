@@ -86,6 +86,8 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       for m in reduced:
         summary["measures"][m].update(components=spec.cca_dims,
                                       reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
+    for m in set(measures.CLIPPED) & set(spec.names):  # how often a negative estimate became 0
+      summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
       bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
                           blocks(self.models))
