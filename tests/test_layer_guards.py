@@ -34,7 +34,7 @@ def _values(odd: np.ndarray) -> dict[str, np.ndarray]:
 
 def test_varied_layers_give_finite_values_for_every_measure():
   got = _values(1.0 + 0.8 * _data(n=N)[0][:, ::2])
-  assert set(got) == set(OTHERS.names) and all(np.isfinite(v).all() for v in got.values())
+  assert set(OTHERS.names) <= set(got) and all(np.isfinite(got[m]).all() for m in OTHERS.names)
 
 
 @pytest.mark.parametrize("odd, why", [
