@@ -110,6 +110,8 @@ _ENCODER = {"LayerNorm_0": "layernorm_before", f"{_ATTN}/query": "attention.atte
             f"{_ATTN}/key": "attention.attention.key", f"{_ATTN}/value": "attention.attention.value",
             f"{_ATTN}/out": "attention.output.dense", "LayerNorm_1": "layernorm_after",
             "MlpBlock_0/Dense_0": "intermediate.dense", "MlpBlock_0/Dense_1": "output.dense"}
+_DINOV2 = {**_ENCODER, "LayerNorm_0": "norm1", "LayerNorm_1": "norm2",
+           "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"}
 _LAYOUTS = {
     "hf_vit": _Layout(
         "ViTConfig", ("", "vit."), "embeddings.patch_embeddings.projection",
@@ -119,15 +121,11 @@ _LAYOUTS = {
     "hf_dinov2": _Layout(
         "Dinov2Config", ("", "dinov2.", "dinov2_with_registers."),
         "embeddings.patch_embeddings.projection", "embeddings.position_embeddings",
-        "encoder.layer.{}.",
-        {**_ENCODER, "LayerNorm_0": "norm1", "LayerNorm_1": "norm2",
-         "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
+        "encoder.layer.{}.", _DINOV2,
         "layernorm", dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-6,
                           image_size=224), cls="embeddings.cls_token",
-        modules={"LayerNorm_0": "norm1", f"{_ATTN}/query": "attention.q_proj",
-                 f"{_ATTN}/key": "attention.k_proj", f"{_ATTN}/value": "attention.v_proj",
-                 f"{_ATTN}/out": "attention.o_proj", "LayerNorm_1": "norm2",
-                 "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"}),
+        modules={**_DINOV2, **{f"{_ATTN}/{q}": f"attention.{p}_proj"
+                               for q, p in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))}}),
     "hf_clip": _Layout(
         "CLIPVisionConfig", **_TOWER, cls="embeddings.class_embedding", pre_norm="pre_layrnorm",
         defaults=dict(num_attention_heads=12, hidden_act="quick_gelu", layer_norm_eps=1e-5,
