@@ -13,7 +13,7 @@ import pytest
 
 from numerics import assert_close, cka_bound, likely, worst
 from test_measures import SIZES, _batches, _data, _sums
-from vitcnn_jax import hsic, measures
+from vitcnn_jax import declaration, hsic, measures
 
 NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")  # the others: test_more_measures
 
@@ -164,6 +164,53 @@ def test_a_layer_as_wide_as_the_minibatch_is_reduced_not_one():
     measures.spec_of(_Config({**config, "gulp_lambda": 0.0}))
   # GULP at a small penalty: independent wide layers stay apart (at 0 they would be equal).
   assert got["gulp"][0, 1] > 0.5, got["gulp"]
+
+
+def np_top(x: np.ndarray, w: int) -> np.ndarray:
+  """The centred layer's top-w principal component scores, scaled to unit norm."""
+  u, s, _ = np.linalg.svd(x - x.mean(0), full_matrices=False)
+  return u[:, :w] * s[:w] / np.linalg.norm(s[:w])
+
+
+def test_procrustes_and_the_shape_metric_read_each_layer_s_top_subspace_dims_components():
+  """With subspace_dims below a layer's rank, Procrustes and the shape metric are
+  those of each layer's top components scaled to unit norm (float64 from the
+  features), and the json's share of variance kept is theirs; the default reads
+  32 components, the CCA family's default at most as many."""
+  rng = np.random.default_rng(12)
+  n, w = 24, 5
+  base = rng.standard_normal((n, w)) * np.array([5.0, 4, 3, 2, 1.5])  # 5 strong directions
+  x = base @ rng.standard_normal((w, 30)) + 1.5 * rng.standard_normal((n, 30))
+  y = base @ rng.standard_normal((w, 30)) + 2.0 * rng.standard_normal((n, 30))
+  names = ("procrustes", "shape_metric")
+  for alpha in (1.0, 0.5):
+    spec = measures.Spec(names, cca_dims=3, subspace_dims=w, shape_alpha=alpha)
+    got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+        [x.astype(np.float32), y.astype(np.float32)], np.ones(n, np.float32))))
+    values = measures.values(got, ["x", "y"], spec, n)
+    tx, ty = np_top(x, w), np_top(y, w)
+    nuclear = np.linalg.svd(tx.T @ ty, compute_uv=False).sum()
+    whitened = [np_whitened(t, alpha) for t in (tx, ty)]
+    shape = (np.linalg.svd(whitened[0].T @ whitened[1], compute_uv=False).sum()
+             / np.prod([np.linalg.norm(v) for v in whitened]))
+    gap, _ = _conditioning([x, y], [np.arange(n)], w)
+    noise = 8 * (likely(30, n) + worst(n)) / gap  # the top subspace moves by this (Davis-Kahan)
+    spread = max(v[0] / v[w - 1] for v in (np.linalg.svd(t, compute_uv=False) ** 2 for t in (tx, ty)))
+    assert_close(values["shape_metric"][0, 1], shape, noise * np.sqrt(spread), f"shape alpha {alpha}")
+    if alpha == 1.0:
+      assert_close(values["procrustes"][0, 1], np.sqrt(max(2 - 2 * nuclear, 0.0)), noise, "procrustes")
+      assert_close(values["procrustes"][0, 0], 0.0, noise, "procrustes of a layer with itself")
+    for i, a in enumerate((x, y)):  # the variance the top w components keep
+      s = np.linalg.svd(a - a.mean(0), compute_uv=False) ** 2
+      assert_close(got["shape_kept"][i], s[:w].sum() / s.sum(), noise, "variance kept")
+  assert 0.9 < got["shape_kept"][1] < got["shape_kept"][0] < 0.99
+  config = {"measures": names, "batch_size": 256, "num_examples": 512}
+  spec = measures.spec_of(_Config(config))
+  assert (spec.subspace_dims, spec.cca_dims) == (measures.SUBSPACE_DIMS, 32)
+  assert declaration.defaults("cka")["subspace_dims"] == measures.SUBSPACE_DIMS  # the config's too
+  assert measures.spec_of(_Config({**config, "subspace_dims": 0})).cca_dims == 127  # every component
+  with pytest.raises(ValueError, match=r"config.subspace_dims=-1 must be >= 1, or 0"):
+    measures.spec_of(_Config({**config, "subspace_dims": -1}))
 
 
 class _Config(dict):

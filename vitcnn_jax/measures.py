@@ -77,8 +77,9 @@ ESTIMATORS = {
               "top principal components",
     "regression": "mean over minibatches of the R^2 of the column layer predicted by least squares "
                   "from the row layer's top principal components (asymmetric: row predicts column)",
-    "shape_metric": "mean over minibatches of cos(theta) of the angular shape metric, each layer's "
-                    "singular values partially whitened (alpha s + 1 - alpha, the Gram of trace 1); "
+    "shape_metric": "mean over minibatches of cos(theta) of the angular shape metric of the layers' "
+                    "top subspace_dims principal components, their singular values partially "
+                    "whitened (alpha s + 1 - alpha, the Gram of trace 1); "
                     "the metric is arccos of the per-minibatch value",
     "gulp": "root of the mean over minibatches of the squared GULP distance, the Frobenius "
             "distance of the two layers' ridge hat matrices (each layer scaled to trace 1)",
@@ -102,7 +103,8 @@ ESTIMATORS = {
     "eigenspace_overlap": "mean over minibatches of ||U_a^T U_b||_F^2 / max(r_a, r_b) of the top "
                           "left singular vectors of the uncentred layers",
     "procrustes": "root of the mean over minibatches of the squared orthogonal Procrustes "
-                  "distance of the centred layers scaled to unit Frobenius norm",
+                  "distance of the centred layers' top subspace_dims principal components, scaled "
+                  "to unit Frobenius norm",
     "magnitude_difference": "|a - b| of each layer's norm of the mean, from the sum over "
                             "minibatches of <x_i, x_j> over pairs i != j",
     "concentricity_difference": "|a - b| of each layer's mean over every example of its cosine "
@@ -111,6 +113,10 @@ ESTIMATORS = {
                              "minibatches of exp(-t ||x_i - x_j||^2), features l2-normalised",
 }
 RSA_METHODS = ("pearson", "spearman")
+# The most principal components of a layer a decomposition per pair of layers reads
+# by default (`subspace_dims`; the CCA family's `cca_dims` too): its cost grows as
+# their cube, and every pair (and its null) takes one. 0 reads them all.
+SUBSPACE_DIMS = 32
 LABELS = {"linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "mutual_knn": "mutual k-NN",
           "cknna": "CKNNA", "rsa": "RSA", "mean_cca": "mean CCA", "cca_r2": "mean squared CCA",
           "regression": "regression R² (row predicts column)", "shape_metric": "shape metric cos θ",
@@ -133,6 +139,7 @@ class Spec:
   rsa_method: str = "pearson"
   null: bool = False
   cca_dims: int = 1  # principal components of each layer the CCA family and regression read
+  subspace_dims: int = 0  # the most that procrustes and shape_metric read (0: all)
   shape_alpha: float = 1.0  # the shape metric's partial whitening (1: Procrustes)
   gulp_lambda: float = 0.01  # GULP's ridge penalty, on layers scaled to trace 1
   svcca_variance: float = 0.99  # the share of each layer's variance SVCCA keeps
@@ -400,8 +407,8 @@ def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
   if chosen:
     raw = stack.raw(mask) if "eigenspace_overlap" in chosen else None
     out.update(subspaces.subspace_sums(stack.gram, raw, mask, chosen, spec.cca_dims,
-                                       spec.shape_alpha, spec.gulp_lambda, spec.svcca_variance,
-                                       order, precision))
+                                       spec.subspace_dims, spec.shape_alpha, spec.gulp_lambda,
+                                       spec.svcca_variance, order, precision))
   return out
 
 
@@ -443,14 +450,17 @@ def layer_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
 
 def spec_of(config) -> Spec:
   """The measures a config asks for (`measures`, `estimator`, `rbf_sigma`, `knn_k`,
-  `rsa_method`, `null`, `cca_dims`, `shape_alpha`, `gulp_lambda`, `svcca_variance`,
-  `uniformity_t`), checked against its minibatches."""
+  `rsa_method`, `null`, `cca_dims`, `subspace_dims`, `shape_alpha`, `gulp_lambda`,
+  `svcca_variance`, `uniformity_t`), checked against its minibatches."""
   names = tuple(config.get("measures") or ("linear_cka",))
   smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
-  dims = int(config.get("cca_dims", 0)) or max(1, (smallest - 1) // 2)
+  width = int(config.get("subspace_dims", SUBSPACE_DIMS))
+  if width < 0:
+    raise ValueError(f"config.subspace_dims={width} must be >= 1, or 0 for every component.")
+  dims = int(config.get("cca_dims", 0)) or max(1, min((smallest - 1) // 2, width or smallest))
   spec = Spec(names, config.get("estimator", "unbiased"), float(config.get("rbf_sigma", 1.0)),
               int(config.get("knn_k", 10)), config.get("rsa_method", "pearson"),
-              bool(config.get("null", False)), dims, float(config.get("shape_alpha", 1.0)),
+              bool(config.get("null", False)), dims, width, float(config.get("shape_alpha", 1.0)),
               float(config.get("gulp_lambda", 0.01)), float(config.get("svcca_variance", 0.99)),
               float(config.get("uniformity_t", 2.0)))
   unknown = [m for m in names if m not in NAMES]
@@ -586,6 +596,7 @@ def _check_finite(v: np.ndarray, names: Sequence[str], measure: str) -> None:
 def describe(measure: str, spec: Spec) -> str:
   """How a measure's minibatches combine, with its parameters (for the json)."""
   dims = f"at most {spec.cca_dims} components"
+  width = f"at most {spec.subspace_dims} components" if spec.subspace_dims else "every component"
   params = {"linear_cka": f"estimator {spec.estimator}",
             "rbf_cka": f"estimator {spec.estimator}, rbf_sigma {spec.rbf_sigma}",
             "distance_correlation": f"estimator {spec.estimator}", "rsm_difference": "Euclidean",
@@ -595,7 +606,7 @@ def describe(measure: str, spec: Spec) -> str:
             "rsa": f"{spec.rsa_method} correlation", "mean_cca": dims, "cca_r2": dims,
             "svcca": f"svcca_variance {spec.svcca_variance}, {dims}", "pwcca": dims,
             "regression": dims, "eigenspace_overlap": dims,
-            "shape_metric": f"alpha {spec.shape_alpha}", "procrustes": "alpha 1",
+            "shape_metric": f"alpha {spec.shape_alpha}, {width}", "procrustes": f"alpha 1, {width}",
             "gulp": f"lambda {spec.gulp_lambda}", "magnitude_difference": "unbiased squared norm",
             "concentricity_difference": "minibatch means",
             "uniformity_difference": f"t {spec.uniformity_t}"}[measure]

@@ -43,8 +43,14 @@ centred space and the CCA family and regression say 1 whatever the other layer
 (Kornblith et al. 2019, Theorem 1), and so does the eigenspace overlap.
 So those (`REDUCED`) read each layer's top at most
 `cca_dims` principal components (default: half the smallest minibatch, so that
-two subspaces cannot be forced to meet), and the job's json names the layers
-this reduced; `shape_metric` keeps every component (α > 0 regularises it).
+two subspaces cannot be forced to meet, and at most `subspace_dims`), and the
+job's json names the layers this reduced and the share of their variance kept.
+`shape_metric` and `procrustes` (`WIDE`) read each layer's top `subspace_dims`
+components (default 32; 0: every one, as their papers do), scaled to unit norm:
+an SVD per pair of layers, and per null pair, costs the cube of that (at
+minibatches of 256, every component took 29 of the 51 s of a step of 54 layers
+on 2 cores), and the json gives the share of each layer's variance they kept
+(α > 0 regularises the shape metric, so no Theorem 1 forces this).
 
 Each is a mean over minibatches of its per-minibatch value (a new alignment or
 regression per minibatch: biased up against the full data, the more so the
@@ -63,6 +69,8 @@ from vitcnn_jax import layerpairs
 NAMES = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "shape_metric", "procrustes",
          "gulp", "eigenspace_overlap")
 DISTANCES = ("procrustes", "gulp")  # 0 for equal layers, larger apart; roots of mean squares
+# Read at most each layer's top `subspace_dims` components.
+WIDE = ("shape_metric", "procrustes")
 # Read at most each layer's top `cca_dims` components.
 REDUCED = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "eigenspace_overlap")
 _TOL = 16 * float(jnp.finfo(jnp.float32).eps)  # eigenvalues below this share of the largest are 0
@@ -242,40 +250,48 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
 
 
 def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names: tuple[str, ...],
-                  dims: int, alpha: float, ridge: float, variance: float, order: jax.Array | None,
-                  precision) -> dict[str, jax.Array]:
+                  dims: int, width: int, alpha: float, ridge: float, variance: float,
+                  order: jax.Array | None, precision) -> dict[str, jax.Array]:
   """One minibatch's (L, L) value of each measure of `names` from the layers'
   centred Grams (and, for `eigenspace_overlap`, the `raw` uncentred ones); with
   `order`, of the null too (one layer's examples re-indexed, see `layerpairs`);
-  `subspace_count`, 1 where the minibatch has at least two examples, and
-  `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`. Summed over minibatches."""
+  `subspace_count`, 1 where the minibatch has at least two examples,
+  `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`, and the share
+  of each layer's variance in its top `dims` components (`subspace_kept`) and
+  in the top `width` that `procrustes` and `shape_metric` read (`shape_kept`;
+  width 0: every component). Summed over minibatches."""
   lapack = _OneAtATime()
   both = gram if raw is None else jnp.concatenate([gram, raw])  # one eigh for both
   u, s, kept = lapack(spectra, both, mask)
   if raw is not None:
     (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
-  first = (jnp.arange(s.shape[1]) < dims)[None, :]
-  top = kept & first
+  order_of = jnp.arange(s.shape[1])[None, :]
+  top = kept & (order_of < dims)
+  width = min(width or s.shape[1], s.shape[1])
+  wide = kept & (order_of < width)  # the components Procrustes and the shape metric read
+  share = (s * wide).sum(1)
   smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)  # noqa: E731
   has = lambda *m: bool(set(m) & set(names))  # noqa: E731
   sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
-  a = u * (alpha * jnp.sqrt(s) + (1 - alpha) * kept)[:, None, :]
+  sw = s * wide / jnp.where(share > 0, share, 1.0)[:, None]  # the top `width`, of trace 1
+  a = (u * ((alpha * jnp.sqrt(sw) + (1 - alpha)) * wide)[:, None, :])[:, :, :width]
   f = {"smaller": smaller(top.sum(1).astype(jnp.float32)), "a": a,
        "p": _outer(u, top.astype(s.dtype), precision) if has("cca_r2", "regression") else None,
        "k": _outer(u, s, precision) if has("regression") else None,  # the Gram of trace 1
        "q": (u * top[:, None, :])[:, :, :dims],  # the top components only: dims x dims SVDs
        "w": s[:, :dims] * top[:, :dims], "norm": jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2))),
        "hat": _outer(u, s / (s + ridge), precision) if has("gulp") else None,
-       "pro": u * jnp.sqrt(s)[:, None, :],  # norm 1: the layer scaled to unit Frobenius norm
+       "pro": (u * jnp.sqrt(sw)[:, None, :])[:, :, :width],  # norm 1
        "q_sv": (u * sv[:, None, :])[:, :, :dims], "smaller_sv": smaller(sv.sum(1).astype(jnp.float32)),
        "short": (sv != top).any(1)}  # a layer whose SVCCA keeps fewer than its top components
   if has("eigenspace_overlap"):
-    top_raw = kept_raw & first
+    top_raw = kept_raw & (order_of < dims)
     f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision)
     r = top_raw.sum(1).astype(jnp.float32)
     f["larger"] = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
   valid = (mask.astype(jnp.float32).sum() >= 2).astype(jnp.float32)
-  out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid}
+  out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid,
+         "subspace_kept": (s * top).sum(1) * valid, "shape_kept": share * valid}
   got = {**_matmul_sums(f, names, None, precision), **_svd_sums(f, names, order, lapack, alpha, precision)}
   if order is not None:
     got.update(_matmul_sums(f, names, order, precision))

@@ -38,7 +38,10 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "knn_k": 10,  # neighbours of mutual_knn, cknna (Huh et al. 2024 use 10) and the other k-NN measures
     "rsa_method": "pearson",  # the correlation of dissimilarities: "pearson" or "spearman"
     "cca_dims": 0,  # the CCA family, regression, eigenspace_overlap: each layer's top principal
-    # components (0: (n - 1) // 2 of the smallest minibatch's n, under half of its centred space)
+    # components (0: (n - 1) // 2 of the smallest minibatch's n, under half of its centred space,
+    # and at most subspace_dims)
+    "subspace_dims": 32,  # procrustes, shape_metric: each layer's top principal components at
+    # most (0: all; each pair of layers, and its null, takes an SVD of this size)
     "svcca_variance": 0.99,  # svcca: the share of each layer's variance its components keep
     "shape_alpha": 1.0,  # shape_metric's partial whitening: 1 Procrustes, towards 0 CCA
     "gulp_lambda": 0.01,  # gulp's ridge penalty (the layers scaled to trace 1)
@@ -80,12 +83,18 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names if m in reps[0]}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
-    reduced = set(subspaces.REDUCED) & set(spec.names)
-    if reduced:  # the layers whose rank exceeded cca_dims in some minibatch
-      seen = sum(np.asarray(s["subspace_reduced"]) for s in sums[0])
-      for m in reduced:
+    reduced = set(subspaces.NAMES) & set(spec.names)
+    if reduced:  # the layers whose rank exceeded the components read in some minibatch
+      total = lambda key: sum(np.asarray(s[key], np.float64) for s in sums[0])  # noqa: E731
+      count = max(float(total("subspace_count")), 1.0)
+      seen = total("subspace_reduced")
+      for m in reduced & set(subspaces.REDUCED):
         summary["measures"][m].update(components=spec.cca_dims,
-                                      reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
+                                      reduced_layers=[k for k, c in zip(self.names, seen) if c > 0],
+                                      variance_kept=_shares(self.names, total("subspace_kept") / count))
+      for m in reduced & set(subspaces.WIDE):
+        summary["measures"][m].update(components=spec.subspace_dims or "all",
+                                      variance_kept=_shares(self.names, total("shape_kept") / count))
     for m in set(measures.CLIPPED) & set(spec.names):  # how often a negative estimate became 0
       summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
@@ -98,6 +107,11 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       plot_heatmaps(self.config, self.models, arrays, workdir)
     if not measures.only_linear(self.spec) or self.config.get("bootstrap", 0):
       plot_measures(self.config, self.models, arrays, summary, self.spec, workdir)
+
+
+def _shares(names: list[str], kept: np.ndarray) -> dict[str, float]:
+  """{layer: the mean share of its variance in the components a measure read}."""
+  return {k: round(float(v), 6) for k, v in zip(names, kept)}
 
 
 def blocks(models: list) -> list[tuple[str, object, object, slice, slice]]:
