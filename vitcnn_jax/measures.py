@@ -210,6 +210,24 @@ def _squared_distances(gram: jax.Array) -> jax.Array:
   return jnp.maximum(d[:, None] + d[None, :] - 2 * gram, 0.0)
 
 
+def _order_statistics(x: jax.Array, ks: jax.Array) -> jax.Array:
+  """The ks-th smallest (0-based) of the non-negative float32 entries of `x`,
+  exactly: a bisection on their bits (non-negative floats order as their int32
+  bits do), 31 passes over `x` that count; a sort of a 256-row minibatch's
+  65,536 distances per layer cost 10x more on CPU."""
+  bits = jax.lax.bitcast_convert_type(jnp.abs(x).ravel(), jnp.int32)
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    enough = (bits[None, :] <= mid[:, None]).sum(1) > ks
+    return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+  top = jnp.full(ks.shape, 0x7F800000, jnp.int32)  # +inf
+  lo, _ = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(top), top))
+  return jax.lax.bitcast_convert_type(lo, jnp.float32)
+
+
 def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
   """exp(-d^2 / (2 sigma^2 median d^2)) from a Gram of centred rows, over the
   valid rows (padding zero); a layer with every distance zero gives ones (it is
@@ -218,8 +236,9 @@ def rbf_kernel(gram: jax.Array, mask: jax.Array, sigma: float) -> jax.Array:
   m = mask.astype(jnp.float32)
   valid = m[:, None] * m[None, :]
   count = valid.sum().astype(jnp.int32)
-  ordered = jnp.sort(jnp.where(valid > 0, sq, jnp.inf).ravel())
-  median = 0.5 * (ordered[jnp.maximum(count - 1, 0) // 2] + ordered[count // 2])
+  middle = _order_statistics(jnp.where(valid > 0, sq, jnp.inf),
+                            jnp.stack([jnp.maximum(count - 1, 0) // 2, count // 2]))
+  median = 0.5 * (middle[0] + middle[1])
   scale = 2 * sigma ** 2 * median
   kernel = jnp.exp(-sq / jnp.where(scale > 0, scale, 1.0))
   return jnp.where(scale > 0, kernel, 1.0) * valid
