@@ -47,8 +47,9 @@ revision's files) and for this checkout, alternating `--rounds` times in one
 run, each with no compilation cache, and prints both (end to end, compile,
 steps) and their ratios.
 `--overhead` times the step (forward included) with linear CKA alone and with
-every measure and the null (issue 34's budget: at most 1.3x time, 1.1x peak),
-alternating `--rounds` times in one run. Both run workload W.
+every measure and the null (at most 1.3x the time at W's minibatch of 32, 3x at
+`--batch 256` or 1,024; 1.1x the peak), alternating `--rounds` times in one
+run. Both run workload W.
 """
 
 from __future__ import annotations
@@ -604,7 +605,8 @@ def overhead(s: Setup, rounds: int) -> None:
   print(f"linear CKA alone: {med['linear']['step_s']:.1f} s, peak {med['linear']['peak_gib']:.2f} GiB; "
         f"every measure + null: {med['measures']['step_s']:.1f} s, "
         f"peak {med['measures']['peak_gib']:.2f} GiB")
-  print(f"-> {med['measures']['step_s'] / med['linear']['step_s']:.3f}x time (target <= 1.3x), "
+  target = 1.3 if s.batch <= 32 else 3.0  # issue 34's budget at W's minibatch of 32; issue 53's above
+  print(f"-> {med['measures']['step_s'] / med['linear']['step_s']:.3f}x time (target <= {target}x), "
         f"{med['measures']['peak_gib'] / med['linear']['peak_gib']:.3f}x process peak and "
         f"{med['measures']['step_gib'] / med['linear']['step_gib']:.3f}x the step's memory (XLA's "
         "analysis: arguments, outputs, temporaries) (target <= 1.1x)")

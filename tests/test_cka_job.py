@@ -393,11 +393,26 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
   assert np.all(np.diff(b["monotone_svcca_resnet_vit"]) >= 0)
   assert summary["measures"]["mean_cca"]["components"] >= 1  # half the smallest minibatch
   assert summary["measures"]["mean_cca"]["reduced_layers"]  # the blocks are wider than that
+  kept = summary["measures"]["mean_cca"]["variance_kept"]  # by the top cca_dims: under all of it
+  assert set(kept) == set(b["names_resnet"]) | set(b["names_vit"]) and 0 < min(kept.values()) < 1
+  wide = summary["measures"]["procrustes"]  # subspace_dims (32) covers these minibatches: all of it
+  assert wide["components"] == measures.SUBSPACE_DIMS and min(wide["variance_kept"].values()) > 1 - 1e-5
   assert "unbiased" in summary["measures"]["linear_cka"]["estimator"]
   cells = len(b["names_resnet"]) * len(b["names_vit"])
   assert summary["measures"]["rsa"]["null"]["cells"]["resnet_vit"] == cells
   for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
     assert (eight_devices / f"measures_{tag}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_reduction_of_the_layers_variance_is_said_with_the_field_that_sets_it(capsys):
+  from vitcnn_jax.analyses import cka  # pylint: disable=g-import-not-at-top
+  spec = measures.Spec(("procrustes", "mean_cca"), cca_dims=5, subspace_dims=32)
+  cka._say_reduced(["a", "b"], spec, ["mean_cca", "procrustes"], np.array([1.0, 0.7]),  # pylint: disable=protected-access
+                   np.array([1.0, 1.0]))
+  out = capsys.readouterr().out
+  assert out == ("procrustes: each layer's top 32 principal components, keeping a mean 85.0% of its "
+                 "variance (least 70.0%, b); config.subspace_dims sets how many (json: "
+                 "measures.M.variance_kept).\n")  # mean_cca's components kept all of it: no line
 
 
 def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device, blocks_one_device,

@@ -223,8 +223,8 @@ def _order_statistics(x: jax.Array, ks: jax.Array) -> jax.Array:
     enough = (bits[None, :] <= mid[:, None]).sum(1) > ks
     return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
 
-  top = jnp.full(ks.shape, 0x7F800000, jnp.int32)  # +inf
-  lo, _ = jax.lax.fori_loop(0, 31, halve, (jnp.zeros_like(top), top))
+  lo = jnp.zeros_like(bits, shape=ks.shape)  # varying as `x` is, in shard_map
+  lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, lo + 0x7F800000))  # [0, +inf]
   return jax.lax.bitcast_convert_type(lo, jnp.float32)
 
 

@@ -95,6 +95,8 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       for m in reduced & set(subspaces.WIDE):
         summary["measures"][m].update(components=spec.subspace_dims or "all",
                                       variance_kept=_shares(self.names, total("shape_kept") / count))
+      _say_reduced(self.names, spec, sorted(reduced), total("shape_kept") / count,
+                   total("subspace_kept") / count)
     for m in set(measures.CLIPPED) & set(spec.names):  # how often a negative estimate became 0
       summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
@@ -107,6 +109,23 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       plot_heatmaps(self.config, self.models, arrays, workdir)
     if not measures.only_linear(self.spec) or self.config.get("bootstrap", 0):
       plot_measures(self.config, self.models, arrays, summary, self.spec, workdir)
+
+
+def _say_reduced(names: list[str], spec: measures.Spec, chosen: list[str], wide: np.ndarray,
+                 top: np.ndarray) -> None:
+  """One line per kind of reduction that cut some layer's variance: which
+  measures, how many components, the variance kept, and the field that changes it."""
+  if jax.process_index() != 0:
+    return
+  for kind, kept, field, components in (
+      (subspaces.WIDE, wide, "subspace_dims", spec.subspace_dims),
+      (subspaces.REDUCED, top, "cca_dims", spec.cca_dims)):
+    ms = [m for m in chosen if m in kind]
+    if ms and kept.min() < 1 - 1e-6:
+      least = int(np.argmin(kept))
+      print(f"{', '.join(ms)}: each layer's top {components} principal components, keeping a mean "
+            f"{kept.mean():.1%} of its variance (least {kept[least]:.1%}, {names[least]}); "
+            f"config.{field} sets how many (json: measures.M.variance_kept).")
 
 
 def _shares(names: list[str], kept: np.ndarray) -> dict[str, float]:
