@@ -172,12 +172,12 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
   compile, or after the memory planner's (a device memory given), whose step it
   runs: the steps' buffers do not sit on top of it (on workload W, every measure,
   the process peak fell from 2.89 to 2.43 GiB)."""
-  from vitcnn_jax import driver, memory, programs  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import memory, programs, runstate  # pylint: disable=g-import-not-at-top
   released, ran = [], []
   monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
   monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())  # none compiled before
-  add = driver._Steps.add  # pylint: disable=protected-access
-  monkeypatch.setattr(driver._Steps, "add", lambda self, *a: (ran.append(1), add(self, *a))[1])
+  add = runstate.Steps.add
+  monkeypatch.setattr(runstate.Steps, "add", lambda self, *a: (ran.append(1), add(self, *a))[1])
   limit = ("--config.device_memory_gib=64",) if planned else ()
   _run(_flags(tiny_vit_bit, tmp_path, *BLOCKS, *NO_FIGURES, "--config.stop_after=2", *limit))
   assert released == [0] and len(ran) == 2, (released, ran)
@@ -213,11 +213,11 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
   with at most `IN_FLIGHT` dispatched steps ahead of it (it sat at 28 of 30
   for minutes with every measure at batch 256): dispatched and unfinished
   steps are not counted, finished ones are."""
-  from vitcnn_jax import driver  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import runstate  # pylint: disable=g-import-not-at-top
   bar = _Counted()
-  steps = driver._Steps(None, {}, None, (0, 0), bar)  # pylint: disable=protected-access
+  steps = runstate.Steps(None, {}, None, (0, 0), bar)
   results = [_Result() for _ in range(5)]
-  for r in results[:driver.IN_FLIGHT]:
+  for r in results[:runstate.IN_FLIGHT]:
     steps.add(r, 0, 7)
   assert bar.n == 0 and not any(r.ready for r in results)  # dispatched, none finished
   steps.add(results[2], 0, 7)  # one too many in flight: the oldest is waited for

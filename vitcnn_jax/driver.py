@@ -3,7 +3,7 @@
 Given an analysis (`protocol.Analysis`), its loaded models and its sources, the
 driver plans the devices (`memory`), compiles each pass's step over the mesh
 (every device of every host), psums the step's sums across devices, adds them
-on the host in float64 (fetched in groups, not once per step), shows progress,
+on the host in float64 (`runstate.Steps`), shows progress,
 saves a state it resumes from (`runstate`), honours `stop_after`, and writes
 the results atomically from process 0. It loads nothing and checks no config:
 `jobs.run_analysis` does that first.
@@ -36,10 +36,6 @@ from vitcnn_jax import protocol
 from vitcnn_jax import results
 from vitcnn_jax import runstate
 
-FETCH_EVERY = 32  # steps whose device results are fetched to the host together
-# Steps dispatched and not yet finished at most: enough to keep the device busy
-# while the host reads the next minibatch; the progress bar counts finished ones.
-IN_FLIGHT = 2
 
 
 def random_of(seed: int, pass_: int, repeat: int, first: int, abstract=None) -> tuple:
@@ -136,48 +132,6 @@ def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: di
   return plan, compiled
 
 
-class _Steps:
-  """One repeat's step results, fetched to the host in groups and added in step
-  order (`boot/` sums also into the pass's bootstrap replicates). The progress
-  bar counts a step when its result is ready, not when it is dispatched: with
-  every measure at batch 256 a step took 13 s to dispatch and a minute to run,
-  and a bar of dispatched steps sat at 28 of 30 for minutes, its ETA 3x short.
-  At most `IN_FLIGHT` steps run ahead of the bar."""
-
-  def __init__(self, p: protocol.Pass, sums: protocol.Sums, boot: runstate.Bootstrap, where: tuple,
-               bar: progress.Bar):
-    self.p, self.sums, self.boot, self.where, self.bar = p, sums, boot, where, bar
-    self.pending, self.counted = [], 0  # (first minibatch, result, examples); how many the bar has
-
-  def add(self, result, first: int, examples: int) -> None:
-    """`result` of the step whose first minibatch is `first`, over `examples` examples."""
-    self.pending.append((first, result, examples))
-    self._count(IN_FLIGHT)
-    if len(self.pending) >= FETCH_EVERY:
-      self.fetch()
-
-  def _count(self, ahead: int) -> None:
-    """Advances the bar over the finished steps, in order, waiting for the oldest
-    while more than `ahead` are unfinished."""
-    while self.counted < len(self.pending):
-      _, result, examples = self.pending[self.counted]
-      if len(self.pending) - self.counted > ahead:
-        jax.block_until_ready(result)
-      elif not all(a.is_ready() for a in jax.tree.leaves(result)):
-        return
-      self.bar.update(1, examples)
-      self.counted += 1
-
-  def fetch(self) -> protocol.Sums:
-    got = jax.device_get([r for _, r, _ in self.pending])  # one transfer
-    self._count(0)
-    for (first, _, _), g in zip(self.pending, got):
-      self.sums = self.boot.add(self.sums, self.p.host_sums(g), *self.where, first)
-    self.pending.clear()
-    self.counted = 0
-    return self.sums
-
-
 def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: protocol.Analysis,
         models: dict[str, loading.Loaded], sources: dict[str, data.Source]
         ) -> tuple[dict[str, np.ndarray], dict] | None:
@@ -211,7 +165,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
       args = ([params[k] for k in p.points], parallel.replicate(mesh, p.constants))
       for repeat in range(state.position[1] if pi == state.position[0] else 0, p.repeats):
         start, sums = state.start(pi, repeat)
-        steps = _Steps(p, sums, boot, (pi, repeat), bar)
+        steps = runstate.Steps(p, sums, boot, (pi, repeat), bar)
         source, indices = plan[pi][repeat]
         for step, b in enumerate(pipeline.steps(mesh, sources[source], indices,
                                                 [models[k] for k in p.points], layout.rows,

@@ -1,0 +1,128 @@
+r"""What every similarity measure costs, beside linear CKA, in one run.
+
+  .venv/bin/python benchmarks/measures_cost.py [--layers 55 --batch 256] [--each] [--demo]
+
+The step's measures alone (no forward): `--layers` layers of `--batch` rows
+each (features of rank 64 that share a common part, as a network's do), every
+measure with its null, compiled once, then timed over `--repeats` calls; with
+`--each`, also each measure alone with linear CKA (a measure's share of work
+another also needs, such as the eigendecompositions of the subspace family,
+counts in each). The defaults are the demo's shape: 55 layers (24 ViT, 31
+BiT), minibatches of 256.
+
+`--demo` times `main.py --config=configs/cka_vit_resnet.py:demo` (linear CKA)
+and `:demo_measures` (every measure, the null, 50 bootstrap replicates), each
+end to end in a fresh workdir, the demo models cached first, and prints their
+ratio (issue 53's target: at most 3x) and how far the progress bar's ETA at
+its midpoint was from the time that was really left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _layers(num: int, rows: int, seed: int = 0) -> list[np.ndarray]:
+  """`num` (rows, 64) float32 layers: a shared random part mixed differently in each, plus noise."""
+  rng = np.random.default_rng(seed)
+  shared = rng.standard_normal((rows, 64))
+  return [(shared @ rng.standard_normal((64, 64)) + 0.5 * rng.standard_normal((rows, 64))).astype(np.float32)
+          for _ in range(num)]
+
+
+def step_seconds(names: tuple[str, ...], acts: list[np.ndarray], repeats: int) -> tuple[float, float]:
+  """(compile, mean seconds a call) of the measures step for `names` with the null."""
+  import jax
+  import ml_collections
+  from vitcnn_jax import measures
+  rows = len(acts[0])
+  config = ml_collections.ConfigDict(dict(measures=names, null=True, batch_size=rows, num_examples=rows))
+  spec = measures.spec_of(config)
+  mask = np.ones((rows,), np.float32)
+  key = jax.random.PRNGKey(0)
+  t = time.perf_counter()
+  step = jax.jit(lambda a, m, k: measures.minibatch_sums(a, m, spec, key=k)).lower(acts, mask, key).compile()
+  jax.block_until_ready(step(acts, mask, key))
+  compile_s = time.perf_counter() - t
+  t = time.perf_counter()
+  for _ in range(repeats):
+    jax.block_until_ready(step(acts, mask, key))
+  return compile_s, (time.perf_counter() - t) / repeats
+
+
+def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
+  from vitcnn_jax import measures
+  acts = _layers(layers, batch)
+  print(f"{layers} layers of {batch} rows, every measure with its null, the step alone "
+        f"(no forward), mean of {repeats} calls after the first:", flush=True)
+  base = step_seconds(("linear_cka",), acts, repeats)[1]
+  print(f"  linear_cka alone: {base:.3f} s", flush=True)
+  if each:
+    for m in measures.NAMES[1:]:
+      _, s = step_seconds(("linear_cka", m), acts, repeats)
+      print(f"  + {m}: {s:.3f} s ({s - base:+.3f} s)", flush=True)
+  compile_s, s = step_seconds(measures.NAMES, acts, repeats)
+  print(f"  every measure: {s:.3f} s ({s / base:.1f}x linear CKA alone; compiled in {compile_s:.1f} s)",
+        flush=True)
+
+
+def _timed_main(variant: str, workdir: str) -> tuple[float, str]:
+  t = time.perf_counter()
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"),
+                         f"--config=configs/cka_vit_resnet.py:{variant}", f"--workdir={workdir}"],
+                        cwd=ROOT, capture_output=True, text=True)
+  if done.returncode:
+    raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+  return time.perf_counter() - t, done.stderr
+
+
+def midpoint_eta(log: str) -> tuple[int, int, int, int]:
+  """From the CKA job's tqdm output: (step, steps, its ETA in s at the midpoint
+  step, the seconds that were really left)."""
+  clock = lambda h: sum(int(v) * 60 ** i for i, v in enumerate(reversed(h.split(":"))))  # noqa: E731
+  rows = [(int(n), int(total), clock(elapsed), clock(left)) for n, total, elapsed, left in
+          re.findall(r"^cka:.*?(\d+)/(\d+) \[([\d:]+)<([\d:]+)", log.replace("\r", "\n"), re.M)]
+  end = max(r[2] for r in rows)
+  n, total, elapsed, left = [r for r in rows if r[0] == rows[-1][1] // 2][-1]
+  return n, total, left, end - elapsed
+
+
+def demo() -> None:
+  with tempfile.TemporaryDirectory() as work:
+    _timed_main("demo", os.path.join(work, "warm"))  # trains the demo models if not cached
+    linear, _ = _timed_main("demo", os.path.join(work, "linear"))
+    every, log = _timed_main("demo_measures", os.path.join(work, "measures"))
+  print(f"demo (linear CKA): {linear:.1f} s end to end; demo_measures (every measure, the null, "
+        f"50 bootstrap replicates): {every:.1f} s -> {every / linear:.2f}x (target <= 3x)")
+  n, total, eta, left = midpoint_eta(log)
+  print(f"demo_measures' progress bar at step {n} of {total}: ETA {eta} s, really left {left} s "
+        f"({abs(eta - left) / max(left, 1):.0%} off; target <= 25%)")
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--layers", type=int, default=55)
+  ap.add_argument("--batch", type=int, default=256)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--each", action="store_true", help="also each measure alone with linear CKA")
+  ap.add_argument("--demo", action="store_true", help="instead time the demo and demo_measures end to end")
+  args = ap.parse_args()
+  if args.demo:
+    demo()
+  else:
+    costs(args.layers, args.batch, args.repeats, args.each)
+
+
+if __name__ == "__main__":
+  main()
