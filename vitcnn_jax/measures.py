@@ -352,28 +352,30 @@ hsic.declare_scale("rsm_diff", 1, per_pair=True)
 RSM_SPAN = 64  # pairs of layers at most 2^RSM_SPAN apart in scale sum (D_a - D_b)² on the device
 
 
-def _rsm_differences(a: dict, b: dict) -> dict[str, jax.Array]:
-  """(P,) sums of (D_a − D_b)² of chunks of distance matrices `dist` at scales
-  2^-e (`e`), term by term, in units of 2^(e_a + e_b) (`rsm_diff`): ‖D_a‖² + ‖D_b‖²
-  − 2 <D_a, D_b> cancels for close layers. Each layer is brought to 2^((e_a + e_b) / 2)
-  by a power of two (exact), halving the sum where e_a + e_b is odd. Pairs more than
-  2^RSM_SPAN apart in scale, whose squares could overflow, give 0 and `rsm_far` 1."""
-  delta = a["e"] - b["e"]
+def _rsm_differences(dist: jax.Array, other: jax.Array, e: jax.Array) -> dict[str, jax.Array]:
+  """(L, L) sums of (D_a − D_b)² of distance matrices `dist` (rows a) and `other`
+  (columns b), both at scales 2^-e, term by term, in units of 2^(e_a + e_b)
+  (`rsm_diff`): ‖D_a‖² + ‖D_b‖² − 2 <D_a, D_b> cancels for close layers. Each
+  layer is brought to 2^((e_a + e_b) / 2) by a power of two (exact), halving the
+  sum where e_a + e_b is odd. Pairs more than 2^RSM_SPAN apart in scale, whose
+  squares could overflow, give 0 and `rsm_far` 1. The upper triangle, mirrored
+  (see `layerpairs`)."""
+  delta = e[:, None] - e[None, :]
   near = jnp.abs(delta) <= RSM_SPAN
   delta = jnp.where(near, delta, 0)
   up = (delta + 1) // 2  # a's exponent; b's is up - delta, and their sum 2 up - delta is 0 or 1
-  diff = hsic.pow2(up)[:, None, None] * a["dist"] - hsic.pow2(up - delta)[:, None, None] * b["dist"]
-  total = jnp.sum(jnp.square(diff), axis=(1, 2)) * hsic.pow2(delta - 2 * up)
-  return {"rsm_diff": jnp.where(near, total, 0.0), "rsm_far": (~near).astype(jnp.float32)}
+  total = layerpairs.squared_differences(dist, other, hsic.pow2(up), hsic.pow2(up - delta))
+  total = total * hsic.pow2(delta - 2 * up)
+  return {"rsm_diff": layerpairs.mirror(jnp.where(near, total, 0.0)),
+          "rsm_far": layerpairs.mirror((~near).astype(jnp.float32))}
 
 
 def _rsm_sums(dist: jax.Array, e: jax.Array, order: jax.Array | None) -> dict[str, jax.Array]:
-  """`_rsm_differences` of every pair of layers, L pairs at a time, and the null's
-  (the column layer's examples re-indexed, see `layerpairs`)."""
-  rows = {"dist": dist, "e": e}
-  out = layerpairs.pairwise(_rsm_differences, rows)
+  """`_rsm_differences` of every pair of layers, and the null's (the column
+  layer's examples re-indexed, see `layerpairs`)."""
+  out = _rsm_differences(dist, dist, e)
   if order is not None:
-    null = layerpairs.pairwise(_rsm_differences, rows, {"dist": layerpairs.permuted(dist, order), "e": e})
+    null = _rsm_differences(dist, layerpairs.permuted(dist, order), e)
     out.update({f"null/{k}": v for k, v in null.items()})
   return out
 

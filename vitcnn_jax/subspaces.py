@@ -207,16 +207,10 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
         reg, jnp.matmul(flat(moved(f["p"])), flat(f["k"]).T, precision=precision))
   if "eigenspace_overlap" in names:
     out["eigenspace_overlap"] = both_ways(pairs(f["overlap"], f["overlap"])) / f["larger"]
-  if "gulp" in names:  # pair by pair (see `layerpairs`), the null's column layer re-indexed
-    out["gulp"] = layerpairs.pairwise(_squared_difference, f["hat"], moved(f["hat"]))["gulp"]
+  if "gulp" in names:  # ‖R_a − R_b‖² term by term: the expansion in float32 gave equal layers ~1e-3;
+    # the null's column layer re-indexed
+    out["gulp"] = layerpairs.mirror(layerpairs.squared_differences(f["hat"], moved(f["hat"])))
   return {("" if order is None else "null/") + k: v for k, v in out.items()}
-
-
-def _squared_difference(a: jax.Array, b: jax.Array) -> dict[str, jax.Array]:
-  """(P,) ‖R_a − R_b‖_F² of chunks of (P, n, n) hat matrices, summed term by term:
-  ‖R_a‖² + ‖R_b‖² − 2 <R_a, R_b> in float32 loses ~n ε of ‖R‖² ~ n to cancellation,
-  so equal layers got ~1e-3 and close ones that much off under the root."""
-  return {"gulp": jnp.sum(jnp.square(a - b), axis=(1, 2))}
 
 
 def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alpha: float,
