@@ -46,19 +46,22 @@ def _one_hot(idx: jax.Array, ok: jax.Array, n: int) -> jax.Array:
 def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   """One example's (L, L) value of each measure for every pair of a row layer of
   `x` and a column layer of `y`, each a (cos (L, n), idx (L, k), ok (L, k)) of
-  that example: sums over the examples j that are neighbours, as matmuls of
-  per-layer indicators over j (N_i ∪ N'_i as N_i and the rest of N'_i)."""
+  that example: shared neighbours and their ranks from the two k-lists; sums of
+  cosines over the examples j that are neighbours as matmuls of per-layer
+  indicators over j (N_i ∪ N'_i as N_i and the rest of N'_i)."""
   (cos_x, idx_x, ok_x), (cos_y, idx_y, ok_y) = x, y
   n = cos_x.shape[-1]
-  rank_x, rank_y = _one_hot(idx_x, ok_x, n), _one_hot(idx_y, ok_y, n)  # (L, n, k)
-  in_x, in_y = rank_x.sum(-1), rank_y.sum(-1)  # (L, n): j is a neighbour
+  in_x, in_y = _one_hot(idx_x, ok_x, n).sum(-1), _one_hot(idx_y, ok_y, n).sum(-1)  # (L, n): j is a neighbour
   mm = lambda a, b: jnp.matmul(a, b.T, precision=precision)  # noqa: E731  Σ_j a[row, j] b[col, j]
   r = jnp.arange(1, k + 1, dtype=jnp.float32)
   weight = 2 / ((1 + jnp.abs(r[:, None] - r[None, :])) * (r[:, None] + r[None, :]))
   harmonic = jnp.cumsum(jnp.r_[0.0, 1 / r])  # harmonic[c] = Σ_{t ≤ c} 1/t
-  flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
-  shared = mm(in_x, in_y)
-  agree = mm(flat(rank_x), flat(jnp.matmul(rank_y, weight, precision=precision)))
+  # (L, L, k, k): the r-th neighbour in x is the r'-th in y. From the k-lists, not one-hots
+  # over the n examples: a matmul of those cost L² n k a example, 0.3 s a step at n=256.
+  same = ((idx_x[:, None, :, None] == idx_y[None, :, None, :])
+          & ok_x[:, None, :, None] & ok_y[None, :, None, :]).astype(jnp.float32)
+  shared = same.sum((2, 3))
+  agree = jnp.sum(same * weight, axis=(2, 3))
   count_x, count_y = ok_x.sum(-1).astype(jnp.float32), ok_y.sum(-1).astype(jnp.float32)
   valid = (count_x > 0).astype(jnp.float32)[:, None]
   jaccard = shared / jnp.maximum(count_x[:, None] + count_y[None, :] - shared, 1.0)
