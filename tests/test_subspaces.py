@@ -182,7 +182,7 @@ def test_procrustes_and_the_shape_metric_read_each_layer_s_top_subspace_dims_com
   base = rng.standard_normal((n, w)) * np.array([5.0, 4, 3, 2, 1.5])  # 5 strong directions
   x = base @ rng.standard_normal((w, 30)) + 1.5 * rng.standard_normal((n, 30))
   y = base @ rng.standard_normal((w, 30)) + 2.0 * rng.standard_normal((n, 30))
-  names = ("procrustes", "shape_metric")
+  names = ("procrustes", "shape_metric", "eigenspace_overlap")
   for alpha in (1.0, 0.5):
     spec = measures.Spec(names, cca_dims=3, subspace_dims=w, shape_alpha=alpha)
     got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
@@ -203,6 +203,9 @@ def test_procrustes_and_the_shape_metric_read_each_layer_s_top_subspace_dims_com
     for i, a in enumerate((x, y)):  # the variance the top w components keep
       s = np.linalg.svd(a - a.mean(0), compute_uv=False) ** 2
       assert_close(got["shape_kept"][i], s[:w].sum() / s.sum(), noise, "variance kept")
+      assert_close(got["subspace_kept"][i], s[:3].sum() / s.sum(), noise, "cca_dims' variance kept")
+      raw = np.linalg.svd(a, compute_uv=False) ** 2  # the eigenspace overlap's: uncentred
+      assert_close(got["overlap_kept"][i], raw[:3].sum() / raw.sum(), noise, "uncentred variance kept")
   assert 0.9 < got["shape_kept"][1] < got["shape_kept"][0] < 0.99
   config = {"measures": names, "batch_size": 256, "num_examples": 512}
   spec = measures.spec_of(_Config(config))

@@ -255,7 +255,8 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   `subspace_reduced` (L,), 1 where a layer's rank exceeds `dims`, and the share
   of each layer's variance in its top `dims` components (`subspace_kept`) and
   in the top `width` that `procrustes` and `shape_metric` read (`shape_kept`;
-  width 0: every component). Summed over minibatches."""
+  width 0: every component), and of the uncentred layer in its top `dims` for
+  `eigenspace_overlap` (`overlap_kept`). Summed over minibatches."""
   lapack = _OneAtATime()
   both = gram if raw is None else jnp.concatenate([gram, raw])  # one eigh for both
   u, s, kept = lapack(spectra, both, mask)
@@ -288,6 +289,8 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   valid = (mask.astype(jnp.float32).sum() >= 2).astype(jnp.float32)
   out = {"subspace_count": valid, "subspace_reduced": (kept.sum(1) > dims).astype(jnp.float32) * valid,
          "subspace_kept": (s * top).sum(1) * valid, "shape_kept": share * valid}
+  if has("eigenspace_overlap"):  # the uncentred layer's, whose components it reads
+    out["overlap_kept"] = (sr * top_raw).sum(1) * valid
   got = {**_matmul_sums(f, names, None, precision), **_svd_sums(f, names, order, lapack, alpha, precision)}
   if order is not None:
     got.update(_matmul_sums(f, names, order, precision))

@@ -91,7 +91,8 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       for m in reduced & set(subspaces.REDUCED):
         summary["measures"][m].update(components=spec.cca_dims,
                                       reduced_layers=[k for k, c in zip(self.names, seen) if c > 0],
-                                      variance_kept=_shares(self.names, total("subspace_kept") / count))
+                                      variance_kept=_shares(self.names, total(
+                                          "overlap_kept" if m == "eigenspace_overlap" else "subspace_kept") / count))
       for m in reduced & set(subspaces.WIDE):
         summary["measures"][m].update(components=spec.subspace_dims or "all",
                                       variance_kept=_shares(self.names, total("shape_kept") / count))
