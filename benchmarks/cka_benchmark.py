@@ -598,7 +598,8 @@ def overhead(s: Setup, rounds: int) -> None:
     for label in runs:
       runs[label].append(_run_part(label, s))
       got = runs[label][-1]
-      print(f"round {r + 1} {label}: step {got['step_s']:.1f} s (compile {got['compile_s']:.1f} s), "
+      print(f"round {r + 1} {label}: step {got['step_s']:.1f} s (first call, compile and a step: "
+            f"{got['compile_s']:.1f} s), "
             f"peak {got['peak_gib']:.2f} GiB (the step's own, XLA: {got['step_gib']:.3f} GiB)", flush=True)
   med = {k: {f: float(np.median([x[f] for x in v])) for f in ("step_s", "peak_gib", "step_gib")}
          for k, v in runs.items()}
