@@ -407,8 +407,8 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
 def test_a_reduction_of_the_layers_variance_is_said_with_the_field_that_sets_it(capsys):
   from vitcnn_jax.analyses import cka  # pylint: disable=g-import-not-at-top
   spec = measures.Spec(("procrustes", "mean_cca"), cca_dims=5, subspace_dims=32)
-  cka._say_reduced(["a", "b"], spec, ["mean_cca", "procrustes"], np.array([1.0, 0.7]),  # pylint: disable=protected-access
-                   np.array([1.0, 1.0]))
+  cka._say_reduced(["a", "b"], spec, ["mean_cca", "procrustes"],  # pylint: disable=protected-access
+                   {"shape_kept": np.array([1.0, 0.7]), "subspace_kept": np.array([1.0, 1.0])})
   out = capsys.readouterr().out
   assert out == ("procrustes: each layer's top 32 principal components, keeping a mean 85.0% of its "
                  "variance (least 70.0%, b); config.subspace_dims sets how many (json: "

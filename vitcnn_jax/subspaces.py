@@ -73,6 +73,9 @@ DISTANCES = ("procrustes", "gulp")  # 0 for equal layers, larger apart; roots of
 WIDE = ("shape_metric", "procrustes")
 # Read at most each layer's top `cca_dims` components.
 REDUCED = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "eigenspace_overlap")
+# The sum (`subspace_sums`) of each layer's share of variance in the components a measure reads.
+KEPT = {**{m: "subspace_kept" for m in REDUCED}, **{m: "shape_kept" for m in WIDE},
+        "eigenspace_overlap": "overlap_kept"}
 _TOL = 16 * float(jnp.finfo(jnp.float32).eps)  # eigenvalues below this share of the largest are 0
 
 
@@ -262,10 +265,10 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   u, s, kept = lapack(spectra, both, mask)
   if raw is not None:
     (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
-  order_of = jnp.arange(s.shape[1])[None, :]
-  top = kept & (order_of < dims)
+  first = (jnp.arange(s.shape[1]) < dims)[None, :]
+  top = kept & first
   width = min(width or s.shape[1], s.shape[1])
-  wide = kept & (order_of < width)  # the components Procrustes and the shape metric read
+  wide = kept & (jnp.arange(s.shape[1]) < width)[None, :]  # what Procrustes and the shape metric read
   share = (s * wide).sum(1)
   smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)  # noqa: E731
   has = lambda *m: bool(set(m) & set(names))  # noqa: E731
@@ -282,7 +285,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
        "q_sv": (u * sv[:, None, :])[:, :, :dims], "smaller_sv": smaller(sv.sum(1).astype(jnp.float32)),
        "short": (sv != top).any(1)}  # a layer whose SVCCA keeps fewer than its top components
   if has("eigenspace_overlap"):
-    top_raw = kept_raw & (order_of < dims)
+    top_raw = kept_raw & first
     f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision)
     r = top_raw.sum(1).astype(jnp.float32)
     f["larger"] = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)

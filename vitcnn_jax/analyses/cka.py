@@ -83,21 +83,21 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names if m in reps[0]}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
-    reduced = set(subspaces.NAMES) & set(spec.names)
-    if reduced:  # the layers whose rank exceeded the components read in some minibatch
+    reduced = set(subspaces.KEPT) & set(spec.names)
+    if reduced:  # the components each read, and the share of each layer's variance they kept
       total = lambda key: sum(np.asarray(s[key], np.float64) for s in sums[0])  # noqa: E731
       count = max(float(total("subspace_count")), 1.0)
-      seen = total("subspace_reduced")
-      for m in reduced & set(subspaces.REDUCED):
-        summary["measures"][m].update(components=spec.cca_dims,
-                                      reduced_layers=[k for k, c in zip(self.names, seen) if c > 0],
-                                      variance_kept=_shares(self.names, total(
-                                          "overlap_kept" if m == "eigenspace_overlap" else "subspace_kept") / count))
-      for m in reduced & set(subspaces.WIDE):
-        summary["measures"][m].update(components=spec.subspace_dims or "all",
-                                      variance_kept=_shares(self.names, total("shape_kept") / count))
-      _say_reduced(self.names, spec, sorted(reduced), total("shape_kept") / count,
-                   total("subspace_kept") / count)
+      seen = total("subspace_reduced")  # the layers whose rank exceeded cca_dims in some minibatch
+      kept = {key: total(key) / count for key in {subspaces.KEPT[m] for m in reduced}}
+      for m in reduced:
+        entry = summary["measures"][m]
+        entry["variance_kept"] = _shares(self.names, kept[subspaces.KEPT[m]])
+        if m in subspaces.WIDE:
+          entry["components"] = spec.subspace_dims or "all"
+        else:
+          entry.update(components=spec.cca_dims,
+                       reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
+      _say_reduced(self.names, spec, sorted(reduced), kept)
     for m in set(measures.CLIPPED) & set(spec.names):  # how often a negative estimate became 0
       summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
@@ -112,20 +112,21 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       plot_measures(self.config, self.models, arrays, summary, self.spec, workdir)
 
 
-def _say_reduced(names: list[str], spec: measures.Spec, chosen: list[str], wide: np.ndarray,
-                 top: np.ndarray) -> None:
+def _say_reduced(names: list[str], spec: measures.Spec, chosen: list[str],
+                 kept: dict[str, np.ndarray]) -> None:
   """One line per kind of reduction that cut some layer's variance: which
-  measures, how many components, the variance kept, and the field that changes it."""
+  measures, how many components, the variance kept (`kept`, by `subspaces.KEPT`'s
+  sums), and the field that changes it."""
   if jax.process_index() != 0:
     return
-  for kind, kept, field, components in (
-      (subspaces.WIDE, wide, "subspace_dims", spec.subspace_dims),
-      (subspaces.REDUCED, top, "cca_dims", spec.cca_dims)):
-    ms = [m for m in chosen if m in kind]
-    if ms and kept.min() < 1 - 1e-6:
-      least = int(np.argmin(kept))
+  for key, field, components in (("shape_kept", "subspace_dims", spec.subspace_dims),
+                                 ("subspace_kept", "cca_dims", spec.cca_dims),
+                                 ("overlap_kept", "cca_dims", spec.cca_dims)):
+    ms = [m for m in chosen if subspaces.KEPT[m] == key]
+    if ms and kept[key].min() < 1 - 1e-6:
+      least = int(np.argmin(kept[key]))
       print(f"{', '.join(ms)}: each layer's top {components} principal components, keeping a mean "
-            f"{kept.mean():.1%} of its variance (least {kept[least]:.1%}, {names[least]}); "
+            f"{kept[key].mean():.1%} of its variance (least {kept[key][least]:.1%}, {names[least]}); "
             f"config.{field} sets how many (json: measures.M.variance_kept).")
 
 
