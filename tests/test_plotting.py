@@ -57,7 +57,9 @@ def test_cka_heatmap_one_tick_per_block_and_colour_scale(tmp_path):
   assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "3"]
   assert [t.get_text() for t in ax.get_yticklabels()] == ["root", "1.1", "1.2", "2.1", "2.2", "head"]
   assert ax.get_xticks().tolist() == [2.5, 8.5, 14.5, 20.5]  # block middles
-  assert len(ax.lines) == 3 + 5  # block edges
+  vertical, horizontal = (sorted(seg[0][i] for c in ax.collections for seg in c.get_segments()
+                                 if seg[0][i] == seg[1][i]) for i in (0, 1))
+  assert vertical == [5.5, 11.5, 17.5] and horizontal == [1.5, 3.5, 5.5, 7.5, 9.5]  # block edges
   _check_readable(fig)
 
 
@@ -159,7 +161,8 @@ def test_probe_and_reference_figures_readable(tmp_path):
   fig = _draw(plotting.layer_lines, {"3%": (VIT, np.linspace(1, 0.4, len(VIT)))}, "CKA with 100%",
               "t", spread={"3%": np.full(len(VIT), 0.05)}, tmp_path=tmp_path)
   assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2", "3"]
-  assert fig.axes[0].get_ylabel() == "CKA with 100%" and len(fig.axes[0].collections) == 1  # the band
+  bands = [c for c in fig.axes[0].collections if isinstance(c, matplotlib.collections.PolyCollection)]
+  assert fig.axes[0].get_ylabel() == "CKA with 100%" and len(bands) == 1
   _check_readable(fig)
   fig = _draw(plotting.localization, np.random.default_rng(0).uniform(0, 1, (16, 16)), (4, 4),
               [5, 10], "loc", tmp_path=tmp_path)
@@ -167,8 +170,8 @@ def test_probe_and_reference_figures_readable(tmp_path):
 
 
 def test_measure_maps_wrap_at_five_and_give_a_distance_its_own_scale(tmp_path):
-  """Seven measures (one a distance) with their nulls: two rows of panels, the
-  last three slots empty; similarities on the CKA scale, the distance from 0 to
+  """Seven measures (one a distance) with their nulls: two rows of panels, five
+  and two, none overlapping another or the figure's edge; similarities on the CKA scale, the distance from 0 to
   its largest value with the colour map reversed (alike is bright everywhere)."""
   rng = np.random.default_rng(3)
   names = [f"m{i}" for i in range(6)] + ["GULP distance"]
@@ -177,7 +180,13 @@ def test_measure_maps_wrap_at_five_and_give_a_distance_its_own_scale(tmp_path):
   fig = _draw(plotting.measure_maps, maps, BIT, VIT, row_label="BiT", col_label="ViT", title="t",
               nulls=nulls, distances=["GULP distance"], tmp_path=tmp_path)
   panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-  assert len(panels) == 4 * 5 and sum(not ax.axison for ax in panels) == 2 * 3
+  assert len(panels) == 7 * 2
+  box = {ax.get_title(): ax.get_position() for ax in panels}
+  assert len({round(b.x0, 6) for b in box.values()}) == 5 and len({round(b.y0, 6) for b in box.values()}) == 4
+  assert box["m5"].x0 == box["m0"].x0 and box["m5"].y0 < box["m0 of the null (permuted)"].y0
+  every = [ax.get_position() for ax in fig.axes]  # the colour bars too
+  assert all(0 < b.x0 and b.x1 < 1 and 0 < b.y0 and b.y1 < 1 for b in every)
+  assert not any(a.overlaps(b) for i, a in enumerate(every) for b in every[i + 1:])
   by_title = {ax.get_title(): ax.images[0] for ax in panels if ax.images}
   assert by_title["m0"].get_clim() == (0.0, 1.0) and by_title["m0"].get_cmap().name == "magma"
   top = max(float(maps["GULP distance"].max()), float(nulls["GULP distance"].max()))

@@ -54,13 +54,14 @@ def styled(fn: Callable) -> Callable:
   return wrapper
 
 
-def save_figure(fig, path: str) -> None:
-  """PATH (a .png) and, if asked, the same figure as PDF or SVG beside it."""
+def save_figure(fig, path: str, tight: bool = True) -> None:
+  """PATH (a .png) and, if asked, the same figure as PDF or SVG beside it;
+  `tight`: cropped to what is drawn (a figure laid out by hand is saved as it is)."""
   stem = path[:-len(".png")] if path.endswith(".png") else path
   formats = ["png"] + ([_options["format"]] if _options["format"] != "png" else [])
   for fmt in formats:
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=150, bbox_inches="tight")
+    fig.savefig(buf, format=fmt, dpi=150, bbox_inches="tight" if tight else None)
     fileio.atomic_write(f"{stem}.{fmt}", lambda f, buf=buf: f.write(buf.getvalue()))
   if _options["kept"] is not None:
     _options["kept"].append(fig)
@@ -98,19 +99,23 @@ def _short(group: str) -> str:
 
 
 def _block_axis(ax, names: Sequence[str], axis: str, max_ticks: int = 24,
-                edges: str = "white") -> str:
+                edges: str = "white", ticks: bool = True) -> str:
   """One tick per block (every k-th if there are many) at its middle, lines at its
-  edges; returns what the ticks count, for the axis label."""
+  edges (without `ticks`, the lines alone: an inner panel of many); returns what
+  the ticks count, for the axis label."""
   groups = layer_groups(names)
-  step = max(1, int(np.ceil(len(groups) / max_ticks)))
-  shown = groups[::step]
-  pos = [(a + b - 1) / 2 for _, a, b in shown]
-  labels = [_short(g) for g, _, _ in shown]
   set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
-  set_ticks(pos, labels, rotation=90 if axis == "x" and max(map(len, labels)) > 5 else 0)
-  line = ax.axvline if axis == "x" else ax.axhline
-  for _, a, _ in groups[1:]:
-    line(a - 0.5, color=edges, lw=0.6, alpha=0.7, zorder=0.5)
+  if ticks:
+    step = max(1, int(np.ceil(len(groups) / max_ticks)))
+    shown = groups[::step]
+    labels = [_short(g) for g, _, _ in shown]
+    set_ticks([(a + b - 1) / 2 for _, a, b in shown], labels,
+              rotation=90 if axis == "x" and max(map(len, labels)) > 5 else 0)
+  else:
+    set_ticks([])
+  lines = ax.vlines if axis == "x" else ax.hlines
+  lines([a - 0.5 for _, a, _ in groups[1:]], 0, 1, transform=ax.get_xaxis_transform() if axis == "x"
+        else ax.get_yaxis_transform(), color=edges, lw=0.6, alpha=0.7, zorder=0.5)
   resnet = any("/unit" in g for g, _, _ in groups)
   return "stage.unit" if resnet else "block"
 
@@ -151,6 +156,39 @@ def _overlays(ax, matrix: np.ndarray, flat: np.ndarray | None, match, first: boo
   return f"\n{match[2]}" if match is not None else ""
 
 
+# A measure map's panel and its colour bar, in inches: the many-panel figure is laid
+# out by this arithmetic, not by matplotlib's layout engines, which measured every
+# tick label of its 60-odd axes on each draw (8 s a figure at 22 measures, 3 s now).
+_PANEL, _BAR, _BAR_GAP, _COLUMN_GAP = (3.2, 3.0), 0.13, 0.08, 0.8
+_TITLE, _ROW_GAP, _MARGIN = 0.5, 0.12, 0.15
+
+
+def _panel_grid(fig_rows: Sequence[bool], ncols: int, title: str, x_ticks: int, y_ticks: int):
+  """A figure of `ncols` columns and one row of panels per entry of `fig_rows`
+  (True: a row whose x axis is labelled below it), each panel with a colour bar;
+  `x_ticks` / `y_ticks`: the widest tick text in characters (the margins it needs).
+  Returns (fig, rectangle maker: (row, col) -> (panel axes, colour bar axes))."""
+  char = 0.085  # inches a character of 8.5 pt takes, roughly
+  left = 0.45 + char * y_ticks
+  below = 0.5 + char * x_ticks  # tick text (rotated if long) and the axis label
+  column = _PANEL[0] + _BAR_GAP + _BAR + _COLUMN_GAP
+  top = 0.25 + 0.22 * (title.count("\n") + 1)
+  heights = [_TITLE + _PANEL[1] + (below if labelled else _ROW_GAP) for labelled in fig_rows]
+  width, height = left + ncols * column - _COLUMN_GAP + 0.5, top + sum(heights) + _MARGIN
+  fig = plt.figure(figsize=(width, height))
+  fig.suptitle(title, y=1 - 0.15 / height, va="top")
+  tops = np.cumsum([top] + heights[:-1]) + _TITLE
+
+  def axes(row: int, col: int):
+    x = left + col * column
+    y = height - tops[row] - _PANEL[1]
+    ax = fig.add_axes((x / width, y / height, _PANEL[0] / width, _PANEL[1] / height))
+    bar = fig.add_axes(((x + _PANEL[0] + _BAR_GAP) / width, y / height, _BAR / width, _PANEL[1] / height),
+                       label="<colorbar>")
+    return ax, bar
+  return fig, axes
+
+
 @styled
 def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequence[str], *,
                  row_label: str, col_label: str, title: str, path: str,
@@ -172,8 +210,10 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
   per = 1 + bool(nulls) + bool(widths)  # panels per measure, stacked
   ncols = min(len(names), 5)
   blocks = -(-len(names) // ncols)
-  fig, axes = plt.subplots(per * blocks, ncols, figsize=(4.1 * ncols, 3.9 * per * blocks + 0.6),
-                           squeeze=False, layout="constrained")
+  widest = lambda ns: max(len(_short(g)) for g, _, _ in layer_groups(ns))  # noqa: E731
+  x_chars = widest(cols) if widest(cols) > 5 else 1  # `_block_axis` turns long x tick text
+  fig, place = _panel_grid([i % per == per - 1 for i in range(per * blocks)], ncols, title,
+                           x_chars, widest(rows))
   for j, name in enumerate(names):
     top, col = per * (j // ncols), j % ncols
     shown = [maps[name]] + ([nulls[name]] if nulls and name in nulls else [])
@@ -181,33 +221,25 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
     high, cmap = _options["vmax"], "magma"
     if name in distances:
       low, high, cmap = 0.0, max(float(np.nanmax(m)) for m in shown) or 1.0, "magma_r"
-    for i, matrix in enumerate(shown):
-      ax = axes[top + i, col]
-      im = ax.imshow(matrix, origin="lower", cmap=cmap, vmin=low, vmax=high, aspect="auto",
+    panels = [(m, cmap, low, high, name + (" of the null (permuted)" if i else ""))
+              for i, m in enumerate(shown)]
+    if widths:
+      panels.append((widths[name], "viridis", 0, None, f"{name}: 95% interval width"))
+    for i, (matrix, cm, lo, hi, text) in enumerate(panels):
+      row = top + (i if i < len(shown) else per - 1)
+      ax, bar = place(row, col)
+      im = ax.imshow(matrix, origin="lower", cmap=cm, vmin=lo, vmax=hi, aspect="auto",
                      interpolation="nearest")
       score = _overlays(ax, matrix, (flat or {}).get(name), (matches or {}).get(name), j == 0) if i == 0 else ""
-      ax.set_title(name + (" of the null (permuted)" if i else "") + score)
-      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-    if widths:
-      ax = axes[top + per - 1, col]
-      im = ax.imshow(widths[name], origin="lower", cmap="viridis", vmin=0, aspect="auto",
-                     interpolation="nearest")
-      ax.set_title(f"{name}: 95% interval width")
-      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-  for (i, j), ax in np.ndenumerate(axes):  # the same layers in every panel: named at the edges
-    k = (i // per) * ncols + j
-    if k >= len(names) or (nulls and i % per == 1 and names[k] not in nulls):
-      ax.set_axis_off()  # the last row of panels is not full, or a measure without a null
-      continue
-    xs, ys = _block_axis(ax, cols, "x"), _block_axis(ax, rows, "y")
-    last = i % per == per - 1
-    ax.tick_params(labelbottom=last, labelleft=j == 0)
-    if last:
-      ax.set_xlabel(f"{col_label} ({xs})")
-    if j == 0:
-      ax.set_ylabel(f"{row_label} ({ys})")
-  fig.suptitle(title)
-  save_figure(fig, path)
+      ax.set_title(text + score)
+      fig.colorbar(im, cax=bar)
+      last = row % per == per - 1
+      xs, ys = _block_axis(ax, cols, "x", ticks=last), _block_axis(ax, rows, "y", ticks=col == 0)
+      if last:
+        ax.set_xlabel(f"{col_label} ({xs})")
+      if col == 0:
+        ax.set_ylabel(f"{row_label} ({ys})")
+  save_figure(fig, path, tight=False)
 
 
 @styled
