@@ -120,8 +120,10 @@ def _section(folder: str) -> dict:
   from vitcnn_jax import analyses
   name, s = _summary(folder)
   declared = analyses.get(name)
-  findings = [{"text": f.text, "verdict": None if v is None else ("shown" if v[0] else "not shown"),
-               "numbers": "" if v is None else v[1]} for f, v in declared.verdicts(s)]
+  findings = [{"text": f.text, "verdict": None if v is None else v.status,
+               "numbers": "" if v is None else v.numbers,
+               "variants": [] if v is None else [list(x) for x in v.variants]}
+              for f, v in declared.verdicts(s)]
   return {"analysis": name, "figures": declared.figures, "findings": findings,
           "key_numbers": declared.key_numbers(s), "tables": tables(name, s)}
 

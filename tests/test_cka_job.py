@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import socket
 
 import jax
@@ -104,6 +105,39 @@ def test_writes_results_and_figures(one_device, eight_devices):
   assert not list(wd.glob("*.png"))  # config.plot.format="none": results only
   for tag in ("vit_vit", "resnet_resnet", "resnet_vit"):
     assert (eight_devices / f"cka_{tag}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_findings_statistics_on_every_layer_the_block_outputs_and_each_replicate(one_device):
+  """Figs 1 and 2's statistics from the job's own CKA matrix: on every captured
+  (`paper`) layer, on each model's block outputs alone, and one per bootstrap replicate."""
+  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+  s = json.loads((one_device / "cka.json").read_text())
+  z = np.load(one_device / "cka.npz")
+  names = {"resnet": list(z["names_resnet"]), "vit": list(z["names_vit"])}
+  cka = z["per_repeat"].mean(axis=0)  # resnet's layers, then vit's
+  start = {"resnet": 0, "vit": len(names["resnet"])}
+  outputs = {"resnet": [i for i, n in enumerate(names["resnet"]) if re.fullmatch(r"block\d+/unit\d+/out", n)],
+             "vit": [i for i, n in enumerate(names["vit"]) if re.fullmatch(r"block\d+/out", n)]}
+  assert len(outputs["resnet"]) == 2 and len(outputs["vit"]) == 2
+
+  def expect(keep):
+    part = lambda a, b: cka[np.ix_(start[a] + np.asarray(keep[a]), start[b] + np.asarray(keep[b]))]  # noqa: E731
+    off = {k: part(k, k)[~np.eye(len(keep[k]), dtype=bool)].mean() for k in keep}
+    cross = part("resnet", "vit")
+    best = cross[:max(1, len(cross) // 2)].argmax(axis=1) / (cross.shape[1] - 1)
+    return off, best.mean()
+
+  for got, keep in ((s, {k: range(len(v)) for k, v in names.items()}), (s["block_outputs"], outputs)):
+    off, lower = expect(keep)
+    for k in names:
+      assert abs(got["mean_off_diagonal_cka"][k] - off[k]) <= 1e-12
+    assert abs(got["lower_half_best_match"]["resnet_in_vit"] - lower) <= 1e-12
+  assert s["layer_set"] == "paper" and s["block_outputs"]["layers"] == {"resnet": 2, "vit": 2}
+  reps = s["bootstrap"]["findings"]["mean_off_diagonal_cka"]
+  assert len(reps["vit"]) == s["bootstrap"]["replicates_with_a_value"] and np.ptp(reps["vit"]) > 0
+  judged = analyses.get("cka").verdicts(s)[0][1]
+  assert [k for k, _, _ in judged.variants] == ["layers=paper, sample=as drawn", "layers=blocks, sample=as drawn",
+                                                "layers=paper, sample=bootstrap"]
 
 
 def test_matches_an_independent_float64_computation(one_device, tiny_vit_bit):

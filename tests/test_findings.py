@@ -11,7 +11,10 @@ from vitcnn_jax import analyses, declaration, report
 
 
 def _verdicts(name: str, summary: dict) -> list:
-  return [v if v is None else v[0] for _, v in analyses.get(name).verdicts(summary)]
+  """Each finding's verdict: True / False (shown or not under every variant), its
+  status where that is neither ("depends on ..."), None where it does not apply."""
+  return [v if v is None else v.status if v.shown is None else v.shown
+          for _, v in analyses.get(name).verdicts(summary)]
 
 
 def _models(**kinds) -> dict:
@@ -33,6 +36,32 @@ def test_cka_uniformity_and_lower_half():
   alone = {"models": _models(vit=(True, True)), "mean_off_diagonal_cka": {"vit": 0.8},
            "lower_half_best_match": {}}
   assert _verdicts("cka", alone) == [None, None]  # no ResNet to compare with
+
+
+def test_cka_findings_under_the_layer_set_and_the_bootstrap_replicates():
+  """The verdict on every captured layer, on the block outputs alone and over the
+  bootstrap replicates: "depends on C" names the choice that splits it."""
+  s = {"models": _models(vit=(True, True), resnet=(False, False)), "layer_set": "paper",
+       "mean_off_diagonal_cka": {"vit": 0.66, "resnet": 0.58}, "lower_half_best_match": {"resnet_in_vit": 0.2},
+       "block_outputs": {"mean_off_diagonal_cka": {"vit": 0.61, "resnet": 0.64},
+                         "lower_half_best_match": {"resnet_in_vit": 0.25}}}
+  assert _verdicts("cka", s) == ["depends on layers", True]
+  judged = analyses.get("cka").verdicts(s)[0][1]
+  assert [(k, status) for k, status, _ in judged.variants] == [
+      ("layers=paper, sample=as drawn", "shown"), ("layers=blocks, sample=as drawn", "not shown")]
+  assert judged.numbers == "VIT 0.660, RESNET 0.580"  # the run's own layer set
+  # 48 of 50 replicates keep the ViT above: shown over the images (at least 95%); 45 do not.
+  vit = [0.66] * 48 + [0.5] * 2
+  s["block_outputs"]["mean_off_diagonal_cka"]["vit"] = 0.7
+  s["bootstrap"] = {"findings": {"mean_off_diagonal_cka": {"vit": vit, "resnet": [0.58] * 50},
+                                 "lower_half_best_match": {"resnet_in_vit": [0.2] * 50}}}
+  assert _verdicts("cka", s) == [True, True]
+  assert analyses.get("cka").verdicts(s)[0][1].variants[-1] == (
+      "layers=paper, sample=bootstrap", "shown", "shown in 48 of 50 replicates")
+  s["bootstrap"]["findings"]["mean_off_diagonal_cka"]["vit"] = [0.66] * 45 + [0.5] * 5
+  assert _verdicts("cka", s) == ["depends on sample", True]
+  s["block_outputs"]["mean_off_diagonal_cka"]["vit"] = 0.5
+  assert _verdicts("cka", s)[0] == "depends on layers and sample"
 
 
 def test_attention_local_and_global_heads():

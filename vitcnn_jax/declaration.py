@@ -16,8 +16,57 @@ import os
 from typing import Any, Callable, Sequence
 
 # A finding's verdict on one run: (shown?, the numbers that decide it), or None
-# where the finding does not apply to the run (e.g. no ResNet among its models).
-Verdict = tuple[bool, str] | None
+# where the finding does not apply to the run (e.g. no ResNet among its models);
+# shown None: the run cannot tell (e.g. every probe at 100%), the numbers say why.
+Verdict = tuple[bool | None, str] | None
+# A finding's verdict under each alternative of the choices it could rest on, keyed
+# "choice=option, choice=option" (e.g. "cls=drop, blocks=two lowest and highest"),
+# the run's own options first.
+Variants = dict[str, Verdict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+  """A finding's verdict over its variants: `status` "shown" (under every variant
+  that applies), "not shown" (under none), "depends on C" (C: the choices whose
+  options split it) or "uninformative"; `numbers`, the run's own variant's;
+  `variants`, each (key, status, numbers)."""
+  status: str
+  numbers: str
+  variants: tuple[tuple[str, str, str], ...] = ()
+
+  @property
+  def shown(self) -> bool | None:
+    return {"shown": True, "not shown": False}.get(self.status)
+
+
+def _status(shown: bool | None) -> str:
+  return "uninformative" if shown is None else "shown" if shown else "not shown"
+
+
+def _choices(key: str) -> dict[str, str]:
+  return dict(part.split("=", 1) for part in key.split(", "))
+
+
+def judge(result: Verdict | Variants) -> Judgement | None:
+  """One finding's `Judgement` from its check's result (None where no variant applies)."""
+  if not isinstance(result, dict):
+    return None if result is None else Judgement(_status(result[0]), result[1])
+  applies = {k: v for k, v in result.items() if v is not None}
+  if not applies:
+    return None
+  own = next(iter(applies.values()))
+  variants = tuple((k, _status(v[0]), v[1]) for k, v in applies.items())
+  outcomes = {v[0] for v in applies.values()}
+  if len(outcomes) == 1:
+    return Judgement(_status(own[0]), own[1], variants)
+  # A choice splits the verdict where two variants that differ in it alone disagree.
+  parsed = {k: _choices(k) for k in applies}
+  split = [c for c in _choices(next(iter(applies)))
+           if any(parsed[a][c] != parsed[b][c] and applies[a][0] != applies[b][0]
+                  and all(parsed[a][o] == parsed[b][o] for o in parsed[a] if o != c)
+                  for a in applies for b in applies)]
+  return Judgement(f"depends on {' and '.join(split) or 'the combination of choices'}", own[1], variants)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +115,10 @@ def above(high: dict[str, float], low: dict[str, float], unit: str = "") -> Verd
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-  """A finding of the paper (our words) and its check on a run's summary."""
+  """A finding of the paper (our words) and its check on a run's summary: one
+  verdict, or one per variant of the choices the verdict could rest on."""
   text: str
-  check: Callable[[dict], Verdict]
+  check: Callable[[dict], Verdict | Variants]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +140,13 @@ class Declaration:
   # model without it is refused by name before anything else is asked of it
   needs: tuple[tuple[str, str], ...] = ()
 
-  def verdicts(self, summary: dict) -> list[tuple[Finding, Verdict]]:
-    """Each finding with its verdict on `summary` (None where it does not apply
+  def verdicts(self, summary: dict) -> list[tuple[Finding, Judgement | None]]:
+    """Each finding with its judgement on `summary` (None where it does not apply
     or the summary lacks what the check reads)."""
     out = []
     for f in self.findings:
       try:
-        out.append((f, f.check(summary)))
+        out.append((f, judge(f.check(summary))))
       except (KeyError, ValueError, TypeError, IndexError):
         out.append((f, None))
     return out

@@ -31,6 +31,7 @@ class Loaded:
   names: list[str]
   policy: str
   setup: dict = dataclasses.field(default_factory=dict)  # how it was loaded, for every json
+  capture: str | tuple[str, ...] = ""  # what chose `names`: a preset ("paper") or patterns
 
   @property
   def key(self) -> str:
@@ -154,4 +155,5 @@ def loaded(name: str, path: str, label: str, model, params, capture: str | Seque
                      f"{path}; list them with configs/inspect.py.")
   policy = policy or model.default_policy
   preprocess.check_policy(policy)
-  return Loaded(name, path, label, model, params, names, policy)
+  return Loaded(name, path, label, model, params, names, policy,
+                capture=capture if isinstance(capture, str) else tuple(capture))

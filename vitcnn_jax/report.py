@@ -36,16 +36,20 @@ def _scalars(d: dict, prefix: str = "", limit: int = 12) -> list[tuple[str, str]
 
 
 def _findings(declared: declaration.Declaration, summary: dict) -> str:
-  """The paper's findings, each with this run's verdict and its numbers."""
+  """The paper's findings, each with this run's verdict and its numbers, and
+  under it the verdict of each variant of the choices it could rest on."""
+  marks = {"shown": "yes", "not shown": "no"}
+  mark = lambda status: f'<span class={marks.get(status, "na")}>{html.escape(status)}</span>'  # noqa: E731
   rows = []
-  for finding, verdict in declared.verdicts(summary):
-    if verdict is None:
-      mark, numbers = "<span class=na>does not apply</span>", ""
-    else:
-      shown, numbers = verdict
-      mark = "<span class=yes>shown</span>" if shown else "<span class=no>not shown</span>"
-    rows.append(f"<tr><td>{html.escape(finding.text)}</td><td>{mark}</td>"
-                f"<td>{html.escape(numbers)}</td></tr>")
+  for finding, judged in declared.verdicts(summary):
+    if judged is None:
+      rows.append(f"<tr><td>{html.escape(finding.text)}</td><td>{mark('does not apply')}</td><td></td></tr>")
+      continue
+    variants = "".join(f"<li>{html.escape(k)}: {mark(status)} {html.escape(numbers)}</li>"
+                       for k, status, numbers in judged.variants)
+    rows.append(f"<tr><td>{html.escape(finding.text)}</td><td>{mark(judged.status)}</td>"
+                f"<td>{html.escape(judged.numbers)}{f'<ul class=variants>{variants}</ul>' if variants else ''}"
+                "</td></tr>")
   return ("<table class=findings><tr><th>The paper</th><th>this run</th><th>numbers</th></tr>"
           f"{''.join(rows)}</table>" if rows else "")
 
@@ -126,7 +130,7 @@ STYLE = ("body{font:15px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em a
          ".fig{font-weight:normal;color:#666;font-size:.75em;margin-left:.8em}"
          ".findings td,.findings th{vertical-align:top;text-align:left;padding:.3em .6em}"
          ".findings{background:#f4f7fb;width:100%}.findings td:first-child{width:58%}"
-         ".findings td:nth-child(2){white-space:nowrap}"
+         ".findings td:nth-child(2){white-space:nowrap}.variants{margin:.3em 0;padding-left:1.2em;font-size:.9em}"
          ".yes{color:#176b26;font-weight:bold}.no{color:#b3261e;font-weight:bold}.na{color:#666}"
          "figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}"
          "figcaption{color:#666;font-size:.85em}table{border-collapse:collapse}"

@@ -20,6 +20,7 @@ from vitcnn_jax import plotting
 from vitcnn_jax import protocol
 from vitcnn_jax import results
 from vitcnn_jax import subspaces
+from vitcnn_jax.models import common
 
 DEFAULTS = {  # the paper's protocol (Appendix A)
     "num_examples": 10240,  # sampled without replacement each repeat
@@ -102,7 +103,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
       summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
       bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
-                          blocks(self.models))
+                          self.models)
     return arrays, summary
 
   def plot(self, arrays, summary, workdir: str) -> None:
@@ -157,17 +158,59 @@ def _lower_half_match(cross: np.ndarray) -> float:
   return float(np.mean(best / max(1, cross.shape[1] - 1)))
 
 
+def _is_vit(m) -> bool:
+  """Attention over one token grid (Fig 2's ViT); a Swin (maps) and a Mixer (no attention) are not."""
+  return m.model.grid is not None and bool(m.model.attention())
+
+
+def _is_cnn(m) -> bool:
+  return m.model.grid is None and not m.model.attention()
+
+
+def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray]) -> dict:
+  """What the findings read from a (layers x layers) CKA matrix of every model's
+  layers, each model's rows `keep[name]` (indices into its layers) alone: the mean
+  off-diagonal CKA within each model and, for each CNN and ViT, the lower-half best match."""
+  index, start = {}, 0
+  for m in models:
+    index[m.name] = start + keep[m.name]
+    start += len(m.names)
+  block = lambda a, b: cka[np.ix_(index[a.name], index[b.name])]  # noqa: E731
+  return {"mean_off_diagonal_cka": {m.name: off_diagonal(block(m, m)) for m in models},
+          "lower_half_best_match": {f"{c.name}_in_{v.name}": _lower_half_match(block(c, v))
+                                    for c in models for v in models if _is_cnn(c) and _is_vit(v)}}
+
+
+def _block_outputs(models: list) -> dict[str, np.ndarray] | None:
+  """Each model's captured layers that are its block outputs (its "blocks" preset),
+  or all of them where fewer than two are; None where that is every captured layer
+  of every model (the run has no other layer set to compare with)."""
+  own = {m.name: np.arange(len(m.names)) for m in models}
+  out = {}
+  for m in models:
+    patterns = m.model.layer_presets.get("blocks", ())
+    found = [i for i, n in enumerate(m.names) if common.matches(n, patterns)]
+    out[m.name] = np.asarray(found) if len(found) > 1 else own[m.name]
+  return None if all(len(out[k]) == len(own[k]) for k in own) else out
+
+
+def _layer_set(models: list) -> str:
+  """The name of the layers every model captured: their preset where it is one for all."""
+  one = lambda c: c if isinstance(c, str) else c[0] if len(c) == 1 else ""  # noqa: E731
+  captures = {one(m.capture) if one(m.capture) in m.model.layer_presets else "" for m in models}
+  return captures.pop() if len(captures) == 1 and "" not in captures else "as captured"
+
+
 def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: measures.Spec,
                        null: dict[str, np.ndarray] | None = None):
   """Arrays and summary of every measure (repeats x layers x layers each): linear
   CKA as `cka_A_B`, `std_A_B`, `per_repeat`; another measure M as `M_A_B`,
   `M_std_A_B`, `M_per_repeat`; nulls as `null_P_A_B` (P: `cka` or M)."""
   pairs = blocks(models)
-  attention = {m.name: bool(m.model.attention()) for m in models}
   summary = {
       "analysis": "cka",
       "models": {m.name: {"label": m.label, "checkpoint": m.path, "layers": m.names,
-                          "attention": attention[m.name], "tokens": m.model.grid is not None}
+                          "attention": bool(m.model.attention()), "tokens": m.model.grid is not None}
                  for m in models},
       "num_examples": config.num_examples, "batch_size": config.batch_size,
       "repeats": config.repeats, "devices": jax.device_count(),
@@ -188,18 +231,16 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
   if "linear_cka" in per_repeat:
     mean = per_repeat["linear_cka"].mean(axis=0)
     summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
-    summary.update({
-        "mean_cka": {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs},
-        "mean_off_diagonal_cka": {a.name: off_diagonal(mean[r, c]) for _, a, b, r, c in pairs if a is b},
-        # Fig 2: for a CNN (neither attention nor tokens) and a ViT (attention over one
-        # token grid); a Swin (attention over maps) is neither.
-        "lower_half_best_match": {
-            f"{cnn.name}_in_{vit.name}": _lower_half_match(mean[rc, rv])
-            for _, a, b, r, c in pairs if a is not b
-            for cnn, vit, rc, rv in ((a, b, r, c), (b, a, c, r))
-            if cnn.model.grid is None and not attention[cnn.name]
-            and vit.model.grid is not None and attention[vit.name]},
-        "max_std_over_repeats": float(per_repeat["linear_cka"].std(axis=0).max())})
+    summary["mean_cka"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
+    # Figs 1 and 2's statistics on the captured layers and, for the findings' check
+    # of the layer set, on each model's block outputs alone.
+    summary.update(finding_statistics(mean, models, {m.name: np.arange(len(m.names)) for m in models}))
+    summary["layer_set"] = _layer_set(models)
+    outputs = _block_outputs(models)
+    if outputs is not None:
+      summary["block_outputs"] = {**finding_statistics(mean, models, outputs),
+                                  "layers": {k: len(v) for k, v in outputs.items()}}
+    summary["max_std_over_repeats"] = float(per_repeat["linear_cka"].std(axis=0).max())
   if not measures.only_linear(spec) or config.get("bootstrap", 0):
     summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
   return arrays, summary
@@ -264,10 +305,12 @@ def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs
 
 
 def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[str],
-                        spec: measures.Spec, examples: int, pairs) -> None:
+                        spec: measures.Spec, examples: int, models: list) -> None:
   """95% percentile intervals per cell (`P_ci_low_A_B`, `P_ci_high_A_B`) from the
   replicates of the sums pooled over repeats, and (with a null) the cells whose
-  replicates of measure minus null keep 0 inside theirs (`P_like_null_A_B`)."""
+  replicates of measure minus null keep 0 inside theirs (`P_like_null_A_B`); the
+  findings' statistics of each replicate's linear CKA (`bootstrap.findings`)."""
+  pairs = blocks(models)
   count = len(next(iter(pooled.values())))
   one = lambda b, null=False: measures.values({k: v[b] for k, v in pooled.items()}, names, spec,
                                               examples, null)
@@ -286,6 +329,11 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
                           "estimator": (
       "percentiles of the measure of the sums over every repeat's minibatches, each minibatch "
       "weighted by Poisson(1) draws (seeded by seed, pass, repeat and minibatch)")}
+  if "linear_cka" in spec.names:
+    stats = [finding_statistics(r["linear_cka"], models, {m.name: np.arange(len(m.names)) for m in models})
+             for r in reps]
+    summary["bootstrap"]["findings"] = {key: {k: [s[key][k] for s in stats] for k in stats[0][key]}
+                                        for key in stats[0]}
   for m in spec.names:
     p, values = prefix(m), np.asarray([r[m] for r in reps])
     low, high = np.percentile(values, [2.5, 97.5], axis=0)
@@ -348,7 +396,31 @@ def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, wo
                           matches=matches or None)
 
 
-def _uniformity(s: dict) -> declaration.Verdict:
+# A finding holds over the images where it holds in at least this share of the
+# bootstrap replicates (resampled minibatches).
+SHOWN_IN = 0.95
+
+
+def _variants(s: dict, check) -> declaration.Verdict | declaration.Variants:
+  """`check` (a verdict on the findings' statistics) on the captured layers, on
+  each model's block outputs alone, and on every bootstrap replicate."""
+  own = f"layers={s.get('layer_set', 'as captured')}"
+  out = {f"{own}, sample=as drawn": check(s)}
+  if "block_outputs" in s:
+    out["layers=blocks, sample=as drawn"] = check({**s, **s["block_outputs"]})
+  reps = s.get("bootstrap", {}).get("findings")
+  if reps:
+    count = len(next(iter(reps["mean_off_diagonal_cka"].values())))
+    each = [check({**s, **{key: {k: v[i] for k, v in per.items()} for key, per in reps.items()}})
+            for i in range(count)]
+    if all(v is not None for v in each):
+      holds = sum(bool(v[0]) for v in each)
+      out[f"{own}, sample=bootstrap"] = (holds >= SHOWN_IN * count,
+                                         f"shown in {holds} of {count} replicates")
+  return out if len(out) > 1 else out[f"{own}, sample=as drawn"]
+
+
+def _uniform(s: dict) -> declaration.Verdict:
   """Every ViT (attention over one token grid) against every CNN (neither): a
   Swin, with attention over maps, and a Mixer, with tokens but no attention, are neither."""
   within = {k: (m, s["mean_off_diagonal_cka"][k]) for k, m in s["models"].items()}
@@ -357,13 +429,21 @@ def _uniformity(s: dict) -> declaration.Verdict:
       {m["label"]: v for m, v in within.values() if not m["attention"] and not m["tokens"]})
 
 
-def _lower_half(s: dict) -> declaration.Verdict:
+def _uniformity(s: dict) -> declaration.Verdict | declaration.Variants:
+  return _variants(s, _uniform)
+
+
+def _lower(s: dict) -> declaration.Verdict:
   match = s["lower_half_best_match"]
   if not match:
     return None
   return (all(v <= 1 / 3 for v in match.values()),
           ", ".join(f"{k.replace('_in_', ' in ')}: best matches at relative depth {v:.2f}"
                     for k, v in match.items()))
+
+
+def _lower_half(s: dict) -> declaration.Verdict | declaration.Variants:
+  return _variants(s, _lower)
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:
