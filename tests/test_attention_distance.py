@@ -83,10 +83,20 @@ def test_config_end_to_end_matches_direct_computation(tmp_path):
   d = grid_distances((4, 4), 8)
   # Attention weights from two float32 forwards (compiled separately), then 24 x 16 x 16 sums.
   bound = d.max() * (network(VIT_ROUNDINGS) + likely(24 * 16 * 16))
+  by_cls = {k: np.asarray(v) for k, v in summary["mean_distance_px_by_cls"].items()}
+  np.testing.assert_array_equal(by_cls["drop"], got)  # the config's convention (the default)
+  prefix = np.asarray(summary["prefix_attention"])
   for i in range(2):
-    w = np.asarray(out[f"block{i:02d}/attn/weights"], np.float64)[:, :, 1:, 1:]
+    full = np.asarray(out[f"block{i:02d}/attn/weights"], np.float64)
+    w = full[:, :, 1:, 1:]
     ref = (w * d).sum(-1).mean(-1).mean(0)
     assert_close(got[i], ref, bound, f"block {i}")
+    ref = (w / w.sum(-1, keepdims=True) * d).sum(-1).mean(-1).mean(0)
+    assert_close(by_cls["renormalize"][i], ref, bound, f"block {i}, rows renormalised")
+    # The spatial queries' attention on the CLS token: weights of ~1, 24 x 16 sums.
+    ref = full[:, :, 1:, 0].mean(-1).mean(0)
+    assert_close(prefix[i], ref, network(VIT_ROUNDINGS) + likely(24 * 16), f"block {i}, CLS mass")
+    assert 0 < prefix[i].min() and prefix[i].max() < 1
   assert summary["uniform_ceiling_px"] == pytest.approx([d.mean()] * 2)
   assert (summary["grid"], summary["token_pixels"], summary["heads"]) == ([4, 4], [8, 8], [3, 3])
 

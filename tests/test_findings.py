@@ -72,11 +72,36 @@ def test_attention_local_and_global_heads():
   # A Swin: stages of 1 and 2 heads, each block read against its own window's uniform distance.
   swin = {"mean_distance_px": [[4.0], [9.0], [17.0, 18.0], [17.0, 18.0]],
           "uniform_ceiling_px": [10.0, 10.0, 20.0, 20.0], "blocks": [0, 1, 2, 3]}
-  assert _verdicts("attention_distance", swin) == [False]  # block 0's one head is local only
+  # The two lowest blocks have a local (4 < 5) and a global head (9 > 8); the lowest quarter,
+  # block 0, has its one local head only.
+  assert _verdicts("attention_distance", swin) == ["depends on blocks"]
   swin["mean_distance_px"][0] = [4.0, 9.0]
   assert _verdicts("attention_distance", swin) == [True]
   swin["mean_distance_px"][-1] = [15.0, 18.0]  # global against stage 0's window, not its own
   assert _verdicts("attention_distance", swin) == [False]
+
+
+def test_attention_finding_reads_the_two_lowest_blocks_and_both_cls_conventions():
+  """Block 0 all global, block 1 mixing a local and a global head (as the real
+  DINOv2): shown, where a reading of block 0 alone would not; a local head that
+  is local only because CLS mass counts as distance 0 makes it depend on the convention."""
+  ceiling, blocks = 100.0, list(range(8))
+  drop = [[85.0, 90.0], [30.0, 95.0]] + [[85.0, 92.0]] * 6
+  s = {"mean_distance_px": drop, "uniform_ceiling_px": ceiling, "blocks": blocks, "cls": "drop",
+       "prefix_tokens": ["cls"], "prefix_attention": [[0.1, 0.1], [0.6, 0.0]] + [[0.0, 0.0]] * 6}
+  assert _verdicts("attention_distance", s) == [True]
+  judged = analyses.get("attention_distance").verdicts(s)[0][1]
+  assert judged.numbers.startswith("block 0: 85.0-90.0 px (uniform 100.0); block 1: 30.0-95.0 px")
+  assert "block 6" in judged.numbers and "prefix tokens 10.0% in block 0" in judged.numbers
+  s["mean_distance_px"] = [[85.0, 90.0]] + [[85.0, 92.0]] * 7  # no local head: not shown
+  assert _verdicts("attention_distance", s) == [False]
+  renormalized = [[85.0, 90.0], [75.0, 95.0]] + [[85.0, 92.0]] * 6  # the head's CLS mass spread out
+  s.update(mean_distance_px=drop, mean_distance_px_by_cls={"drop": drop, "renormalize": renormalized})
+  assert _verdicts("attention_distance", s) == ["depends on cls"]
+  judged = analyses.get("attention_distance").verdicts(s)[0][1]
+  assert [(k, status) for k, status, _ in judged.variants] == [
+      ("cls=drop, blocks=two lowest and highest", "shown"),
+      ("cls=renormalize, blocks=two lowest and highest", "not shown")]  # 8 blocks: two are a quarter
 
 
 def test_head_subsets_correlation():
