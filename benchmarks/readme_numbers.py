@@ -286,11 +286,12 @@ def real(workdir: str) -> None:
 
 
 def _findings_table(report: dict) -> str:
-  rows = [["section", "paper", "the paper's finding (our words)", "this run", "numbers"]]
+  rows = [["section", "paper", "the paper's finding (our words)", "this run", "numbers", "under each variant"]]
   for sec, e in report.items():
     for f in e["findings"]:
+      variants = "; ".join(f"{k}: {status}" for k, status, _ in f.get("variants", [])) or "-"
       rows.append([sec, e["figures"], f["text"].replace("|", "/"),
-                   f["verdict"] or "does not apply", f["numbers"].replace("|", "/") or "-"])
+                   f["verdict"] or "does not apply", f["numbers"].replace("|", "/") or "-", variants])
   return _md_table(rows)
 
 

@@ -155,6 +155,13 @@ def test_localization_and_probes_and_pc_share():
   assert _verdicts("linear_probe", probes) == [True, True]
   probes["models"]["vit"]["each"]["accuracy"] = [0.2, 0.9]
   assert _verdicts("linear_probe", probes) == [False, True]
+  # Every probe at 99% or more (crops labelled by their photograph): nothing to rank.
+  saturated = {"models": {"vit": {"cls": {"accuracy": [0.995, 1.0]}, "each": {"accuracy": [0.99, 1.0]}}}}
+  assert _verdicts("linear_probe", saturated) == ["uninformative", "uninformative"]
+  judged = analyses.get("linear_probe").verdicts(saturated)[1][1]
+  assert judged.numbers.startswith("every probe at 99.0% or more: saturated") and "data.path" in judged.numbers
+  saturated["models"]["vit"]["each"]["accuracy"][0] = 0.98
+  assert _verdicts("linear_probe", saturated) == [False, True]  # informative again: judged
   assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True, None]
   dropped = {"models": {"v": {"label": "V", "share": [0.2, 0.3]}}, "mean_off_diagonal_cka": {"v": 0.8},
              "mean_off_diagonal_cka_without": {"v": 0.6}}

@@ -57,12 +57,19 @@ def test_report_page_has_every_section_and_number(report, tiny_vit_bit):
   assert page.count("<svg class=hover") == 3  # a hover map per CKA matrix
   assert "<title>root/conv / root/conv: 1.000</title>" in page
   assert "<title>block00/ln1 / block00/ln1: 1.000</title>" in page
-  # Each of the paper's findings (cka 2, attention distance 1) with this run's verdict and numbers.
-  verdicts = re.findall(r"<span class=(yes|no|na)>(shown|not shown|does not apply)</span>", page)
-  assert len(verdicts) == 3 and all(v[0] != "na" for v in verdicts), verdicts
+  # Each of the paper's findings (cka 2, attention distance 1) with this run's verdict and
+  # numbers, and under it the verdict of each variant: the CKA findings on the block outputs
+  # too, the attention distance under both CLS conventions.
+  verdicts = re.findall(r"<tr><td>[^<]+</td><td><span class=(yes|no|na)>([^<]+)</span></td>", page)
+  assert len(verdicts) == 3 and all(v[1] != "does not apply" for v in verdicts), verdicts
+  assert all(v[1] in ("shown", "not shown") or v[1].startswith("depends on ") for v in verdicts), verdicts
+  variants = re.findall(r"<li>([^:<]+): <span class=(?:yes|no)>(shown|not shown)</span>", page)
+  assert {k for k, _ in variants} >= {"layers=paper, sample=as drawn", "layers=blocks, sample=as drawn",
+                                      "cls=drop, blocks=two lowest and highest",
+                                      "cls=renormalize, blocks=two lowest and highest"}, variants
   # Within-model CKA; the demo specs were given other files, so their labels are those files' names.
   assert re.search(r"vit \d\.\d{3}, bit \d\.\d{3}", page)
-  assert re.search(r"uniform \d+\.\d px; block 0: ", page)  # the heads' range
+  assert re.search(r"block 0: \d+\.\d-\d+\.\d px \(uniform \d+\.\d\)", page)  # the heads' range
   assert "NaN or inf in the results" not in page
 
 

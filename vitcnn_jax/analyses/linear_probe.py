@@ -253,8 +253,27 @@ def _over(seeds: int, shots: int) -> str:
   return "one draw of the shots" if shots else "one fit on every training example"
 
 
+# Every probe at least this accurate: they have nothing to rank (e.g. crops labelled
+# by the photograph they came from), and a finding about them says nothing.
+SATURATED = 0.99
+
+
+def _saturated(s: dict) -> declaration.Verdict:
+  """(None, why) where every probe of the run is saturated, else None."""
+  accuracy = [np.ravel(np.asarray(v["accuracy"], np.float64)) for hows in s["models"].values()
+              for v in hows.values()]
+  least = min((float(np.nanmin(a)) for a in accuracy if a.size), default=0.0)
+  if least < SATURATED:
+    return None
+  return None, (f"every probe at {100 * least:.1f}% or more: saturated, nothing to rank; give the "
+                "probes classes to separate (a folder of class sub-folders: "
+                "--config.data.source=folder --config.data.path=DIR)")
+
+
 def _rises(s: dict) -> declaration.Verdict:
   """Every model's probe on its last point beats its probe on its first."""
+  if saturated := _saturated(s):
+    return saturated
   lines = {f"{k} {how}": v["accuracy"] for k, hows in s["models"].items() for how, v in hows.items()
            if how != "each" and len(v["accuracy"]) > 1}
   if not lines:
@@ -269,6 +288,8 @@ def _cls_spatial(s: dict) -> declaration.Verdict:
   found = {k: hows for k, hows in s["models"].items() if "each" in hows and "cls" in hows}
   if not found:
     return None
+  if saturated := _saturated(s):
+    return saturated
   pairs = {k: (h["each"]["accuracy"][-1], h["cls"]["accuracy"][-1]) for k, h in found.items()}
   return (all(e < c for e, c in pairs.values()),
           ", ".join(f"{k}: spatial tokens {100 * e:.1f}% vs CLS {100 * c:.1f}%"
