@@ -239,6 +239,22 @@ def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path
     s.images([40])
 
 
+def test_photo_crops_of_class_folders_are_labelled_by_class(tmp_path):
+  """Photographs in class sub-folders: each crop's label is its photograph's class
+  (what a probe must generalise across photographs), not the photograph."""
+  from PIL import Image  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  for c, count in (("cats", 2), ("dogs", 3)):
+    (tmp_path / c).mkdir()
+    for i in range(count):
+      Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
+  s = data.PhotoCrops(str(tmp_path), 20, size=16)
+  assert s.num_classes == 2 and "5 photographs in 2 classes" in s.name
+  np.testing.assert_array_equal(s.labels(range(7)), [0, 0, 1, 1, 1, 0, 0])
+  cfg = zoo.data_spec("photos", num_examples=20, path=str(tmp_path), crop=16)  # --config.data.path=DIR
+  assert pipeline.make_source(cfg).labels([4]).tolist() == [1]
+
+
 def test_the_offline_photographs_as_a_configured_source():
   s = pipeline.make_source(zoo.data_spec("photos", num_examples=30))
   assert (len(s), s.num_classes) == (30, len(packaged.PHOTOS))

@@ -266,7 +266,7 @@ class FolderSource:
       raise FileNotFoundError(
           f"{root}: no images ({', '.join(IMAGE_EXTENSIONS)}) found, neither directly nor in "
           "class sub-folders.")
-    self.files = files
+    self.files, self.classes = files, classes
     self.num_classes = len(classes) if classes else max(i for _, i in files) + 1
     listing = hashlib.sha256()
     for path, label in files:  # names, sizes, times and labels: edits change it
@@ -299,8 +299,10 @@ class PhotoCrops:
   """Square crops of a few photographs, at several scales and seeded positions:
   enough distinct inputs for the analyses from a folder of photos (the offline
   ones of `packaged.PHOTOS`, or any). Crop i comes from photograph i mod P at
-  scale SCALES[(i // P) mod S] of its shorter side; its label is the photograph.
-  A few dozen photographs, not ImageNet: crops of one photograph share content."""
+  scale SCALES[(i // P) mod S] of its shorter side; its label is the photograph,
+  or, where the photographs are in class sub-folders, its class: labels that a
+  probe must generalise across photographs to predict. A few dozen photographs,
+  not ImageNet: crops of one photograph share content."""
 
   SCALES = (1.0, 0.7, 0.5, 0.35, 0.25)
   MIN_SIDE = 4  # the smallest crop's side
@@ -311,8 +313,10 @@ class PhotoCrops:
       raise ValueError(f"num_examples={num_examples}, size={size}: photo crops need at least "
                        "1 example of at least 4x4 pixels.")
     self.n, self.size, self.seed = num_examples, size, seed
-    self.num_classes = len(self.photos)
-    self.name = f"photos:{root} ({len(self.photos)} photographs, {num_examples} crops)"
+    self.by_class = bool(self.photos.classes)
+    self.num_classes = self.photos.num_classes if self.by_class else len(self.photos)
+    classes = f" in {self.num_classes} classes" if self.by_class else ""
+    self.name = f"photos:{root} ({len(self.photos)} photographs{classes}, {num_examples} crops)"
     self.identity = f"{self.photos.identity}, {num_examples} crops of {size}px, seed {seed}"
     self._cache: dict[int, np.ndarray] = {}
 
@@ -347,7 +351,8 @@ class PhotoCrops:
     return out
 
   def labels(self, indices: Sequence[int]) -> np.ndarray:
-    return np.asarray(indices) % len(self.photos)
+    photos = np.asarray(indices) % len(self.photos)
+    return self.photos.labels(photos) if self.by_class else photos
 
 
 def read_idx(path: str) -> np.ndarray:
