@@ -47,6 +47,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+
+
+def pages() -> list[str]:
+  """The files whose marked blocks this writes: the README and every page of docs/."""
+  return [README] + sorted(os.path.join(DOCS, f) for f in os.listdir(DOCS) if f.endswith(".md"))
 RESULTS = os.path.join(ROOT, "benchmarks", "readme_numbers.json")
 REPORT = "report"
 # Demo variants the README quotes that the report does not run: (config, variant).
@@ -357,11 +363,11 @@ def blocks(r: dict) -> dict[str, str]:
   return out
 
 
-def rewrite(text: str, made: dict[str, str]) -> str:
+def rewrite(text: str, made: dict[str, str], page: str = "README.md") -> str:
   """`text` with each marked block's body replaced; a marker RESULTS cannot fill is an error."""
   unknown = [m[2] for m in BLOCK.finditer(text) if m[2] not in made]
   if unknown:
-    raise KeyError(f"README blocks {unknown} have no numbers in {RESULTS}; blocks: {sorted(made)}.")
+    raise KeyError(f"{page}: blocks {unknown} have no numbers in {RESULTS}; blocks: {sorted(made)}.")
   return BLOCK.sub(lambda m: f"{m[1]}{made[m[2]]}\n{m[4]}", text)
 
 
@@ -394,20 +400,26 @@ def main() -> int:
     device(args.workdir, " ".join(args.script_args))
   with open(RESULTS) as f:
     made = blocks(json.load(f))
-  with open(README) as f:
-    text = f.read()
-  new = rewrite(text, made)
+  texts = {}
+  for page in pages():
+    with open(page) as f:
+      texts[page] = f.read()
+  new = {page: rewrite(text, made, os.path.relpath(page, ROOT)) for page, text in texts.items()}
+  drifted = [os.path.relpath(p, ROOT) for p in texts if new[p] != texts[p]]
   if args.command == "check":
-    if new != text:
-      print(f"README.md's marked blocks differ from {RESULTS}: run "
+    if drifted:
+      print(f"The marked blocks of {', '.join(drifted)} differ from {RESULTS}: run "
             "`benchmarks/readme_numbers.py write` (or `run` to measure again).")
       return 1
-    print("README.md's marked blocks match", RESULTS)
+    print("The marked blocks of the README and docs/ match", RESULTS)
     return 0
-  with open(README + ".tmp", "w") as f:
-    f.write(new)
-  os.replace(README + ".tmp", README)
-  print(f"Rewrote {len(BLOCK.findall(new))} blocks of {README}")
+  for page in drifted:
+    path = os.path.join(ROOT, page)
+    with open(path + ".tmp", "w") as f:
+      f.write(new[path])
+    os.replace(path + ".tmp", path)
+  print(f"Rewrote {sum(len(BLOCK.findall(t)) for t in new.values())} blocks of {len(new)} pages "
+        f"({', '.join(drifted) or 'none changed'})")
   return 0
 
 

@@ -1,4 +1,4 @@
-"""Every Python block of the README runs, in order, in one namespace: an import or
+"""Every Python block of the README and of docs/ runs, in order, in one namespace: an import or
 a call that goes stale fails here. Tiny stand-ins replace what needs a download
 or minutes of training: a 224-px ViT file under the name the README loads, and
 tiny random models in the demo cache, all run in a new one-device Python process."""
@@ -20,9 +20,24 @@ from vitcnn_jax import data, train, zoo
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
-def _blocks() -> list[str]:
-  with open(os.path.join(ROOT, "README.md")) as f:
-    return BLOCK.findall(f.read())
+def _text(page: str) -> str:
+  with open(os.path.join(ROOT, page)) as f:
+    return f.read()
+
+
+# The README, then the pages of docs/ in the order its table lists them.
+PAGES = ["README.md"] + re.findall(r"^\| \[(docs/\w+\.md)\]", _text("README.md"), re.M)
+
+
+def test_the_readme_is_short_and_lists_every_page_of_docs():
+  assert len(_text("README.md").splitlines()) <= 300
+  assert sorted(PAGES[1:]) == sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+
+
+def _blocks() -> list[tuple[str, str]]:
+  """(page and its block number, code) of every Python block, in reading order."""
+  return [(f"{page} python block {i + 1}", code) for page in PAGES
+          for i, code in enumerate(BLOCK.findall(_text(page)))]
 
 
 def _demo_cache(home: str) -> None:
@@ -41,18 +56,18 @@ def _demo_cache(home: str) -> None:
 RUN_BLOCKS = textwrap.dedent("""
     import json, sys
     namespace = {}
-    for i, code in enumerate(json.loads(sys.argv[1])):
+    for where, code in json.loads(sys.argv[1]):
       try:
-        exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+        exec(compile(code, where, "exec"), namespace)
       except Exception:
-        print(f"README.md python block {i + 1} fails:\\n{code}", file=sys.stderr)
+        print(f"{where} fails:\\n{code}", file=sys.stderr)
         raise
     print("RESULT", json.dumps([bool(namespace["p"].names["vit"]), namespace["logits"].shape,
                                 len(namespace["figures"]), namespace["r"].xy.shape]))
 """)
 
 
-def test_every_python_block_of_the_readme_runs(tmp_path):
+def test_every_python_block_of_the_readme_and_docs_runs(tmp_path):
   if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
     pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
   blocks = _blocks()
@@ -69,8 +84,8 @@ def test_every_python_block_of_the_readme_runs(tmp_path):
 
 
 def _readme() -> str:
-  with open(os.path.join(ROOT, "README.md")) as f:
-    return f.read()
+  """The README and every page of docs/, as one text."""
+  return "\n".join(_text(page) for page in PAGES)
 
 
 def _fields(config, prefix: str = "") -> set[str]:
@@ -130,9 +145,13 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
 
 
 
-def test_every_figure_the_readme_shows_is_in_the_repository():
-  shown = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", _readme())
-  assert [p for p in shown if not os.path.isfile(os.path.join(ROOT, p))] == []
+def test_every_figure_and_page_the_readme_and_docs_link_is_in_the_repository():
+  missing = []
+  for page in PAGES:
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", _text(page)):  # figures and links to pages
+      if "://" not in target and not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
+        missing.append((page, target))
+  assert missing == []
 
 
 def test_the_measured_blocks_match_their_results_file():

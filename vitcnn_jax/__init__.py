@@ -21,7 +21,7 @@ def _cpu_threads() -> None:
   jaxlib's batched LAPACK calls, the measures' per-pair SVDs among them, split the
   batch over that pool and block their own pool thread until it is done: with one
   thread a core, one core sits idle (on 2 cores: 35,156 SVDs of 32 x 32 in a loop
-  took 0.56 s with 2 threads, 0.31 s with 4; see the README's measures overhead)."""
+  took 0.56 s with 2 threads, 0.31 s with 4; see docs/measures.md, the measures' overhead)."""
   if "PJRT_NPROC" not in os.environ and "NPROC" not in os.environ:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ["PJRT_NPROC"] = str(2 * (cores or 1))

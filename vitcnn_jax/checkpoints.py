@@ -94,11 +94,11 @@ def detect(flat: dict[str, np.ndarray], path: str = "<arrays>",
     raise CheckpointError(
         f"{path}: an ONNX graph ({graph.producer}) of no architecture we know; first weights: "
         f"{sorted(flat)[:6]}. We read torch exports of Hugging Face DINOv2 backbones and "
-        "ResNet v1 graphs (see README, formats).")
+        "ResNet v1 graphs (see docs/models.md, formats).")
   raise CheckpointError(
       f"{path}: unknown checkpoint format; first keys: {sorted(flat)[:8]}. Expected an "
       "official ViT, BiT or Mixer npz, a timm ViT, ConvNeXt or ResNet .safetensors, or an "
-      "ONNX file (see README, formats).")
+      "ONNX file (see docs/models.md, formats).")
 
 
 def _select_module(flat: dict[str, np.ndarray], path: str, module: str | None,

@@ -120,7 +120,7 @@ class TfdsSource:
                f"`tfds build` only), then `tfds build {name} --file_format=array_record "
                f"--data_dir=DIR` (ImageNet needs the manual download in DIR/downloads/manual), "
                f"and pass --config.data.data_dir=DIR. ImageNet's validation JPEGs also work "
-               f"directly: --config.data.source=folder (see README).")
+               f"directly: --config.data.source=folder (see docs/running.md).")
     try:
       builder = tfds.builder(name, data_dir=data_dir)
     except Exception as e:  # tfds raises several types for unknown names

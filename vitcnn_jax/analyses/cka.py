@@ -27,7 +27,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     "batch_size": 1024,  # the HSIC minibatch (per device, or per group of devices)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
-    # Measures from the same Grams (vitcnn_jax/measures.py: measures.NAMES, README table):
+    # Measures from the same Grams (vitcnn_jax/measures.py: measures.NAMES, the table of docs/measures.md):
     # linear_cka (the paper's), rbf_cka, distance_correlation, mutual_knn, cknna,
     # knn_jaccard, rank_similarity, second_order_cosine, rsa, rsm_difference, mean_cca,
     # cca_r2, svcca, pwcca, regression, shape_metric, procrustes, gulp, eigenspace_overlap,
