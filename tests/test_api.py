@@ -14,7 +14,7 @@ from conftest import NO_FIGURES, ROOT, run_main
 from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 import vitcnn_jax as vj
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import api as vj_api, checkpoints, data
 from vitcnn_jax.models import io
 
 N, BATCH = 48, 16
@@ -170,8 +170,28 @@ def test_measures_from_one_line(tiny_vit_bit, images):
   for key in ("cka_vit_vit", "rsa_vit_vit", "null_rsa_vit_vit", "rsa_ci_low_vit_vit", "cka_like_null_vit_vit"):
     assert r[key].shape == (2, 2), key
   assert r.summary["bootstrap"]["replicates"] == 8 and set(r.summary["measures"]) == {"linear_cka", "rsa"}
-  with pytest.raises(ValueError, match=r"config.measures=\['cka'\]"):
+  with pytest.raises(ValueError, match=r"^measures=\['cka'\]") as e:
     vj.cka({"ViT": vit}, images[0][:32], measures=("cka",))
+  assert "config." not in str(e.value)  # the keyword, not main.py's flag
+
+
+def test_notices_and_errors_speak_the_notebook_s_words(tiny_vit_bit, images, caplog, capsys):
+  """Under the notebook API a notice names the model's dict and its key, an error
+  the keyword argument, a printed line too: never main.py's flags."""
+  vit, _ = tiny_vit_bit
+  with caplog.at_level("WARNING", logger="vitcnn_jax"):
+    vj.cka({"My ViT": vit}, images[0][:16], layers="blocks", batch_size=8, repeats=1, **NO_FIGURES)
+  notice = [m for m in caplog.messages if "preprocessing" in m]
+  assert notice and "set models['My ViT']['policy']=... if it was trained otherwise" in notice[0], notice
+  assert not [m for m in caplog.messages if "--config" in m or "config.models" in m], caplog.messages
+  with pytest.raises(ValueError, match=r"num_examples=64, but the data .* has 16") as e:
+    vj.cka({"My ViT": vit}, images[0][:16], num_examples=64)
+  assert "config." not in str(e.value)
+  capsys.readouterr()
+  with vj_api.in_notebook_words({"vit": "ViT"}):
+    print("config.subspace_dims sets how many;", end=" ")
+    print("set --config.models.vit.policy=X")
+  assert capsys.readouterr().out == "subspace_dims sets how many; set models['ViT']['policy']=X\n"
 
 
 def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog):

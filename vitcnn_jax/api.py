@@ -23,9 +23,12 @@ then a finished run there is reused) and come back as a `jobs.Result`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+import sys
 import tempfile
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -77,6 +80,68 @@ def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> d
                                                             (*SPEC_FIELDS, *model_fields) if k in given}}
   out["capture"] = (out["capture"],) if isinstance(out["capture"], str) else tuple(out["capture"])
   return {**out, "overrides": given}
+
+
+def speak(text: str, labels: Mapping[str, str]) -> str:
+  """A message of `main.py`'s flags in the notebook's words: `--config.models.vit.policy=X`
+  and `config.models.vit.policy` become `models['ViT']['policy']` (`labels`: name ->
+  the label the notebook gave), `--config.F=` and `config.F` the keyword `F=`."""
+  label = lambda name: labels.get(name, name)  # noqa: E731
+  text = re.sub(r"(?:--)?config\.models\.(\w+)\.(\w+)",
+                lambda m: f"models[{label(m[1])!r}][{m[2]!r}]", text)
+  text = re.sub(r"(?:--)?config\.models\.(\w+)\b", lambda m: f"models[{label(m[1])!r}]", text)
+  return re.sub(r"(?:--)?\bconfig\.(?=\w)", "", text)
+
+
+class _Reworded(logging.Filter):
+  """Rewords the package's log records (`speak`)."""
+
+  def __init__(self, labels: Mapping[str, str]):
+    super().__init__()
+    self.labels = labels
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    record.msg, record.args = speak(record.getMessage(), self.labels), ()
+    return True
+
+
+class _RewordedLines:
+  """A text stream that rewords each whole line (`speak`) before it passes it on."""
+
+  def __init__(self, out, labels: Mapping[str, str]):
+    self.out, self.labels, self.line = out, labels, ""
+
+  def write(self, text: str) -> int:
+    self.line += text
+    *done, self.line = self.line.split("\n")
+    for line in done:
+      self.out.write(speak(line, self.labels) + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    if self.line:
+      self.out.write(speak(self.line, self.labels))
+      self.line = ""
+    self.out.flush()
+
+
+@contextlib.contextmanager
+def in_notebook_words(labels: Mapping[str, str]) -> Iterator[None]:
+  """While a notebook function runs: the package's notices, printed lines and
+  errors name keyword arguments and the models' dicts, not `main.py`'s flags."""
+  logger, reworded = logging.getLogger("vitcnn_jax"), _Reworded(labels)
+  logger.addFilter(reworded)
+  lines = _RewordedLines(sys.stdout, labels)
+  try:
+    with contextlib.redirect_stdout(lines):
+      yield
+  except Exception as e:
+    if len(e.args) == 1 and isinstance(e.args[0], str):  # the same error, in the caller's words
+      e.args = (speak(e.args[0], labels),)
+    raise
+  finally:
+    lines.flush()
+    logger.removeFilter(reworded)
 
 
 def _one_model(models) -> bool:
@@ -137,7 +202,8 @@ def function(name: str) -> Callable[..., jobs.Result]:
     config = config_of(declared, models, len(sources["data"]), layers, **fields)
     workdir = workdir or tempfile.mkdtemp(prefix=f"vitcnn_jax-{name}-")
     try:
-      return jobs.run(config, workdir, sources)
+      with in_notebook_words({k: m.label for k, m in config.models.items()}):
+        return jobs.run(config, workdir, sources)
     finally:  # models handed over in memory are the caller's again
       for spec_ in config.models.values():
         if spec_.checkpoint.startswith(io.IN_MEMORY):
