@@ -132,6 +132,28 @@ def test_skip_ratios():
   assert _verdicts("skip_ratio", {"models": {"mixer": mixer, "resnet": res}}) == [None, False]
 
 
+def test_ends_read_as_the_finding_and_by_parts():
+  """A finding about lower and higher layers under each reading of its ends: the
+  first against the last, and the means of the lowest and highest parts."""
+  v = [3.0, 1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 2.0]
+  assert declaration.ends(v, "first and last") == (3.0, 2.0)
+  assert declaration.ends(v, "quarters") == (2.0, 3.5)
+  assert declaration.ends(v, "halves") == (1.5, 4.25) and declaration.ends([7.0], "thirds") == (7.0, 7.0)
+  res = {"label": "R50", "tokens": False, "stem": None, "token_pixels": None, "half_mass_radius_px": v,
+         "peak_offset_px": [0.0] * 8}
+  assert _verdicts("receptive_field", {"models": {"resnet": res}})[2] == "depends on ends"
+  # Sublayers: a middle where spatial tokens peak hides CLS above spatial in the first half;
+  # the first and last thirds leave it out.
+  cls, spatial = [5.0, 5.0, 0.5, 5.0, 0.5, 0.5], [1.0, 1.0, 9.0, 0.1, 1.0, 1.0]
+  vit = {"label": "ViT", "tokens": True, "cls_ratio": cls, "spatial_ratio": spatial}
+  assert _verdicts("skip_ratio", {"models": {"vit": vit}})[0] == "depends on parts"
+  judged = analyses.get("skip_ratio").verdicts({"models": {"vit": vit}})[0][1]
+  assert [(k, status) for k, status, _ in judged.variants] == [("parts=halves", "not shown"),
+                                                              ("parts=thirds", "shown")]
+  probes = {"models": {"vit": {"cls": {"accuracy": [0.5, 0.3, 0.6, 0.7, 0.8, 0.9, 0.9, 0.4]}}}}
+  assert _verdicts("linear_probe", probes) == [None, "depends on ends"]  # no per-token probe: None
+
+
 def test_reference_cka():
   blocks = ["block00", "block01", "block02", "block03"]
   models = {"full": {"label": "full", "blocks": blocks, "without_skip": []},

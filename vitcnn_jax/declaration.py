@@ -25,6 +25,30 @@ Verdict = tuple[bool | None, str] | None
 Variants = dict[str, Verdict]
 
 
+# How a finding about "lower" and "higher" layers reads a sequence by depth: its two
+# ends, or the means of its lowest and highest part.
+ENDS = {"first and last": 0, "quarters": 4, "thirds": 3, "halves": 2}
+
+
+def ends(values: Sequence[float], reading: str) -> tuple[float, float]:
+  """(low, high) of `values` (by depth) as `reading` (`ENDS`) reads them."""
+  v = [float(x) for x in values]
+  part = max(1, len(v) // ENDS[reading]) if ENDS[reading] else 1
+  return sum(v[:part]) / part, sum(v[-part:]) / part
+
+
+def each(choice: str, options: Sequence[str], check: Callable[[str], Verdict]) -> Verdict | Variants:
+  """`check` under each option of one `choice` (the first the finding's own
+  reading): variants keyed "choice=option" (an option that reads the same
+  values as an earlier one, as on a short sequence, left out), or the one verdict."""
+  out: Variants = {}
+  for o in options:
+    got = check(o)
+    if got not in out.values():
+      out[f"{choice}={o}"] = got
+  return out if len(out) > 1 else next(iter(out.values()))
+
+
 @dataclasses.dataclass(frozen=True)
 class Judgement:
   """A finding's verdict over its variants: `status` "shown" (under every variant

@@ -270,16 +270,22 @@ def _saturated(s: dict) -> declaration.Verdict:
                 "--config.data.source=folder --config.data.path=DIR)")
 
 
-def _rises(s: dict) -> declaration.Verdict:
-  """Every model's probe on its last point beats its probe on its first."""
+def _rises(s: dict) -> declaration.Verdict | declaration.Variants:
+  """Every model's probe on its last point beats its probe on its first (and, as
+  a variant, on its highest quarter of points against its lowest)."""
   if saturated := _saturated(s):
     return saturated
+  return declaration.each("ends", ("first and last", "quarters"), lambda reading: _risen(s, reading))
+
+
+def _risen(s: dict, reading: str) -> declaration.Verdict:
   lines = {f"{k} {how}": v["accuracy"] for k, hows in s["models"].items() for how, v in hows.items()
            if how != "each" and len(v["accuracy"]) > 1}
   if not lines:
     return None
-  return (all(v[-1] > v[0] for v in lines.values()),
-          ", ".join(f"{k}: {100 * v[0]:.1f} -> {100 * v[-1]:.1f}%" for k, v in lines.items()))
+  got = {k: declaration.ends(v, reading) for k, v in lines.items()}
+  return (all(high > low for low, high in got.values()),
+          ", ".join(f"{k}: {100 * low:.1f} -> {100 * high:.1f}%" for k, (low, high) in got.items()))
 
 
 def _cls_spatial(s: dict) -> declaration.Verdict:

@@ -135,10 +135,14 @@ def _blocks_only(e: dict, key: str) -> list[float]:
   return e[key][1:] if e["stem"] else e[key]
 
 
-def _global_early(s: dict) -> declaration.Verdict:
-  first = {e["label"]: (e["tokens"], _blocks_only(e, "half_mass_radius_px")[0]) for e in s["models"].values()}
-  return declaration.above({k: r for k, (t, r) in first.items() if t},
-                           {k: r for k, (t, r) in first.items() if not t}, " px")
+def _global_early(s: dict) -> declaration.Verdict | declaration.Variants:
+  """On the first block, as the finding reads it, and on the mean of the lowest quarter."""
+  def check(reading: str) -> declaration.Verdict:
+    low = {e["label"]: (e["tokens"], declaration.ends(_blocks_only(e, "half_mass_radius_px"), reading)[0])
+           for e in s["models"].values()}
+    return declaration.above({k: r for k, (t, r) in low.items() if t},
+                             {k: r for k, (t, r) in low.items() if not t}, " px")
+  return declaration.each("lower", ("first and last", "quarters"), check)
 
 
 def _centred(s: dict) -> declaration.Verdict:
@@ -150,13 +154,18 @@ def _centred(s: dict) -> declaration.Verdict:
           ", ".join(f"{k}: at most {off:.1f} px (patch {patch} px)" for k, (off, patch) in tokens.items()))
 
 
-def _grows(s: dict) -> declaration.Verdict:
+def _grows(s: dict) -> declaration.Verdict | declaration.Variants:
+  """First unit against last, as the finding reads it, and lowest quarter against highest."""
   maps = {e["label"]: _blocks_only(e, "half_mass_radius_px") for e in s["models"].values()
           if not e["tokens"]}
   if not maps:
     return None
-  return (all(v[-1] > v[0] for v in maps.values()),
-          ", ".join(f"{k}: {v[0]:.1f} -> {v[-1]:.1f} px" for k, v in maps.items()))
+
+  def check(reading: str) -> declaration.Verdict:
+    got = {k: declaration.ends(v, reading) for k, v in maps.items()}
+    return (all(high > low for low, high in got.values()),
+            ", ".join(f"{k}: {low:.1f} -> {high:.1f} px" for k, (low, high) in got.items()))
+  return declaration.each("ends", ("first and last", "quarters"), check)
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:

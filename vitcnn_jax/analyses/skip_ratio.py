@@ -110,17 +110,22 @@ def _halves(v) -> tuple[float, float]:
   return float(v[:len(v) // 2].mean()), float(v[len(v) // 2:].mean())
 
 
-def _cls_then_spatial(s: dict) -> declaration.Verdict:
+def _cls_then_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
+  """By halves of the sublayers, as the finding reads them, and by their first and last thirds."""
   with_cls = {k: e for k, e in s["models"].items() if e.get("cls_ratio") is not None}
   if not with_cls:
     return None
-  shown, text = True, []
-  for e in with_cls.values():
-    cls, spatial = _halves(e["cls_ratio"]), _halves(e["spatial_ratio"])
-    shown &= cls[0] > spatial[0] and spatial[1] > cls[1]
-    text.append(f"{e['label']}: CLS {cls[0]:.2f} / {cls[1]:.2f}, spatial {spatial[0]:.2f} / "
-                f"{spatial[1]:.2f} (first / second half)")
-  return shown, "; ".join(text)
+
+  def check(parts: str) -> declaration.Verdict:
+    shown, text = True, []
+    for e in with_cls.values():
+      cls = declaration.ends(np.ravel(e["cls_ratio"]), parts)
+      spatial = declaration.ends(np.ravel(e["spatial_ratio"]), parts)
+      shown &= cls[0] > spatial[0] and spatial[1] > cls[1]
+      text.append(f"{e['label']}: CLS {cls[0]:.2f} / {cls[1]:.2f}, spatial {spatial[0]:.2f} / "
+                  f"{spatial[1]:.2f} (first / last {parts[:-1]})")
+    return shown, "; ".join(text)
+  return declaration.each("parts", ("halves", "thirds"), check)
 
 
 def _above_cnn(s: dict) -> declaration.Verdict:
