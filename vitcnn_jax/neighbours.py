@@ -15,9 +15,10 @@ every example of every minibatch:
   cosine similarities to the neighbours of either layer, N_i ∪ N'_i, in one
   layer and in the other (ReSi's code uses cosine distances instead).
 
-Each is a few matmuls over the examples j per example i, for every pair of
-layers at once: of which j are a layer's neighbours (and at which rank) and of
-the cosines, k examples i at a time.
+Each is computed for every pair of layers at once, k examples i at a time:
+the shared neighbours and their two ranks by looking up each row layer's
+neighbours in each column layer's ranks, the cosine sums as matmuls over the
+examples j of which are a layer's neighbours.
 """
 
 from __future__ import annotations
@@ -56,12 +57,17 @@ def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   r = jnp.arange(1, k + 1, dtype=jnp.float32)
   weight = 2 / ((1 + jnp.abs(r[:, None] - r[None, :])) * (r[:, None] + r[None, :]))
   harmonic = jnp.cumsum(jnp.r_[0.0, 1 / r])  # harmonic[c] = Σ_{t ≤ c} 1/t
-  # (L, L, k, k): the r-th neighbour in x is the r'-th in y. From the k-lists, not one-hots
-  # over the n examples: a matmul of those cost L² n k a example, 0.3 s a step at n=256.
-  same = ((idx_x[:, None, :, None] == idx_y[None, :, None, :])
-          & ok_x[:, None, :, None] & ok_y[None, :, None, :]).astype(jnp.float32)
-  shared = same.sum((2, 3))
-  agree = jnp.sum(same * weight, axis=(2, 3))
+  # (L, L, k): the rank in each column layer's list of the row layer's r-th neighbour (k: not
+  # in it), read from each column layer's ranks of every example j: L² k reads an example,
+  # not the L² k² comparisons of the two lists (nor a matmul of one-hots over the n examples).
+  rank_y = jnp.full((idx_y.shape[0], n), k, jnp.int32).at[
+      jnp.arange(idx_y.shape[0])[:, None], idx_y].set(jnp.where(ok_y, jnp.arange(k), k))
+  found = jnp.swapaxes(jnp.take(rank_y, idx_x, axis=1), 0, 1)  # (L_x, L_y, k)
+  found = jnp.where(ok_x[:, None, :], found, k)
+  shared = (found < k).sum(-1).astype(jnp.float32)
+  agree = jnp.take_along_axis(jnp.pad(weight, ((0, 0), (0, 1)))[None, None],
+                              found[..., None], axis=-1)[..., 0]  # w[r, rank], 0 past the list
+  agree = agree.sum(-1)
   count_x, count_y = ok_x.sum(-1).astype(jnp.float32), ok_y.sum(-1).astype(jnp.float32)
   valid = (count_x > 0).astype(jnp.float32)[:, None]
   jaccard = shared / jnp.maximum(count_x[:, None] + count_y[None, :] - shared, 1.0)
