@@ -105,7 +105,9 @@ def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: i
   out = {"neighbour_count": mask.astype(jnp.float32).sum()}
   got = {m: layerpairs.mirror(v) for m, v in _pair_sums((cos, idx, ok), (cos, idx, ok), k, precision).items()}
   if order is not None:
+    # The permuted layers' lists are the lists re-indexed, not a second top-k: example i
+    # of the moved layer is example order[i], and j there is order[j] (padding stays put).
     moved = layerpairs.permuted(cos, order)
-    null = _pair_sums((cos, idx, ok), (moved, *neighbours(moved, mask, k)), k, precision)
+    null = _pair_sums((cos, idx, ok), (moved, jnp.argsort(order)[idx[:, order]], ok[:, order]), k, precision)
     got.update({f"null/{m}": layerpairs.mirror(v) for m, v in null.items()})
   return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}
