@@ -251,14 +251,13 @@ def distances(gram: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sqrt(_squared_distances(gram)) * m[:, None] * m[None, :]
 
 
-def knn_mask(similarity: jax.Array, mask: jax.Array, k: int) -> jax.Array:
-  """(n, n) 1 where column j is among row i's k most similar examples (itself and
-  padding excluded; fewer where fewer are valid), padding rows zero."""
-  pairs = hsic.pair_mask(mask)
-  s = jnp.where(pairs > 0, similarity, -jnp.inf)
-  top, idx = jax.lax.top_k(s, k)
-  hits = jax.nn.one_hot(idx, s.shape[0], dtype=jnp.float32) * (top > -jnp.inf)[..., None]
-  return hits.sum(axis=1) * mask.astype(jnp.float32)[:, None]
+def knn_masks(idx: jax.Array, ok: jax.Array) -> jax.Array:
+  """(L, n, n) 1 where column j is among row i's k most similar examples, from
+  the layers' (L, n, k) lists (`neighbours.neighbours`: itself and padding
+  excluded, fewer where fewer are valid; padding rows have none)."""
+  num, n, _ = idx.shape
+  return jnp.zeros((num, n, n), jnp.float32).at[
+      jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None], idx].set(ok.astype(jnp.float32))
 
 
 def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Array, n: jax.Array,
@@ -384,13 +383,15 @@ def _cosine_sums(stack: Stack, mask: jax.Array, spec: Spec, order, precision) ->
   """The measures of the examples' cosines: neighbourhoods and the descriptive statistics."""
   n, out = valid_count(mask), {}
   cos = cosine(stack, mask)
+  lists = (neighbours.neighbours(cos, mask, spec.knn_k)  # one top-k for every neighbour measure
+           if {"mutual_knn", "cknna", *neighbours.NAMES} & set(spec.names) else None)
   if set(neighbours.NAMES) & set(spec.names):
-    out.update(neighbours.neighbour_sums(cos, mask, spec.names, spec.knn_k, order, precision))
+    out.update(neighbours.neighbour_sums(cos, mask, lists, spec.names, spec.knn_k, order, precision))
   if set(descriptive.NAMES) & set(spec.names):
     out.update(descriptive.statistic_sums(stack.raw(mask), cos, stack.proj, stack.mean_sq, mask,
                                           spec.names, spec.uniformity_t))
   if {"mutual_knn", "cknna"} & set(spec.names):
-    knn = jax.vmap(knn_mask, (0, None, None))(cos, mask, spec.knn_k)
+    knn = knn_masks(*lists)
     if "mutual_knn" in spec.names:
       _pairs(out, "knn", knn, order, precision, 1 / spec.knn_k)
       out["knn_count"] = n

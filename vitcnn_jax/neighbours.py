@@ -96,12 +96,14 @@ def _pair_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   return jax.lax.scan(add, zero, (blocks(xs), blocks(ys)))[0]
 
 
-def neighbour_sums(cos: jax.Array, mask: jax.Array, names: tuple[str, ...], k: int,
-                   order: jax.Array | None, precision) -> dict[str, jax.Array]:
+def neighbour_sums(cos: jax.Array, mask: jax.Array, lists: tuple[jax.Array, jax.Array],
+                   names: tuple[str, ...], k: int, order: jax.Array | None,
+                   precision) -> dict[str, jax.Array]:
   """One minibatch's (L, L) sums over its examples of each measure of `names` from
-  the layers' (L, n, n) cosine similarities (with `order`, of the null too: the
-  examples of one layer re-indexed, see `layerpairs`), and `neighbour_count`, its examples."""
-  idx, ok = neighbours(cos, mask, k)
+  the layers' (L, n, n) cosine similarities and their neighbour `lists`
+  (`neighbours`; with `order`, of the null too: the examples of one layer
+  re-indexed, see `layerpairs`), and `neighbour_count`, its examples."""
+  idx, ok = lists
   out = {"neighbour_count": mask.astype(jnp.float32).sum()}
   got = {m: layerpairs.mirror(v) for m, v in _pair_sums((cos, idx, ok), (cos, idx, ok), k, precision).items()}
   if order is not None:
