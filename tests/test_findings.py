@@ -152,6 +152,9 @@ def test_ends_read_as_the_finding_and_by_parts():
                                                               ("parts=thirds", "shown")]
   probes = {"models": {"vit": {"cls": {"accuracy": [0.5, 0.3, 0.6, 0.7, 0.8, 0.9, 0.9, 0.4]}}}}
   assert _verdicts("linear_probe", probes) == [None, "depends on ends"]  # no per-token probe: None
+  # Spatial tokens below CLS at the last point, above it over the highest quarter.
+  probes["models"]["vit"]["each"] = {"accuracy": [0.5, 0.3, 0.6, 0.7, 0.8, 0.9, 0.95, 0.38]}
+  assert _verdicts("linear_probe", probes)[0] == "depends on ends"
 
 
 def test_reference_cka():
@@ -185,6 +188,9 @@ def test_localization_and_probes_and_pc_share():
   saturated["models"]["vit"]["each"]["accuracy"][0] = 0.98
   assert _verdicts("linear_probe", saturated) == [False, True]  # informative again: judged
   assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True, None]
+  # The dominant component inside a block, not at its output: shown on every layer, not on the outputs.
+  blocks = {"models": {"v": {"label": "V", "share": [0.2, 0.7, 0.3], "block_outputs": [0, 2]}}}
+  assert _verdicts("pc_share", blocks) == ["depends on layers", None]
   dropped = {"models": {"v": {"label": "V", "share": [0.2, 0.3]}}, "mean_off_diagonal_cka": {"v": 0.8},
              "mean_off_diagonal_cka_without": {"v": 0.6}}
   assert _verdicts("pc_share", dropped) == [False, True]

@@ -81,6 +81,7 @@ def test_the_analysis_is_the_mean_over_its_minibatches(tiny_vit_bit):
   assert_close(r["share_vit"], per.mean(0), bound, "mean share")
   assert_close(r["std_vit"], per.std(0), 2 * bound, "spread over minibatches")
   assert r.summary["models"]["vit"]["minibatches"] == 6
+  assert r.summary["models"]["vit"]["block_outputs"] == [0, 1]  # the findings' other layer set: all here
   assert r.summary["num_examples"] == N and len(r.plot().axes) == 1
 
 

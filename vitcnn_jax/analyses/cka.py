@@ -181,17 +181,20 @@ def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray
                                     for c in models for v in models if _is_cnn(c) and _is_vit(v)}}
 
 
+def block_outputs(m) -> np.ndarray:
+  """The indices of a model's captured layers that are its block outputs (its
+  "blocks" preset), or of all of them where fewer than two are: the findings'
+  other layer set."""
+  patterns = m.model.layer_presets.get("blocks", ())
+  found = [i for i, n in enumerate(m.names) if common.matches(n, patterns)]
+  return np.asarray(found) if len(found) > 1 else np.arange(len(m.names))
+
+
 def _block_outputs(models: list) -> dict[str, np.ndarray] | None:
-  """Each model's captured layers that are its block outputs (its "blocks" preset),
-  or all of them where fewer than two are; None where that is every captured layer
-  of every model (the run has no other layer set to compare with)."""
-  own = {m.name: np.arange(len(m.names)) for m in models}
-  out = {}
-  for m in models:
-    patterns = m.model.layer_presets.get("blocks", ())
-    found = [i for i, n in enumerate(m.names) if common.matches(n, patterns)]
-    out[m.name] = np.asarray(found) if len(found) > 1 else own[m.name]
-  return None if all(len(out[k]) == len(own[k]) for k in own) else out
+  """`block_outputs` of every model; None where that is every captured layer of
+  every model (the run has no other layer set to compare with)."""
+  out = {m.name: block_outputs(m) for m in models}
+  return None if all(len(out[m.name]) == len(m.names) for m in models) else out
 
 
 def _layer_set(models: list) -> str:

@@ -288,18 +288,23 @@ def _risen(s: dict, reading: str) -> declaration.Verdict:
           ", ".join(f"{k}: {100 * low:.1f} -> {100 * high:.1f}%" for k, (low, high) in got.items()))
 
 
-def _cls_spatial(s: dict) -> declaration.Verdict:
+def _cls_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
   """A model read as `each` token with a class token: its spatial tokens' mean at the
-  last point is below its class token's probe there."""
+  last point is below its class token's probe there (and, as a variant, over
+  its highest quarter of points)."""
   found = {k: hows for k, hows in s["models"].items() if "each" in hows and "cls" in hows}
   if not found:
     return None
   if saturated := _saturated(s):
     return saturated
-  pairs = {k: (h["each"]["accuracy"][-1], h["cls"]["accuracy"][-1]) for k, h in found.items()}
-  return (all(e < c for e, c in pairs.values()),
-          ", ".join(f"{k}: spatial tokens {100 * e:.1f}% vs CLS {100 * c:.1f}%"
-                    for k, (e, c) in pairs.items()))
+
+  def check(reading: str) -> declaration.Verdict:
+    pairs = {k: (declaration.ends(h["each"]["accuracy"], reading)[1],
+                 declaration.ends(h["cls"]["accuracy"], reading)[1]) for k, h in found.items()}
+    return (all(e < c for e, c in pairs.values()),
+            ", ".join(f"{k}: spatial tokens {100 * e:.1f}% vs CLS {100 * c:.1f}%"
+                      for k, (e, c) in pairs.items()))
+  return declaration.each("ends", ("first and last", "quarters"), check)
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:

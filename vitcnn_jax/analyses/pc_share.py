@@ -128,7 +128,8 @@ class PcShare(protocol.Analysis):
       arrays.update({f"share_{k}": mean, f"std_{k}": std, f"names_{k}": np.asarray(m.names)})
       summary["models"][k] = {"label": m.label, "checkpoint": m.path, "layers": m.names,
                               "share": mean.tolist(), "std_over_minibatches": std.tolist(),
-                              "minibatches": int(count.max())}
+                              "minibatches": int(count.max()),
+                              "block_outputs": cka.block_outputs(m).tolist()}  # the other layer set
     scores = s["rows/score"]
     top = np.argsort(-scores, kind="stable")[:SHOWN]
     arrays.update(scores=scores, sample=self.sample)
@@ -172,9 +173,14 @@ class PcShare(protocol.Analysis):
                             path=results.workdir_path(workdir, f"without_dominant_{t}.png"))
 
 
-def _dominant(s: dict) -> declaration.Verdict:
-  top = {e["label"]: max(e["share"]) for e in s["models"].values()}
-  return any(v > 0.5 for v in top.values()), ", ".join(f"{k}: largest {v:.2f}" for k, v in top.items())
+def _dominant(s: dict) -> declaration.Verdict | declaration.Variants:
+  """On every captured layer and on the block outputs alone."""
+  def check(layers: str) -> declaration.Verdict:
+    pick = lambda e: [e["share"][i] for i in e["block_outputs"]] if layers == "blocks" else e["share"]  # noqa: E731
+    top = {e["label"]: max(pick(e)) for e in s["models"].values()}
+    return any(v > 0.5 for v in top.values()), ", ".join(f"{k}: largest {v:.2f}" for k, v in top.items())
+  both = all("block_outputs" in e for e in s["models"].values())
+  return declaration.each("layers", ("captured", "blocks") if both else ("captured",), check)
 
 
 def _fades(s: dict) -> declaration.Verdict:
