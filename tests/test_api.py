@@ -180,7 +180,8 @@ def test_notices_and_errors_speak_the_notebook_s_words(tiny_vit_bit, images, cap
   the keyword argument, a printed line too: never main.py's flags."""
   vit, _ = tiny_vit_bit
   with caplog.at_level("WARNING", logger="vitcnn_jax"):
-    vj.cka({"My ViT": vit}, images[0][:16], layers="blocks", batch_size=8, repeats=1, **NO_FIGURES)
+    r = vj.cka({"My ViT": vit}, images[0][:16], layers="blocks", batch_size=8, repeats=1, **NO_FIGURES)
+  assert r.summary["data"] == {"data": {"source": "array(16, 32x32)", "labels": "classes"}}  # what a label is
   notice = [m for m in caplog.messages if "preprocessing" in m]
   assert notice and "set models['My ViT']['policy']=... if it was trained otherwise" in notice[0], notice
   assert not [m for m in caplog.messages if "--config" in m or "config.models" in m], caplog.messages

@@ -224,7 +224,7 @@ def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path
   for i, shape in enumerate([(100, 150), (120, 90), (64, 64)]):
     Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.png")
   s = data.PhotoCrops(str(tmp_path), 40, size=32, seed=1)
-  assert (len(s), s.num_classes) == (40, 3)
+  assert (len(s), s.num_classes) == (40, 3) and data.labels_are(s) == "photographs"
   np.testing.assert_array_equal(s.labels(range(7)), [0, 1, 2, 0, 1, 2, 0])
   a, b = s.images([4, 4])
   assert a.shape == (32, 32, 3) and a.dtype == np.uint8 and (a == b).all()
@@ -249,7 +249,7 @@ def test_photo_crops_of_class_folders_are_labelled_by_class(tmp_path):
     for i in range(count):
       Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
   s = data.PhotoCrops(str(tmp_path), 20, size=16)
-  assert s.num_classes == 2 and "5 photographs in 2 classes" in s.name
+  assert s.num_classes == 2 and "5 photographs in 2 classes" in s.name and data.labels_are(s) == "classes"
   np.testing.assert_array_equal(s.labels(range(7)), [0, 0, 1, 1, 1, 0, 0])
   cfg = zoo.data_spec("photos", num_examples=20, path=str(tmp_path), crop=16)  # --config.data.path=DIR
   assert pipeline.make_source(cfg).labels([4]).tolist() == [1]

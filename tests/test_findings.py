@@ -185,6 +185,12 @@ def test_localization_and_probes_and_pc_share():
   assert _verdicts("linear_probe", saturated) == ["uninformative", "uninformative"]
   judged = analyses.get("linear_probe").verdicts(saturated)[1][1]
   assert judged.numbers.startswith("every probe at 99.0% or more: saturated") and "data.path" in judged.numbers
+  # Crops labelled by their photograph (the packaged photographs): uninformative at any accuracy.
+  photos = {**probes, "data": {"data": {"labels": "photographs"}, "test": {"labels": "photographs"}}}
+  assert _verdicts("linear_probe", photos) == ["uninformative", "uninformative"]
+  assert analyses.get("linear_probe").verdicts(photos)[0][1].numbers.startswith(
+      "the labels are the photographs the images come from, not classes")
+  assert _verdicts("linear_probe", {**probes, "data": {"data": {"labels": "classes"}}}) == [False, True]
   saturated["models"]["vit"]["each"]["accuracy"][0] = 0.98
   assert _verdicts("linear_probe", saturated) == [False, True]  # informative again: judged
   assert _verdicts("pc_share", {"models": {"v": {"label": "V", "share": [0.2, 0.7]}}}) == [True, None]

@@ -29,6 +29,15 @@ class Source(Protocol):
   num_classes: int
   identity: str  # changes whenever the examples may have: resumed states check it
 
+
+LABELS_ARE = "classes"  # a source's labels, unless it says otherwise (`labels_are`)
+
+
+def labels_are(source: Source) -> str:
+  """What `source`'s labels say: "classes", or e.g. "photographs" (PhotoCrops of a
+  flat folder: one label per photograph, which a probe tells apart trivially)."""
+  return getattr(source, "labels_are", LABELS_ARE)
+
   def __len__(self) -> int: ...
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]: ...
@@ -314,6 +323,7 @@ class PhotoCrops:
                        "1 example of at least 4x4 pixels.")
     self.n, self.size, self.seed = num_examples, size, seed
     self.by_class = bool(self.photos.classes)
+    self.labels_are = LABELS_ARE if self.by_class else "photographs"
     self.num_classes = self.photos.num_classes if self.by_class else len(self.photos)
     classes = f" in {self.num_classes} classes" if self.by_class else ""
     self.name = f"photos:{root} ({len(self.photos)} photographs{classes}, {num_examples} crops)"

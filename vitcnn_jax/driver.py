@@ -187,6 +187,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
   analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
   summary["models loaded"] = {k: m.setup for k, m in models.items()}
+  summary["data"] = {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}
   summary["memory_plan"] = dataclasses.asdict(layout)  # peak_bytes 0: not planned (no device memory known)
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary

@@ -253,21 +253,26 @@ def _over(seeds: int, shots: int) -> str:
   return "one draw of the shots" if shots else "one fit on every training example"
 
 
-# Every probe at least this accurate: they have nothing to rank (e.g. crops labelled
-# by the photograph they came from), and a finding about them says nothing.
+# Every probe at least this accurate: they have nothing to rank, and a finding about
+# them says nothing.
 SATURATED = 0.99
+CLASSES_HINT = ("give the probes classes to separate (photographs in class sub-folders: "
+                "--config.data.path=DIR)")
 
 
 def _saturated(s: dict) -> declaration.Verdict:
-  """(None, why) where every probe of the run is saturated, else None."""
+  """(None, why) where the probes' labels are no classes (crops labelled by their
+  photograph) or every probe of the run is saturated, else None."""
+  labels = {d.get("labels") for d in s.get("data", {}).values()} - {"classes"}
+  if labels:
+    return None, (f"the labels are the {', '.join(sorted(labels))} the images come from, not classes: "
+                  f"a probe tells them apart from any layer; {CLASSES_HINT}")
   accuracy = [np.ravel(np.asarray(v["accuracy"], np.float64)) for hows in s["models"].values()
               for v in hows.values()]
   least = min((float(np.nanmin(a)) for a in accuracy if a.size), default=0.0)
   if least < SATURATED:
     return None
-  return None, (f"every probe at {100 * least:.1f}% or more: saturated, nothing to rank; give the "
-                "probes classes to separate (a folder of class sub-folders: "
-                "--config.data.source=folder --config.data.path=DIR)")
+  return None, f"every probe at {100 * least:.1f}% or more: saturated, nothing to rank; {CLASSES_HINT}"
 
 
 def _rises(s: dict) -> declaration.Verdict | declaration.Variants:

@@ -110,6 +110,9 @@ def _halves(v) -> tuple[float, float]:
   return float(v[:len(v) // 2].mean()), float(v[len(v) // 2:].mean())
 
 
+_ONE = {"halves": "half", "thirds": "third"}
+
+
 def _cls_then_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
   """By halves of the sublayers, as the finding reads them, and by their first and last thirds."""
   with_cls = {k: e for k, e in s["models"].items() if e.get("cls_ratio") is not None}
@@ -123,7 +126,7 @@ def _cls_then_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
       spatial = declaration.ends(np.ravel(e["spatial_ratio"]), parts)
       shown &= cls[0] > spatial[0] and spatial[1] > cls[1]
       text.append(f"{e['label']}: CLS {cls[0]:.2f} / {cls[1]:.2f}, spatial {spatial[0]:.2f} / "
-                  f"{spatial[1]:.2f} (first / last {parts[:-1]})")
+                  f"{spatial[1]:.2f} (first / last {_ONE[parts]})")
     return shown, "; ".join(text)
   return declaration.each("parts", ("halves", "thirds"), check)
 
