@@ -87,8 +87,8 @@ def judge(result: Verdict | Variants) -> Judgement | None:
   # A choice splits the verdict where two variants that differ in it alone disagree.
   parsed = {k: _choices(k) for k in applies}
   split = [c for c in _choices(next(iter(applies)))
-           if any(parsed[a][c] != parsed[b][c] and applies[a][0] != applies[b][0]
-                  and all(parsed[a][o] == parsed[b][o] for o in parsed[a] if o != c)
+           if any(parsed[a].get(c) != parsed[b].get(c) and applies[a][0] != applies[b][0]
+                  and all(parsed[a][o] == parsed[b].get(o) for o in parsed[a] if o != c)
                   for a in applies for b in applies)]
   return Judgement(f"depends on {' and '.join(split) or 'the combination of choices'}", own[1], variants)
 
