@@ -266,7 +266,7 @@ def _saturated(s: dict) -> declaration.Verdict:
   labels = {d.get("labels") for d in s.get("data", {}).values()} - {"classes"}
   if labels:
     return None, (f"the labels are the {', '.join(sorted(labels))} the images come from, not classes: "
-                  f"a probe tells them apart from any layer; {CLASSES_HINT}")
+                  f"telling them apart says little about class information; {CLASSES_HINT}")
   accuracy = [np.ravel(np.asarray(v["accuracy"], np.float64)) for hows in s["models"].values()
               for v in hows.values()]
   least = min((float(np.nanmin(a)) for a in accuracy if a.size), default=0.0)
