@@ -140,7 +140,7 @@ def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(file
   assert (loaded["gray"]["policy"], loaded["gray"]["policy from"]) == ("resize", "the config")
   lines = [m for m in caplog.messages if "preprocessing" in m]
   assert len(lines) == 3 and all("\n" not in m for m in lines)  # one line per bare file
-  assert any(m.startswith("config.models.cnx: preprocessing bicubic_crop0.875_imagenet") for m in lines)
+  assert any(m.startswith("models['cnx']: preprocessing bicubic_crop0.875_imagenet") for m in lines)  # its dict
 
 
 @pytest.mark.parametrize("name,family,policy", [

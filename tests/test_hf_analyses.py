@@ -78,6 +78,6 @@ def test_every_analysis_runs_on_a_rope_vit_with_registers_a_swin_and_a_transform
 
 
 def test_per_token_analyses_refuse_a_swin(models, images):
-  with pytest.raises(ValueError, match=r"config.models.vit: this analysis needs a model with tokens, "
+  with pytest.raises(ValueError, match=r"models\['vit'\]: this analysis needs a model with tokens, "
                                        r"and a Swin has none"):
     vj.localization({"vit": models["swin"]}, images[0], batch_size=8, num_examples=N)
