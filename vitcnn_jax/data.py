@@ -29,6 +29,12 @@ class Source(Protocol):
   num_classes: int
   identity: str  # changes whenever the examples may have: resumed states check it
 
+  def __len__(self) -> int: ...
+
+  def images(self, indices: Sequence[int]) -> list[np.ndarray]: ...
+
+  def labels(self, indices: Sequence[int]) -> np.ndarray: ...
+
 
 LABELS_ARE = "classes"  # a source's labels, unless it says otherwise (`labels_are`)
 
@@ -37,12 +43,6 @@ def labels_are(source: Source) -> str:
   """What `source`'s labels say: "classes", or e.g. "photographs" (PhotoCrops of a
   flat folder: one label per photograph, which a probe tells apart trivially)."""
   return getattr(source, "labels_are", LABELS_ARE)
-
-  def __len__(self) -> int: ...
-
-  def images(self, indices: Sequence[int]) -> list[np.ndarray]: ...
-
-  def labels(self, indices: Sequence[int]) -> np.ndarray: ...
 
 
 class SyntheticSource:
