@@ -138,7 +138,7 @@ def test_ends_read_as_the_finding_and_by_parts():
   v = [3.0, 1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 2.0]
   assert declaration.ends(v, "first and last") == (3.0, 2.0)
   assert declaration.ends(v, "quarters") == (2.0, 3.5)
-  assert declaration.ends(v, "halves") == (1.5, 4.25) and declaration.ends([7.0], "thirds") == (7.0, 7.0)
+  assert declaration.ends(v, "thirds") == (2.0, 3.5) and declaration.ends([7.0], "thirds") == (7.0, 7.0)
   res = {"label": "R50", "tokens": False, "stem": None, "token_pixels": None, "half_mass_radius_px": v,
          "peak_offset_px": [0.0] * 8}
   assert _verdicts("receptive_field", {"models": {"resnet": res}})[2] == "depends on ends"
@@ -150,6 +150,12 @@ def test_ends_read_as_the_finding_and_by_parts():
   judged = analyses.get("skip_ratio").verdicts({"models": {"vit": vit}})[0][1]
   assert [(k, status) for k, status, _ in judged.variants] == [("parts=halves", "not shown"),
                                                               ("parts=thirds", "shown")]
+  # Five sublayers: the halves, as the finding reads them, put the middle one in the second.
+  vit = {**vit, "cls_ratio": [3.0, 3.0, 0.5, 1.3, 1.3], "spatial_ratio": [1.0, 1.0, 5.0, 1.2, 1.2]}
+  judged = analyses.get("skip_ratio").verdicts({"models": {"vit": vit}})[0][1]
+  assert [(k, status) for k, status, _ in judged.variants] == [("parts=halves", "shown"),
+                                                              ("parts=thirds", "not shown")]
+  assert judged.numbers == "ViT: CLS 3.00 / 1.03, spatial 1.00 / 2.47 (first / second half)"
   probes = {"models": {"vit": {"cls": {"accuracy": [0.5, 0.3, 0.6, 0.7, 0.8, 0.9, 0.9, 0.4]}}}}
   assert _verdicts("linear_probe", probes) == [None, "depends on ends"]  # no per-token probe: None
   # Spatial tokens below CLS at the last point, above it over the highest quarter.

@@ -27,7 +27,7 @@ Variants = dict[str, Verdict]
 
 # How a finding about "lower" and "higher" layers reads a sequence by depth: its two
 # ends, or the means of its lowest and highest part.
-ENDS = {"first and last": 0, "quarters": 4, "thirds": 3, "halves": 2}
+ENDS = {"first and last": 0, "quarters": 4, "thirds": 3}
 
 
 def ends(values: Sequence[float], reading: str) -> tuple[float, float]:

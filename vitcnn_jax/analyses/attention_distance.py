@@ -132,6 +132,10 @@ class AttentionDistance(protocol.Analysis):
     self.models = [_Model(k, m, tuple(config.plot_blocks)) for k, m in models.items()]
     self.points = {a.name: a.names for a in self.models}
 
+  def _key(self, name: str, cls: str) -> str:
+    """The sum of a model's distances under `cls`: the config's convention unmarked."""
+    return f"distance/{name}" + ("" if cls == self.config.cls else f"/{cls}")
+
   def step(self, forward, labels, mask) -> dict:
     del labels
     sums = {}
@@ -140,7 +144,7 @@ class AttentionDistance(protocol.Analysis):
       summed = lambda per, a=a: jnp.einsum("lbh,b->lh", jnp.stack(  # noqa: E731  (B, H) each, heads padded
           [jnp.pad(p, ((0, 0), (0, a.heads - p.shape[1]))) for p in per]), mask)
       for cls in CLS_CONVENTIONS:  # the config's convention, and the other for the findings' check
-        sums[f"distance/{a.name}" + ("" if cls == self.config.cls else f"/{cls}")] = summed(
+        sums[self._key(a.name, cls)] = summed(
             [mean_distance(out[n], jnp.asarray(d), layer.num_prefix, cls)
              for n, d, layer in zip(a.names, a.dist, a.layers)])
       sums[f"prefix/{a.name}"] = summed([prefix_mass(out[n], layer.num_prefix)
@@ -151,8 +155,7 @@ class AttentionDistance(protocol.Analysis):
     per_model, arrays = {}, {}
     for a in self.models:
       averaged = lambda key: np.asarray(sums[0][0][key], np.float64) / self.config.num_examples  # noqa: E731
-      by_cls = {cls: averaged(f"distance/{a.name}" + ("" if cls == self.config.cls else f"/{cls}"))
-                for cls in CLS_CONVENTIONS}
+      by_cls = {cls: averaged(self._key(a.name, cls)) for cls in CLS_CONVENTIONS}
       prefix = averaged(f"prefix/{a.name}")
       for layer_rows in (*by_cls.values(), prefix):
         for row, layer in zip(layer_rows, a.layers):
@@ -211,9 +214,8 @@ def _local_and_global(s: dict) -> declaration.Verdict | declaration.Variants:
   """Under each CLS convention (the run's first) and reading of lower and higher
   blocks: the lower blocks' heads together reach below half and above 0.8 of
   their blocks' uniform distances; every head of every higher block lies above 0.8."""
-  ceiling = ceilings(s)
-  by_cls = s.get("mean_distance_px_by_cls") or {s.get("cls", "drop"): s["mean_distance_px"]}
-  own = s.get("cls", "drop")
+  ceiling, own = ceilings(s), s.get("cls", "drop")
+  by_cls = s.get("mean_distance_px_by_cls") or {own: s["mean_distance_px"]}
   if len(ceiling) < 2:
     return None
   prefix = s.get("prefix_attention")

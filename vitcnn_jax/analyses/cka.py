@@ -167,13 +167,14 @@ def _is_cnn(m) -> bool:
   return m.model.grid is None and not m.model.attention()
 
 
-def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray]) -> dict:
+def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray] | None = None) -> dict:
   """What the findings read from a (layers x layers) CKA matrix of every model's
-  layers, each model's rows `keep[name]` (indices into its layers) alone: the mean
-  off-diagonal CKA within each model and, for each CNN and ViT, the lower-half best match."""
+  layers, each model's rows `keep[name]` (indices into its layers; default all)
+  alone: the mean off-diagonal CKA within each model and, for each CNN and ViT,
+  the lower-half best match."""
   index, start = {}, 0
   for m in models:
-    index[m.name] = start + keep[m.name]
+    index[m.name] = start + (np.arange(len(m.names)) if keep is None else keep[m.name])
     start += len(m.names)
   block = lambda a, b: cka[np.ix_(index[a.name], index[b.name])]  # noqa: E731
   return {"mean_off_diagonal_cka": {m.name: off_diagonal(block(m, m)) for m in models},
@@ -237,7 +238,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     summary["mean_cka"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
     # Figs 1 and 2's statistics on the captured layers and, for the findings' check
     # of the layer set, on each model's block outputs alone.
-    summary.update(finding_statistics(mean, models, {m.name: np.arange(len(m.names)) for m in models}))
+    summary.update(finding_statistics(mean, models))
     summary["layer_set"] = _layer_set(models)
     outputs = _block_outputs(models)
     if outputs is not None:
@@ -333,8 +334,7 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
       "percentiles of the measure of the sums over every repeat's minibatches, each minibatch "
       "weighted by Poisson(1) draws (seeded by seed, pass, repeat and minibatch)")}
   if "linear_cka" in spec.names:
-    stats = [finding_statistics(r["linear_cka"], models, {m.name: np.arange(len(m.names)) for m in models})
-             for r in reps]
+    stats = [finding_statistics(r["linear_cka"], models) for r in reps]
     summary["bootstrap"]["findings"] = {key: {k: [s[key][k] for s in stats] for k in stats[0][key]}
                                         for key in stats[0]}
   for m in spec.names:

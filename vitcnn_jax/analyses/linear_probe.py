@@ -260,7 +260,7 @@ CLASSES_HINT = ("give the probes classes to separate (photographs in class sub-f
                 "--config.data.path=DIR)")
 
 
-def _saturated(s: dict) -> declaration.Verdict:
+def _uninformative(s: dict) -> declaration.Verdict:
   """(None, why) where the probes' labels are no classes (crops labelled by their
   photograph) or every probe of the run is saturated, else None."""
   labels = {d.get("labels") for d in s.get("data", {}).values()} - {"classes"}
@@ -278,8 +278,8 @@ def _saturated(s: dict) -> declaration.Verdict:
 def _rises(s: dict) -> declaration.Verdict | declaration.Variants:
   """Every model's probe on its last point beats its probe on its first (and, as
   a variant, on its highest quarter of points against its lowest)."""
-  if saturated := _saturated(s):
-    return saturated
+  if uninformative := _uninformative(s):
+    return uninformative
   return declaration.each("ends", ("first and last", "quarters"), lambda reading: _risen(s, reading))
 
 
@@ -300,8 +300,8 @@ def _cls_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
   found = {k: hows for k, hows in s["models"].items() if "each" in hows and "cls" in hows}
   if not found:
     return None
-  if saturated := _saturated(s):
-    return saturated
+  if uninformative := _uninformative(s):
+    return uninformative
 
   def check(reading: str) -> declaration.Verdict:
     pairs = {k: (declaration.ends(h["each"]["accuracy"], reading)[1],

@@ -110,7 +110,13 @@ def _halves(v) -> tuple[float, float]:
   return float(v[:len(v) // 2].mean()), float(v[len(v) // 2:].mean())
 
 
-_ONE = {"halves": "half", "thirds": "third"}
+_PARTS = {"halves": "first / second half", "thirds": "first / last third"}
+
+
+def _parts(v, parts: str) -> tuple[float, float]:
+  """The two halves, as the finding reads them (`_halves`: an odd middle sublayer
+  in the second), or the first and last thirds."""
+  return _halves(v) if parts == "halves" else declaration.ends(np.ravel(v), parts)
 
 
 def _cls_then_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
@@ -122,11 +128,10 @@ def _cls_then_spatial(s: dict) -> declaration.Verdict | declaration.Variants:
   def check(parts: str) -> declaration.Verdict:
     shown, text = True, []
     for e in with_cls.values():
-      cls = declaration.ends(np.ravel(e["cls_ratio"]), parts)
-      spatial = declaration.ends(np.ravel(e["spatial_ratio"]), parts)
+      cls, spatial = _parts(e["cls_ratio"], parts), _parts(e["spatial_ratio"], parts)
       shown &= cls[0] > spatial[0] and spatial[1] > cls[1]
       text.append(f"{e['label']}: CLS {cls[0]:.2f} / {cls[1]:.2f}, spatial {spatial[0]:.2f} / "
-                  f"{spatial[1]:.2f} (first / last {_ONE[parts]})")
+                  f"{spatial[1]:.2f} ({_PARTS[parts]})")
     return shown, "; ".join(text)
   return declaration.each("parts", ("halves", "thirds"), check)
 
