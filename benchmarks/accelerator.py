@@ -45,7 +45,8 @@ PAIRS = {  # name -> (ViT fields, BiT fields, input size)
 
 def _models(pair: str) -> dict:
   """name -> (model, params) at random init."""
-  from vitcnn_jax.models import BiT, ViT, common, vit
+  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models.vit import model as vit
   vit_fields, bit_fields, size = PAIRS[pair]
   if "variant" in vit_fields:
     vit_fields = vit.decode_variant(vit_fields["variant"])

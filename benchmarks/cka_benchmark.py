@@ -186,7 +186,8 @@ def _jax_models(s: Setup):
   import logging
 
   from vitcnn_jax import checkpoints, loading
-  from vitcnn_jax.models import BiT, ViT, common, vit
+  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models.vit import model as vit
   logging.getLogger("vitcnn_jax").setLevel(logging.ERROR)  # assumed settings of the timm files
   out = []
   if s.workload == "resnet18":

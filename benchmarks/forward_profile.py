@@ -58,7 +58,8 @@ class Op:
 
 
 def _model(name: str, size: int):
-  from vitcnn_jax.models import BiT, ViT, common, vit
+  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models.vit import model as vit
   family, fields = MODELS[name]
   if "variant" in fields:
     fields = vit.decode_variant(fields["variant"])

@@ -49,7 +49,8 @@ def _models(pair: str) -> dict:
   import jax
   import numpy as np
   from vitcnn_jax import loading
-  from vitcnn_jax.models import BiT, ViT, vit
+  from vitcnn_jax.models import BiT, ViT
+  from vitcnn_jax.models.vit import model as vit
   variant, width, depth = PAIRS[pair]
   out = {}
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant(variant))),

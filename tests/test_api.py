@@ -13,9 +13,10 @@ import upstream_files as uf
 from conftest import NO_FIGURES, ROOT, run_main
 from numerics import assert_close, job_runs_bound
 from test_data import write_idx
-import vitcnn_jax as vj
 from vitcnn_jax import api as vj_api, checkpoints, data
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats.base import CheckpointError
+import vitcnn_jax as vj
 
 N, BATCH = 48, 16
 RUNS_BOUND = job_runs_bound(BATCH)  # the job compiled twice
@@ -70,9 +71,9 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
   in_memory = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH, repeats=1)
   np.testing.assert_array_equal(from_file["cka_vit_b_8_vit_b_8"], in_memory["cka_vit_b_8_vit_b_8"])
   assert in_memory.names["vit_b_8"] == ["block00/out", "block01/out"]
-  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(io.IN_MEMORY)
+  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(memory.IN_MEMORY)
   assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
-  with pytest.raises(io.CheckpointError, match="no model was handed over in memory"):  # not kept after the call
+  with pytest.raises(CheckpointError, match="no model was handed over in memory"):  # not kept after the call
     checkpoints.load_model(in_memory.summary["models"]["vit_b_8"]["checkpoint"])
 
 

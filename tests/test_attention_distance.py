@@ -13,7 +13,7 @@ from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, likely, network
 from vitcnn_jax import checkpoints, data
 from vitcnn_jax.analyses import attention_distance as ad
-from vitcnn_jax.models import vit
+from vitcnn_jax.models.vit import model as vit
 
 
 def grid_distances(grid: tuple[int, int], patch: int) -> np.ndarray:

@@ -9,10 +9,10 @@ import pytest
 
 import upstream_files as uf
 from vitcnn_jax import checkpoints
-from vitcnn_jax.models import common
 from vitcnn_jax import fileio
-from vitcnn_jax.models.io import CheckpointError
 from vitcnn_jax.models import BiT, Mixer, ViT
+from vitcnn_jax.models import common
+from vitcnn_jax.models.formats.base import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 

@@ -14,8 +14,8 @@ import forked
 import timm_ref
 import upstream_files as uf
 from conftest import NO_FIGURES, ROOT
-import vitcnn_jax as vj
 from vitcnn_jax import checkpoints
+import vitcnn_jax as vj
 
 N = 16
 

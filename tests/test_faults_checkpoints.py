@@ -9,8 +9,8 @@ import pytest
 
 import upstream_files as uf
 from vitcnn_jax import checkpoints
-from vitcnn_jax.models import io
-from vitcnn_jax.models.io import CheckpointError
+from vitcnn_jax.models.formats import arrays
+from vitcnn_jax.models.formats.base import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
@@ -67,10 +67,10 @@ def test_keys_beside_the_parameters_are_named_in_a_warning(tmp_path, caplog):
 def test_the_digest_follows_the_contents_not_the_path(tmp_path):
   path = uf.save(tmp_path / "v.npz", uf.vt_vit(0, **VIT))
   checkpoints.load_model(path)
-  first = io.digest(path)
+  first = arrays.digest(path)
   uf.save(path, uf.vt_vit(1, **VIT))
   checkpoints.load_model(path)
-  assert io.digest(path) != first and io.digest(path + ":img") == io.digest(path)
+  assert arrays.digest(path) != first and arrays.digest(path + ":img") == arrays.digest(path)
 
 
 def test_a_member_that_is_not_an_array_is_named(tmp_path):

@@ -10,8 +10,10 @@ import pytest
 from conftest import forward
 from numerics import (BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, likely, network,
                       worst)
-from vitcnn_jax.models import BiT, Mixer, ViT, bit, get_model, vit
+from vitcnn_jax.models import BiT, Mixer, ViT, get_model
+from vitcnn_jax.models.bit import model as bit
 from vitcnn_jax.models.common import MIN_SCAN, Capture, matches, random_params
+from vitcnn_jax.models.vit import model as vit
 
 TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
 

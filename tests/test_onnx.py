@@ -13,7 +13,7 @@ from conftest import compiled, require
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax import packaged
-from vitcnn_jax.models.io import CheckpointError
+from vitcnn_jax.models.formats.base import CheckpointError
 
 onnx = require("onnx")
 ort = require("onnxruntime")

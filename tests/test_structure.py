@@ -90,7 +90,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle():
   graph = {m: set(_imports(m).values()) for m in MODULES}
-  assert graph["vitcnn_jax.checkpoints"] >= {"vitcnn_jax.models.io", "vitcnn_jax.models"}  # sanity
+  assert graph["vitcnn_jax.models.loader"] >= {"vitcnn_jax.models.formats.arrays", "vitcnn_jax.models"}  # sanity
   assert not _cycles(graph)
   assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -159,15 +159,21 @@ def test_every_analysis_declares_itself(name):
 # (or packages, with all below them) it may not import. `vitcnn_jax.models` alone is
 # the family registry; its anatomy and common pieces are open to all.
 RUNNING = ("vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.jobs", "vitcnn_jax.analyses")
-FAMILIES = tuple(f"vitcnn_jax.models.{f[:-3]}" for f in sorted(os.listdir(
-    os.path.join(ROOT, "vitcnn_jax", "models"))) if f.endswith(".py")
-                 and f not in ("__init__.py", "anatomy.py", "common.py", "io.py"))
+# Each family's package (its model and readers), the loader and the formats: what only
+# loading may reach into.
+FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
+    os.path.join(ROOT, "vitcnn_jax", "models"))) if os.path.isfile(
+        os.path.join(ROOT, "vitcnn_jax", "models", d, "__init__.py")) and d != "formats")
+LOADING = ("vitcnn_jax.models.loader", "vitcnn_jax.models.formats", *FAMILIES)
 FORBIDDEN = {
     "vitcnn_jax.analyses": ("vitcnn_jax.driver", "vitcnn_jax.loading", "vitcnn_jax.jobs",
                             "vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.checkpoints",
-                            "vitcnn_jax.models", "vitcnn_jax.models.io", *FAMILIES),
+                            "vitcnn_jax.models", *LOADING),
     "vitcnn_jax.models": ("vitcnn_jax.checkpoints", "vitcnn_jax.loading", "vitcnn_jax.driver",
-                          "vitcnn_jax.protocol", *RUNNING),
+                          "vitcnn_jax.protocol", "vitcnn_jax.zoo", "vitcnn_jax.packaged", *RUNNING),
+    # Formats know no family; families know no other family's readers.
+    "vitcnn_jax.models.formats": ("vitcnn_jax.models", "vitcnn_jax.models.loader", *FAMILIES),
+    **{f: tuple(g for g in FAMILIES if g != f) + ("vitcnn_jax.models.loader",) for f in FAMILIES},
     "vitcnn_jax.loading": RUNNING,
     "vitcnn_jax.pipeline": RUNNING,
     "vitcnn_jax.runstate": RUNNING,
@@ -185,7 +191,10 @@ def _forbidden(module: str, dep: str) -> bool:
 def test_imports_follow_the_layers():
   bad = [f"{m} -> {d}" for m in MODULES for d in set(_imports(m).values()) if _forbidden(m, d)]
   assert not bad
-  assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.vit_io")
+  assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.vit.google")
+  assert _forbidden("vitcnn_jax.models.vit.transformers", "vitcnn_jax.models.resnet.timm")
+  assert _forbidden("vitcnn_jax.models.formats.base", "vitcnn_jax.models.vit.model")
+  assert not _forbidden("vitcnn_jax.models.vit.transformers", "vitcnn_jax.models.formats.base")
   assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models")
   assert not _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.anatomy")
   assert _forbidden("vitcnn_jax.driver", "vitcnn_jax.analyses.cka")

@@ -16,7 +16,7 @@ import timm_ref
 from conftest import compiled
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
-from vitcnn_jax.models import timm_config
+from vitcnn_jax.models.formats import timm_config
 
 torch, timm = timm_ref.torch, timm_ref.timm
 TOL = network(VIT_ROUNDINGS)
@@ -163,13 +163,13 @@ def test_timm_cnn_hub_folders_load_with_nothing_assumed(fn, kwargs, family, tmp_
 def test_a_size_word_of_another_width_leaves_the_heads_assumed():
   """`vit_giant_patch14_dinov2` is 1536 wide with 24 heads, where timm's plain
   `giant` ViTs have 16 at 1408: the table's word does not decide against the width."""
-  from vitcnn_jax.models import hf_folder, io  # noqa: PLC0415
+  from vitcnn_jax.models.formats import base, hf_folder  # noqa: PLC0415
   meta = hf_folder.Meta({"architecture": "vit_giant_patch14_dinov2"}, {}, "f")
-  s = timm_config.Settings(io.Keys({}, "f", "timm", meta=meta), "timm")
+  s = timm_config.Settings(base.Keys({}, "f", "timm", meta=meta), "timm")
   cfg, ev = {"width": 1536}, {}
   s.heads(cfg, ev, 24)
   assert cfg["num_heads"] == 24 and s.assumed == ["num_heads"]
-  s = timm_config.Settings(io.Keys({}, "f", "timm", meta=meta), "timm")
+  s = timm_config.Settings(base.Keys({}, "f", "timm", meta=meta), "timm")
   cfg = {"width": 1024}  # a 64-wide-head reading of the same word is kept
   s.heads(cfg, ev, 16)
   assert cfg["num_heads"] == 16 and not s.assumed

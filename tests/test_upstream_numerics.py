@@ -15,7 +15,8 @@ from conftest import compiled, ROOT, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints, loading
 from vitcnn_jax.models import common
-from vitcnn_jax.models.io import CheckpointError
+from vitcnn_jax.models import loader
+from vitcnn_jax.models.formats.base import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 # Ours (float32) against float64: one side's roundings only, relative to the largest output.
@@ -45,7 +46,7 @@ def test_sincos2d_gap_rep_size(tmp_path, caplog):
   assert (model.posemb, model.pool, model.representation_size) == ("sincos2d", "gap", 48)
   assert "pos_embedding" not in params
   assert "assumed pool='gap'" in caplog.text and "pool=..." in caplog.text
-  _, reading = checkpoints.load_params(path)
+  _, reading = loader.load_params(path)
   assert "sin-cos" in reading.evidence["posemb"]
   for size in (32, 48):  # the embedding is computed for the grid in use, never resampled
     model, params = checkpoints.load_model(path, resolution=size)

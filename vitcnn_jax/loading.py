@@ -18,7 +18,9 @@ from vitcnn_jax import representations
 from vitcnn_jax import zoo
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats import arrays
+from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats.base import CheckpointError, log
 
 
 @dataclasses.dataclass
@@ -49,11 +51,11 @@ class Loaded:
 def unreachable(path: str) -> str | None:
   """Why the checkpoint `path` (a file, zoo name or hub location) cannot be read
   (None: it can)."""
-  if path.startswith(io.IN_MEMORY):
+  if path.startswith(memory.IN_MEMORY):
     return None
   try:
     file, _ = checkpoints.locate(path)
-    return None if fileio.exists(io.split_tower(file)[0]) else "no such file"
+    return None if fileio.exists(arrays.split_tower(file)[0]) else "no such file"
   except ImportError as e:
     return str(e)
   except Exception as e:  # network or credential errors of remote filesystems
@@ -86,21 +88,21 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
         f"copy with --config.{key}.checkpoint=/path/to/file{hint}")
   try:
     c = checkpoints.load(path, **overrides(spec))
-  except io.CheckpointError as e:
+  except CheckpointError as e:
     if not spec.get("train"):
       raise
-    raise io.CheckpointError(  # a model this tool trained: no one to download it from
+    raise CheckpointError(  # a model this tool trained: no one to download it from
         f"config.{key}: the cached trained model {path} cannot be read ({e}). Delete it to "
         "train it again.") from e
   for need in needs:
     anatomy.require(c.model, need, f"config.{key}")
   policy, source = c.preprocessing(spec.get("policy") or "")
   if not spec.get("policy") and not spec.get("train"):
-    io.log.warning("config.%s: preprocessing %s (%s), from %s; set --config.%s.policy=... if "
+    log.warning("config.%s: preprocessing %s (%s), from %s; set --config.%s.policy=... if "
                    "it was trained otherwise.", key, policy, preprocess.describe(policy), source, key)
   label, label_from = label_of(spec, c.model.family)
   if label_from.startswith("the checkpoint"):
-    io.log.warning("config.%s: labelled %r, %s; set --config.%s.label=... to name it otherwise.",
+    log.warning("config.%s: labelled %r, %s; set --config.%s.label=... to name it otherwise.",
                    key, label, label_from, key)
   try:
     out = loaded(name, c.path, label, c.model, c.params, spec.capture, policy)
@@ -126,7 +128,7 @@ def label_of(spec: ml_collections.ConfigDict, family: str) -> tuple[str, str]:
   written = tuple(spec.get("label_of") or ("", ""))
   if label and (not written[0] or written[0] == path or written[1] != label):
     return label, "config"
-  if path.startswith(io.IN_MEMORY):
+  if path.startswith(memory.IN_MEMORY):
     return label or family, "config" if label else "the model's family"
   if name := zoo.name_of(path):
     return name, "the checkpoint's zoo name"
@@ -136,7 +138,7 @@ def label_of(spec: ml_collections.ConfigDict, family: str) -> tuple[str, str]:
 def _file_label(path: str) -> str:
   """'dir/ViT-L_16.npz' -> 'ViT-L_16'; 'f.npz:img' -> 'f:img'; 'hf-hub:org/m.v1' -> 'm.v1'
   (only a checkpoint's own extension is dropped: hub names have dots)."""
-  file, tower = io.split_tower(path)
+  file, tower = arrays.split_tower(path)
   stem = os.path.basename(file.rstrip("/")).removesuffix(".npz").removesuffix(".safetensors")
   return f"{stem}:{tower}" if tower else stem
 

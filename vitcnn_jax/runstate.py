@@ -16,7 +16,7 @@ from vitcnn_jax import data
 from vitcnn_jax import progress
 from vitcnn_jax import protocol
 from vitcnn_jax import results
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats import arrays
 
 
 FETCH_EVERY = 32  # steps whose device results are fetched to the host together
@@ -34,7 +34,7 @@ def identity(config: ml_collections.ConfigDict, models: dict, sources: dict[str,
   return {"config": results.fingerprint(cfg),
           "data": " | ".join(s.identity for s in sources.values()),
           "device count": jax.device_count(),
-          "checkpoints": {k: io.digest(m.path) for k, m in models.items()},
+          "checkpoints": {k: arrays.digest(m.path) for k, m in models.items()},
           "representation points": results.fingerprint({k: m.names for k, m in models.items()})}
 
 

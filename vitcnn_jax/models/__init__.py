@@ -1,46 +1,27 @@
-"""The model families, each with its architecture and its checkpoint formats.
+"""The model families, each a package with its architecture (`model.py`) and a
+reader per upstream whose files it loads; `formats/` holds what readers share
+and `loader.py` turns a file into a model.
 
-Every model returns `(logits, out)` and exposes its anatomy (`models/anatomy.py`):
-analyses ask a model what it has, never which family it is.
+Every model returns `(logits, out)` and exposes its anatomy (`anatomy.py`):
+analyses ask a model what it has, never which family it is. A new family is a
+package declaring its `FAMILY`, registered below.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from types import ModuleType
-
 import flax.linen as nn
 
-from vitcnn_jax.models import (bit_io, convnext_hf_io, convnext_io, mixer_io, resnet_hf_io, resnet_io,
-                               resnet_onnx_io, swin_io, vit_eva_io, vit_hf_io, vit_io, vit_timm_io)
-from vitcnn_jax.models.bit import BiT
-from vitcnn_jax.models.convnext import ConvNeXt
-from vitcnn_jax.models.mixer import Mixer
-from vitcnn_jax.models.resnet import ResNet
-from vitcnn_jax.models.swin import Swin
-from vitcnn_jax.models.vit import ViT
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-  name: str
-  module: type[nn.Module]  # the Flax model
-  ios: tuple[ModuleType, ...]  # its formats' modules: detect, read, adapt, write, FORMATS, SUFFIX, OVERRIDABLE
-
-  def io_for(self, fmt: str) -> ModuleType:
-    """The module of format `fmt`."""
-    for io_ in self.ios:
-      if fmt in io_.FORMATS:
-        return io_
-    raise ValueError(f"A {self.name} model has no format {fmt!r}; its formats are "
-                     f"{sorted(f for io_ in self.ios for f in io_.FORMATS)}.")
-
+from vitcnn_jax.models import bit, convnext, mixer, resnet, swin, vit
+from vitcnn_jax.models.bit.model import BiT
+from vitcnn_jax.models.convnext.model import ConvNeXt
+from vitcnn_jax.models.family import Family
+from vitcnn_jax.models.mixer.model import Mixer
+from vitcnn_jax.models.resnet.model import ResNet
+from vitcnn_jax.models.swin.model import Swin
+from vitcnn_jax.models.vit.model import ViT
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("vit", ViT, (vit_io, vit_eva_io, vit_timm_io, vit_hf_io)), Family("bit", BiT, (bit_io,)),
-    Family("mixer", Mixer, (mixer_io,)), Family("convnext", ConvNeXt, (convnext_io, convnext_hf_io)),
-    Family("resnet", ResNet, (resnet_io, resnet_hf_io, resnet_onnx_io)),
-    Family("swin", Swin, (swin_io,)))}
+    vit.FAMILY, bit.FAMILY, mixer.FAMILY, convnext.FAMILY, resnet.FAMILY, swin.FAMILY)}
 
 
 def family_of(model: nn.Module) -> Family:

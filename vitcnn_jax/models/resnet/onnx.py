@@ -15,20 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import io
-from vitcnn_jax.models import onnx_file
-from vitcnn_jax.models import resnet
+from vitcnn_jax.models.formats import onnx as onnx_file
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
+from vitcnn_jax.models.resnet import model as resnet
 
 FORMATS = {"onnx_resnet": "an ONNX graph of a ResNet v1 (e.g. tf2onnx's), its convolutions "
                           "placed by graph order, shape and attributes"}
-SUFFIX = None  # read, never written
-POLICY = resnet.ResNet.default_policy
-OVERRIDABLE = ("input_order",)
-
-
-def detect(flat: dict[str, np.ndarray]) -> str | None:
-  del flat
-  return None
 
 
 def detect_graph(flat: dict[str, np.ndarray], graph: onnx_file.Graph) -> str | None:
@@ -45,7 +37,7 @@ def detect_graph(flat: dict[str, np.ndarray], graph: onnx_file.Graph) -> str | N
 class _Walk:
   """The graph's nodes by the tensors they read and write."""
 
-  def __init__(self, keys: io.Keys):
+  def __init__(self, keys: Keys):
     self.keys, self.graph = keys, keys.graph
     self.path = keys.path
     self.bn_eps: set[float] = set()  # the BatchNormalization nodes' epsilons
@@ -54,9 +46,9 @@ class _Walk:
       for t in n.inputs:
         self.users.setdefault(t, []).append(n)
 
-  def fail(self, node: onnx_file.Node, why: str) -> io.CheckpointError:
+  def fail(self, node: onnx_file.Node, why: str) -> CheckpointError:
     """The error for a node the walk could not place."""
-    return io.CheckpointError(f"{self.path}: cannot place node {node.name!r} ({node.op}) in a ResNet v1: "
+    return CheckpointError(f"{self.path}: cannot place node {node.name!r} ({node.op}) in a ResNet v1: "
                      f"{why}. This graph is not one we can map.")
 
   def next(self, node: onnx_file.Node) -> onnx_file.Node:
@@ -159,7 +151,7 @@ def _unit(w: _Walk, tensor: str, p: dict, ours: str, src: dict, stride: int
   return w.relu(add).outputs[0], strides, bn
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   w = _Walk(keys)
   p: dict[str, np.ndarray] = {}
   src: dict[str, str] = {}
@@ -191,12 +183,12 @@ def read(keys: io.Keys) -> io.Reading:
     else:
       depth[-1] += 1
     if sum(s != 1 for s in strides) > (stride == 2) or (stride == 2 and 2 not in strides):
-      raise io.CheckpointError(f"{keys.path}: unit {ours} has branch strides {strides}; a ResNet "
+      raise CheckpointError(f"{keys.path}: unit {ours} has branch strides {strides}; a ResNet "
                                f"v1 unit downsamples once, by {stride}.")
     if stride == 2 and len(strides) == 3:
       where.add("1x1" if strides[0] == 2 else "3x3")
   if len(kinds) != 1 or len(where) > 1:
-    raise io.CheckpointError(f"{keys.path}: units of mixed kinds ({sorted(kinds)} convs, strides "
+    raise CheckpointError(f"{keys.path}: units of mixed kinds ({sorted(kinds)} convs, strides "
                              f"in {sorted(where)}); one ResNet has one kind of unit.")
   (n_convs,) = kinds
   cfg.update(depth=tuple(depth), widths=tuple(widths), batchnorm=bn,
@@ -210,12 +202,12 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["image_size"] = size[0] if len(size) == 2 and size[0] == size[1] else 224
   ev["image_size"] = f"the graph's input {shape}"
   if len(w.bn_eps) > 1:
-    raise io.CheckpointError(f"{keys.path}: BatchNormalization epsilons {sorted(w.bn_eps)}; one "
+    raise CheckpointError(f"{keys.path}: BatchNormalization epsilons {sorted(w.bn_eps)}; one "
                              "ResNet has one.")
   cfg.update(bn_eps=w.bn_eps.pop() if w.bn_eps else 1e-5, input_order="rgb")
   ev.update(bn_eps="the BatchNormalization nodes' epsilon" if bn else "folded: no epsilon",
             input_order="not in the graph; RGB unless the zoo entry says otherwise")
-  return io.Reading(keys.fmt, cfg, ev, p, ("input_order",), src)
+  return Reading(keys.fmt, cfg, ev, p, ("input_order",), src)
 
 
 def _head(w: _Walk, tensor: str, p: dict, cfg: dict, ev: dict) -> None:
@@ -244,16 +236,10 @@ def _head(w: _Walk, tensor: str, p: dict, cfg: dict, ev: dict) -> None:
   cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], f"node {node.name}"
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  del cfg, r, native, path
-
-
-def default_format(model) -> str:
-  del model
-  return "onnx_resnet"
-
-
-def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-  """Reading only."""
-  del model, flat
-  raise ValueError(f"Format {fmt!r} is read, not written; save as .safetensors.")
+READER = Reader(
+    formats=FORMATS,
+    policy=resnet.ResNet.default_policy,
+    read=read,
+    overridable=("input_order",),
+    detect_graph=detect_graph,
+)

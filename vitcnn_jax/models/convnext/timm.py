@@ -11,16 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import convnext
-from vitcnn_jax.models import io
-from vitcnn_jax.models import timm_config
+from vitcnn_jax.models.convnext import model as convnext
+from vitcnn_jax.models.formats import timm_config
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
 
 FORMATS = {"timm_convnext": "timm's ConvNeXt state dict (.safetensors): stem.0/1, "
                             "stages.S.downsample.0/1, stages.S.blocks.B.{conv_dw, norm, "
                             "mlp.fc1, mlp.grn (v2), mlp.fc2, gamma (v1)}, head.norm, head.fc"}
-SUFFIX = ".safetensors"
-POLICY = convnext.ConvNeXt.default_policy  # timm's ConvNeXt evaluation
-OVERRIDABLE = ()
 
 
 def detect(flat: dict[str, np.ndarray]) -> str | None:
@@ -29,47 +27,33 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
-  w = keys.take(f"{name}.weight")
-  if w.ndim != 4:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a conv kernel "
-                             "(out, in, h, w).")
-  p[f"{ours}/kernel"], p[f"{ours}/bias"] = w.transpose(2, 3, 1, 0), keys.take(f"{name}.bias")
-  return w
-
-
-def dense(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
-  p[f"{ours}/kernel"], p[f"{ours}/bias"] = io.take_torch_linear(keys, name)
-  return p[f"{ours}/kernel"]
-
-
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  stem = conv(keys, p, "stem.0", "stem_conv")
+  stem = torch_layout.take_torch_conv(keys, p, "stem.0", "stem_conv", bias=True)
   cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape("stem.0.weight")
-  io.take_torch_norm(keys, p, "stem.1", "stem_norm")
+  torch_layout.take_torch_norm(keys, p, "stem.1", "stem_norm")
   stages = keys.indices(r"stages\.(\d+)\.")
   if not stages or stages[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no stages.0.* tensors found.")
+    raise CheckpointError(f"{keys.path}: no stages.0.* tensors found.")
   depths, widths = [], []
   for s in stages:
     if s:
-      io.take_torch_norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
-      conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv")
+      torch_layout.take_torch_norm(keys, p, f"stages.{s}.downsample.0", f"stage{s}_downsample_norm")
+      torch_layout.take_torch_conv(keys, p, f"stages.{s}.downsample.1", f"stage{s}_downsample_conv", bias=True)
     blocks = keys.indices(rf"stages\.{s}\.blocks\.(\d+)\.")
     if not blocks or blocks[0] != 0:
-      raise io.CheckpointError(f"{keys.path}: stage {s} has no stages.{s}.blocks.0.* tensors.")
+      raise CheckpointError(f"{keys.path}: stage {s} has no stages.{s}.blocks.0.* tensors.")
     depths.append(len(blocks))
     for b in blocks:
       src, ours = f"stages.{s}.blocks.{b}", f"stage{s}_block{b:02d}"
-      dw = conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw")
-      io.take_torch_norm(keys, p, f"{src}.norm", f"{ours}/norm")
-      dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
-      dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
+      dw = torch_layout.take_torch_conv(keys, p, f"{src}.conv_dw", f"{ours}/conv_dw", bias=True)
+      torch_layout.take_torch_norm(keys, p, f"{src}.norm", f"{ours}/norm")
+      torch_layout.take_torch_dense(keys, p, f"{src}.mlp.fc1", f"{ours}/fc1")
+      torch_layout.take_torch_dense(keys, p, f"{src}.mlp.fc2", f"{ours}/fc2")
       if keys.has(f"{src}.mlp.grn.weight"):
-        io.take_torch_norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
+        torch_layout.take_torch_norm(keys, p, f"{src}.mlp.grn", f"{ours}/grn")
       if keys.has(f"{src}.gamma"):
         p[f"{ours}/gamma"] = keys.take(f"{src}.gamma")
     widths.append(dw.shape[0])
@@ -82,25 +66,20 @@ def read(keys: io.Keys) -> io.Reading:
   ev["grn"] = "stages.0.blocks.0.mlp.grn.weight" + ("" if cfg["grn"] else ": absent (v1)")
   cfg["layer_scale"] = keys.has("stages.0.blocks.0.gamma")
   ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
-  io.take_torch_norm(keys, p, "head.norm", "head_norm")
-  io.take_head_torch(keys, p, cfg, ev, "head.fc")
+  torch_layout.take_torch_norm(keys, p, "head.norm", "head_norm")
+  torch_layout.take_head_torch(keys, p, cfg, ev, "head.fc")
   s = timm_config.Settings(keys, "timm's ConvNeXt")  # a hub folder's config.json, if any
   s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
+  return Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Any resolution runs (a conv net); the input must tile into the strides."""
   del r, native
   size, stride = cfg.get("image_size") or 224, cfg["patch_size"] * 2 ** (len(cfg["depths"]) - 1)
   if any(s % stride for s in np.atleast_1d(size)):
     raise ValueError(f"{path}: resolution {size} is not a multiple of {stride}, the stem's "
                      "patch times the downsamplings.")
-
-
-def default_format(model) -> str:
-  del model
-  return "timm_convnext"
 
 
 _NAMES = {"stem_conv": "stem.0", "stem_norm": "stem.1", "head_norm": "head.norm",
@@ -132,5 +111,16 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
       continue
     if leaf == "kernel":
       v = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
-    out[f"{name}.{io.TORCH_LEAVES[leaf]}"] = v
+    out[f"{name}.{torch_layout.TORCH_LEAVES[leaf]}"] = v
   return out
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy=convnext.ConvNeXt.default_policy,  # timm's ConvNeXt evaluation
+    detect=detect,
+    read=read,
+    adapt=adapt,
+    write=write,
+    suffix=".safetensors",
+)

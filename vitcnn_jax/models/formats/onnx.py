@@ -21,8 +21,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from vitcnn_jax.models.formats.base import CheckpointError
 
-from vitcnn_jax.models import io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +74,17 @@ def read(path: str, data: bytes) -> tuple[dict[str, np.ndarray], Graph]:
     import onnx  # pylint: disable=g-import-not-at-top
     from onnx import numpy_helper  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise io.CheckpointError(f"{path}: an ONNX file; reading it needs the `onnx` package "
+    raise CheckpointError(f"{path}: an ONNX file; reading it needs the `onnx` package "
                              "(protobuf only): pip install onnx") from e
   try:
     model = onnx.load_model_from_string(data)
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
   except Exception as e:  # pylint: disable=broad-except  (DecodeError, or a truncated tensor)
-    raise io.CheckpointError(f"{path}: not a readable ONNX file ({type(e).__name__}: {e}). It "
+    raise CheckpointError(f"{path}: not a readable ONNX file ({type(e).__name__}: {e}). It "
                              "is truncated or corrupt: download it again.") from e
   g = model.graph
   if not g.node or not weights:
-    raise io.CheckpointError(f"{path}: the ONNX file holds no graph or no weights "
+    raise CheckpointError(f"{path}: the ONNX file holds no graph or no weights "
                              f"({len(g.node)} nodes, {len(weights)} initializers).")
   # An Identity of a weight (torch's exporter shares equal weights so) is that weight.
   same = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input[0] in weights}
@@ -109,7 +109,7 @@ def read(path: str, data: bytes) -> tuple[dict[str, np.ndarray], Graph]:
       described[key] = f"{name} (input {at} of node {user.name})"
       renamed[name] = key
     if key in flat:
-      raise io.CheckpointError(f"{path}: two weights map to {key!r} ({described.get(key, key)} "
+      raise CheckpointError(f"{path}: two weights map to {key!r} ({described.get(key, key)} "
                                f"and {name}); this export is not one we can read.")
     flat[key] = np.asarray(w, np.float32)
   inputs = [i for i in g.input if i.name not in weights]  # old exporters list weights too

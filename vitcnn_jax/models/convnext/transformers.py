@@ -19,18 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import convnext
-from vitcnn_jax.models import convnext_io
-from vitcnn_jax.models import hf_folder
-from vitcnn_jax.models import io
+from vitcnn_jax.models.convnext import model as convnext
+from vitcnn_jax.models.convnext import timm
+from vitcnn_jax.models.formats import hf_folder
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
 
 FORMATS = {"hf_convnext": "Hugging Face transformers' ConvNextModel / ConvNextV2Model and their "
                           "classifiers (facebook/convnext-*, convnextv2-*)",
            "hf_dinov3_convnext": "Hugging Face transformers' DINOv3ConvNextModel "
                                  "(facebook/dinov3-convnext-*)"}
-SUFFIX = None  # read, never written
 POLICY = "hf_bicubic_crop0.875_imagenet"  # ConvNextImageProcessor: crop_pct 0.875 at 224
-OVERRIDABLE = ()
 # format -> where each piece sits, the classifiers' prefixes, its config class's layer_norm_eps
 _NAMES: dict[str, dict[str, Any]] = {
     "hf_convnext": dict(stem_conv="embeddings.patch_embeddings", stem_norm="embeddings.layernorm",
@@ -61,23 +60,22 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return next((fmt for fmt, n in _NAMES.items() if _base(flat, n) is not None), None)
 
 
-def _stages(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, n: dict[str, Any]) -> None:
-  conv, dense = convnext_io.conv, convnext_io.dense
+def _stages(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, n: dict[str, Any]) -> None:
   stages = keys.indices(re.escape(base + n["stage"].format("")) + r"(\d+)\.")
   depths, widths = [], []
   for s in stages:
     src = base + n["stage"].format(s)
     if s:
-      io.take_torch_norm(keys, p, f"{src}.{n['down_norm']}", f"stage{s}_downsample_norm")
-      conv(keys, p, f"{src}.{n['down_conv']}", f"stage{s}_downsample_conv")
+      torch_layout.take_torch_norm(keys, p, f"{src}.{n['down_norm']}", f"stage{s}_downsample_norm")
+      torch_layout.take_torch_conv(keys, p, f"{src}.{n['down_conv']}", f"stage{s}_downsample_conv", bias=True)
     blocks = keys.indices(re.escape(src) + r"\.layers\.(\d+)\.")
     depths.append(len(blocks))
     for b in blocks:
       layer, ours = f"{src}.layers.{b}", f"stage{s}_block{b:02d}"
-      dw = conv(keys, p, f"{layer}.{n['dw']}", f"{ours}/conv_dw")
-      io.take_torch_norm(keys, p, f"{layer}.{n['norm']}", f"{ours}/norm")
-      dense(keys, p, f"{layer}.{n['fc1']}", f"{ours}/fc1")
-      dense(keys, p, f"{layer}.{n['fc2']}", f"{ours}/fc2")
+      dw = torch_layout.take_torch_conv(keys, p, f"{layer}.{n['dw']}", f"{ours}/conv_dw", bias=True)
+      torch_layout.take_torch_norm(keys, p, f"{layer}.{n['norm']}", f"{ours}/norm")
+      torch_layout.take_torch_dense(keys, p, f"{layer}.{n['fc1']}", f"{ours}/fc1")
+      torch_layout.take_torch_dense(keys, p, f"{layer}.{n['fc2']}", f"{ours}/fc2")
       if keys.has(f"{layer}.grn.weight"):
         p[f"{ours}/grn/scale"] = keys.take(f"{layer}.grn.weight").reshape(-1)
         p[f"{ours}/grn/bias"] = keys.take(f"{layer}.grn.bias").reshape(-1)
@@ -85,7 +83,7 @@ def _stages(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, n: dict[str,
         p[f"{ours}/gamma"] = keys.take(f"{layer}.{n['gamma']}")
     widths.append(dw.shape[0])
   if not stages or stages[0] != 0 or not all(depths):
-    raise io.CheckpointError(f"{keys.path}: no {base}{n['stage'].format('S')}.layers.0.* tensors.")
+    raise CheckpointError(f"{keys.path}: no {base}{n['stage'].format('S')}.layers.0.* tensors.")
   first = f"{base}{n['stage'].format(0)}.layers.0"
   cfg["depths"], ev["depths"] = tuple(depths), f"{base}{n['stage'].format('S')}.layers.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), f"{first}.{n['dw']}.weight per stage"
@@ -96,27 +94,27 @@ def _stages(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, n: dict[str,
   ev["layer_scale"] = f"{first}.{n['gamma']}" + ("" if cfg["layer_scale"] else ": absent")
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
   n = _NAMES[keys.fmt]
   base = _base(keys.flat, n) or ""
-  stem = convnext_io.conv(keys, p, base + n["stem_conv"], "stem_conv")
+  stem = torch_layout.take_torch_conv(keys, p, base + n["stem_conv"], "stem_conv", bias=True)
   cfg["patch_size"], ev["patch_size"] = stem.shape[-1], keys.shape(f"{base}{n['stem_conv']}.weight")
-  io.take_torch_norm(keys, p, base + n["stem_norm"], "stem_norm")
+  torch_layout.take_torch_norm(keys, p, base + n["stem_norm"], "stem_norm")
   _stages(keys, p, cfg, ev, base, n)
-  io.take_torch_norm(keys, p, base + n["final"], "head_norm")
-  io.take_head_torch(keys, p, cfg, ev, "classifier")
+  torch_layout.take_torch_norm(keys, p, base + n["final"], "head_norm")
+  torch_layout.take_head_torch(keys, p, cfg, ev, "classifier")
   assumed = _head_eps(keys, cfg, ev, n)
   size = keys.meta and keys.meta.input_size()
   cfg["image_size"], ev["image_size"] = size or (
       224, "not in the file (a conv net runs at any size); 224")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
+  return Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
                     policy=hf_folder.policy(keys.meta, POLICY, "that of facebook/convnext-*"))
 
 
-def _head_eps(keys: io.Keys, cfg: dict, ev: dict, n: dict[str, Any]) -> list[str]:
+def _head_eps(keys: Keys, cfg: dict, ev: dict, n: dict[str, Any]) -> list[str]:
   """The pooled features' LayerNorm eps: config.json's layer_norm_eps (assumed
   without one); DINOv3's applies to every norm, which ours fixes at 1e-6."""
   config = keys.meta.config if keys.meta else None
@@ -125,11 +123,11 @@ def _head_eps(keys: io.Keys, cfg: dict, ev: dict, n: dict[str, Any]) -> list[str
     ev["head_eps"] = f"not in the weights and no config.json; {n['upstream']}'s default {n['eps']}"
     return ["head_eps"]
   if config.get("hidden_act", "gelu") != "gelu":
-    raise io.CheckpointError(f"{keys.path}: config.json hidden_act={config['hidden_act']!r}; "
+    raise CheckpointError(f"{keys.path}: config.json hidden_act={config['hidden_act']!r}; "
                              "our ConvNeXt has exact GELU.")
   eps = float(config.get("layer_norm_eps", n["eps"]))
   if n["all_norms"] and eps != convnext.EPS:
-    raise io.CheckpointError(f"{keys.path}: config.json layer_norm_eps={eps} for every norm; our "
+    raise CheckpointError(f"{keys.path}: config.json layer_norm_eps={eps} for every norm; our "
                              f"ConvNeXt's block norms have {convnext.EPS}.")
   cfg["head_eps"] = eps
   ev["head_eps"] = (f"config.json layer_norm_eps={config['layer_norm_eps']!r}" if "layer_norm_eps"
@@ -137,15 +135,10 @@ def _head_eps(keys: io.Keys, cfg: dict, ev: dict, n: dict[str, Any]) -> list[str
   return []
 
 
-adapt = convnext_io.adapt
-
-
-def default_format(model) -> str:
-  del model
-  return "hf_convnext"
-
-
-def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-  """Reading only: our ConvNeXts save as timm safetensors."""
-  del model, flat
-  raise ValueError(f"Format {fmt!r} is read, not written; save as .safetensors (timm's layout).")
+READER = Reader(
+    formats=FORMATS,
+    policy=POLICY,
+    detect=detect,
+    read=read,
+    adapt=timm.adapt,
+)

@@ -18,7 +18,8 @@ import numpy as np
 
 from vitcnn_jax import fileio
 from vitcnn_jax import preprocess
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats import arrays
+from vitcnn_jax.models.formats.base import CheckpointError, log
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -43,7 +44,7 @@ class Meta:
     try:
       return preprocess.from_hf_processor(self.preprocessor)
     except ValueError as e:
-      raise io.CheckpointError(f"{os.path.join(self.folder, PREPROCESSOR)}: {e} Correct it in "
+      raise CheckpointError(f"{os.path.join(self.folder, PREPROCESSOR)}: {e} Correct it in "
                                "that file.") from None
 
   def input_size(self) -> tuple[int, str] | None:
@@ -58,7 +59,7 @@ def policy(meta: Meta | None, fallback: str, what: str) -> tuple[str, str]:
     found = meta.policy()
     if found:
       return found
-    io.log.warning("%s: its preprocessor_config.json (%s) matches none of our policies; using "
+    log.warning("%s: its preprocessor_config.json (%s) matches none of our policies; using "
                    "%s (%s). Set the model's policy if it was evaluated otherwise.", meta.folder,
                    meta.preprocessor.get("image_processor_type", "image processor"), fallback, what)
     return fallback, f"its preprocessor_config.json matching none of ours; {what}"
@@ -73,9 +74,9 @@ def _json(path: str) -> dict[str, Any]:
   try:
     value = json.loads(fileio.read_bytes(path))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise io.CheckpointError(f"{path}: not valid JSON ({e}); download it again.") from e
+    raise CheckpointError(f"{path}: not valid JSON ({e}); download it again.") from e
   if not isinstance(value, dict):
-    raise io.CheckpointError(f"{path}: holds a {type(value).__name__}, not a JSON object.")
+    raise CheckpointError(f"{path}: holds a {type(value).__name__}, not a JSON object.")
   return value
 
 
@@ -88,21 +89,21 @@ def weight_files(folder: str) -> list[str]:
   if os.path.exists(index):
     weight_map = _json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-      raise io.CheckpointError(f"{index}: no 'weight_map' of tensor names to shard files.")
+      raise CheckpointError(f"{index}: no 'weight_map' of tensor names to shard files.")
     shards = sorted(set(weight_map.values()))
     missing = [s for s in shards if not os.path.exists(os.path.join(folder, s))]
     if missing:
-      raise io.CheckpointError(f"{index}: names shard(s) {missing} that are not in {folder}; "
+      raise CheckpointError(f"{index}: names shard(s) {missing} that are not in {folder}; "
                                "download the whole repository again.")
     return [os.path.join(folder, s) for s in shards]
   pickled = [f for f in _PICKLED if os.path.exists(os.path.join(folder, f))]
   found = sorted(os.listdir(folder))
   if pickled:
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{folder}: its weights are a PyTorch pickle ({pickled[0]}), which is never read "
         "(pickles can run code). Download the repository's model.safetensors, or convert "
         "the weights with safetensors.torch.save_file.")
-  raise io.CheckpointError(f"{folder}: no {WEIGHTS} or {INDEX} in this folder (it holds "
+  raise CheckpointError(f"{folder}: no {WEIGHTS} or {INDEX} in this folder (it holds "
                            f"{found[:8]}); pass a Hugging Face model folder or a weights file.")
 
 
@@ -119,9 +120,9 @@ def read(folder: str) -> tuple[dict[str, np.ndarray], Meta | None]:
   """A folder's tensors (all shards) and its settings."""
   flat: dict[str, np.ndarray] = {}
   for file in weight_files(folder):
-    for k, v in io.decode_arrays(file, io.read_bytes(file)).items():
+    for k, v in arrays.decode_arrays(file, arrays.read_bytes(file)).items():
       if k in flat:
-        raise io.CheckpointError(f"{file}: tensor {k!r} is in two shards of {folder}.")
+        raise CheckpointError(f"{file}: tensor {k!r} is in two shards of {folder}.")
       flat[k] = v
   return flat, settings(folder)
 

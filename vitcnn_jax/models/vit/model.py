@@ -2,7 +2,7 @@
 
 Parameter names follow big_vision's linen layout (`embedding`, top-level
 `pos_embedding` without a cls row, `cls`, `Transformer/encoderblock_i/...`,
-`MAPHead_0`, `pre_logits`, `head`); `vit_io.py` maps the original
+`MAPHead_0`, `pre_logits`, `head`); `google.py` maps the original
 vision_transformer files (pre-linen names, cls row inside the position
 embedding) onto it exactly: cls + pe[0] equals big_vision's folded cls.
 Position embeddings are learned (`posemb="learn"`), big_vision's fixed 2-D

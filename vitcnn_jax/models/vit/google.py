@@ -17,12 +17,9 @@ import numpy as np
 
 from vitcnn_jax import preprocess
 from vitcnn_jax.models import common
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
-SUFFIX = ".npz"
-POLICY = "resize"  # vision_transformer's evaluation and big_vision's SigLIP: [-1, 1]
 # tanh GELU like every upstream; `no_skip` for ablation models; `patch_size` as FlexiViT.
-OVERRIDABLE = ("gelu", "no_skip", "patch_size")
 FORMATS = {
     "vit": "google-research/vision_transformer ViT and AugReg: pre-linen names, cls row "
            "inside Transformer/posembed_input (folded into cls), pool token or gap, "
@@ -92,7 +89,7 @@ def resample_posemb_flexi(pe: np.ndarray, old_grid: tuple[int, int],
   return np.asarray(grid).reshape(1, new_grid[0] * new_grid[1], d).astype(pe.dtype)
 
 
-def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -> None:
+def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -> None:
   stacked = keys.has("Transformer/encoderblock/LayerNorm_0/scale")
   if stacked:
     depth = keys.flat["Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
@@ -100,7 +97,7 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]
   else:
     idx = keys.indices(r"Transformer/encoderblock_(\d+)/")
     if not idx or idx[0] != 0:
-      raise io.CheckpointError(f"{keys.path}: no Transformer/encoderblock_0 found.")
+      raise CheckpointError(f"{keys.path}: no Transformer/encoderblock_0 found.")
     depth = len(idx)
     ev["depth"] = f"Transformer/encoderblock_0..{depth - 1}"
   cfg["depth"] = depth
@@ -112,7 +109,7 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]
         arr = keys.take(f"{src}/{name}/{leaf}")
         if stacked:
           if arr.shape[0] != depth:
-            raise io.CheckpointError(
+            raise CheckpointError(
                 f"{keys.path}: scan-stacked {src}/{name}/{leaf} has leading axis "
                 f"{arr.shape[0]}, expected depth {depth}.")
           arr = arr[i]
@@ -127,7 +124,7 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]
     p[f"Transformer/encoder_norm/{leaf}"] = keys.take(f"Transformer/encoder_norm/{leaf}")
 
 
-def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
+def _pool(keys: Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
           pe: np.ndarray | None, pe_key: str | None) -> np.ndarray | None:
   """The pooling (class token, MAP head, or neither), its tensors, and the position
   embedding without a vision_transformer file's class-token row (folded into cls)."""
@@ -139,7 +136,7 @@ def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
       # folding its first row into cls gives big_vision's equivalent form.
       rows = pe.shape[1]
       if math.isqrt(rows) ** 2 == rows and math.isqrt(rows - 1) ** 2 != rows - 1:
-        raise io.CheckpointError(
+        raise CheckpointError(
             f"{keys.path}: {pe_key} {pe.shape} has {rows} rows, a whole "
             f"{math.isqrt(rows)}x{math.isqrt(rows)} grid, but with a class token ('cls') "
             "a vision_transformer file has one more row, for the class token, first. The "
@@ -156,7 +153,7 @@ def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
   elif keys.fmt == "vit":
     rows = pe.shape[1]
     if math.isqrt(rows) ** 2 != rows and math.isqrt(rows - 1) ** 2 == rows - 1:
-      raise io.CheckpointError(
+      raise CheckpointError(
           f"{keys.path}: key 'cls' is missing: {pe_key} {pe.shape} has a class-token row "
           f"before its {math.isqrt(rows - 1)}x{math.isqrt(rows - 1)} grid, so the model "
           "pools its class token, but the file has no 'cls' tensor. The file is incomplete.")
@@ -169,7 +166,7 @@ def _pool(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
   return pe
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
@@ -188,7 +185,7 @@ def read(keys: io.Keys) -> io.Reading:
     ev["representation_size"] = keys.shape("pre_logits/kernel")
   else:
     cfg["representation_size"], ev["representation_size"] = None, "no pre_logits in the file"
-  io.take_head(keys, p, cfg, ev)
+  take_head(keys, p, cfg, ev)
 
   pe_key = next((k for k in _POSEMB_KEYS if keys.has(k)), None)
   if pe_key is None and keys.fmt == "big_vision" and cfg["width"] % 4 == 0:
@@ -205,7 +202,7 @@ def read(keys: io.Keys) -> io.Reading:
     pe = keys.take(pe_key or "pos_embedding")
     cfg["posemb"], ev["posemb"] = "learn", keys.shape(pe_key)
     if pe.ndim != 3 or pe.shape[0] != 1 or pe.shape[2] != cfg["width"]:
-      raise io.CheckpointError(
+      raise CheckpointError(
           f"{keys.path}: {keys.prefix}{keys.shape(pe_key)} should be (1, tokens, "
           f"{cfg['width']}), the width read from {ev['width']}. The file is malformed.")
   pe = _pool(keys, p, cfg, ev, assumed, pe, pe_key)
@@ -215,15 +212,15 @@ def read(keys: io.Keys) -> io.Reading:
     square = g * g == pe.shape[1] and np.ndim(cfg["patch_size"]) == 0
     cfg["image_size"] = int(g * cfg["patch_size"]) if square else None
     ev["image_size"] = keys.shape(pe_key)
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed), sources)
+  return Reading(keys.fmt, cfg, ev, p, tuple(assumed), sources)
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
+def adapt(cfg: dict, r: Reading, native: int | None, path: str,
           resample: Callable[..., np.ndarray] = resample_posemb) -> None:
   """Checks the resolution; a learned embedding is resampled to the new grid
   (with `resample`, the file's upstream's method)."""
   if cfg.get("image_size") is None:
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
   bad = [b for b in cfg.get("no_skip") or () if not 0 <= b < cfg["depth"]]
@@ -243,7 +240,7 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str,
   rows, grid = r.params["pos_embedding"].shape[1], (new[0] // patch[0], new[1] // patch[1])
   if grid[0] * grid[1] != rows:
     if native is None:
-      raise io.CheckpointError(f"{path}: cannot resample a non-square position "
+      raise CheckpointError(f"{path}: cannot resample a non-square position "
                                         f"embedding ({r.evidence['image_size']}) to {new}.")
     old = native // kernel.shape[0]
     r.params["pos_embedding"] = resample(r.params["pos_embedding"], (old, old), grid)
@@ -286,3 +283,16 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
     else:
       out[k] = v
   return out
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy="resize",  # vision_transformer's evaluation and big_vision's SigLIP: [-1, 1]
+    detect=detect,
+    read=read,
+    overridable=("gelu", "no_skip", "patch_size"),
+    adapt=adapt,
+    write=write,
+    suffix=".npz",
+    default_format=default_format,
+)

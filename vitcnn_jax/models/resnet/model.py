@@ -39,6 +39,8 @@ LAYER_PRESETS = {
 BLOCKS = ("bottleneck", "basic")
 STRIDES_IN = ("1x1", "3x3")
 INPUT_ORDERS = ("rgb", "bgr")
+# What a torch file's non-4-D stem or shortcut is instead of ResNet v1's conv, for messages.
+NOT_V1 = "; deep stems and pooled shortcuts (timm's resnet*d) are not ResNet v1"
 
 
 class Conv(nn.Module):

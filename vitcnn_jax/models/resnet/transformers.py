@@ -15,15 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import hf_folder
-from vitcnn_jax.models import io
-from vitcnn_jax.models import resnet_io
+from vitcnn_jax.models.formats import hf_folder
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
+from vitcnn_jax.models.resnet import model as resnet
 
 FORMATS = {"hf_resnet": "Hugging Face transformers' ResNetModel / ResNetForImageClassification "
                         "(microsoft/resnet-*)"}
-SUFFIX = None  # read, never written
 POLICY = "hf_bicubic_crop0.875_imagenet"  # microsoft/resnet-*'s ConvNextImageProcessor
-OVERRIDABLE = ("stride_in", "bn_eps", "input_order")
 _ROOT = "embedder.embedder"
 
 
@@ -38,13 +37,13 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return "hf_resnet" if _base(flat) is not None else None
 
 
-def _conv_bn(keys: io.Keys, p: dict, name: str, conv: str, bn: str) -> np.ndarray:
-  w = resnet_io.conv(keys, p, f"{name}.convolution", conv)
-  resnet_io.bn(keys, p, f"{name}.normalization", bn)
+def _conv_bn(keys: Keys, p: dict, name: str, conv: str, bn: str) -> np.ndarray:
+  w = torch_layout.take_torch_conv(keys, p, f"{name}.convolution", conv, refused=resnet.NOT_V1)
+  torch_layout.take_torch_bn(keys, p, f"{name}.normalization", bn)
   return w
 
 
-def _settings(keys: io.Keys, cfg: dict, ev: dict) -> list[str]:
+def _settings(keys: Keys, cfg: dict, ev: dict) -> list[str]:
   """What config.json decides (the stride's place); assumed without one."""
   config = keys.meta.config if keys.meta else None
   if config is None:
@@ -59,12 +58,12 @@ def _settings(keys: io.Keys, cfg: dict, ev: dict) -> list[str]:
                                                   "ResNetConfig's default False (the 3x3)"
   for key, want in (("hidden_act", "relu"), ("downsample_in_first_stage", False)):
     if config.get(key, want) != want:
-      raise io.CheckpointError(f"{keys.path}: config.json {key}={config[key]!r}; our ResNet has "
+      raise CheckpointError(f"{keys.path}: config.json {key}={config[key]!r}; our ResNet has "
                                f"{key}={want!r}.")
   return []
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
@@ -73,11 +72,11 @@ def read(keys: io.Keys) -> io.Reading:
   stem = _conv_bn(keys, p, root, "conv_root", "bn_root")
   cfg["stem_width"], ev["stem_width"] = stem.shape[0], keys.shape(f"{root}.convolution.weight")
   if stem.shape[2:] != (7, 7):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(root + '.convolution.weight')}: our "
+    raise CheckpointError(f"{keys.path}: {keys.shape(root + '.convolution.weight')}: our "
                              "ResNet's root is a 7x7 conv.")
   stages = keys.indices(rf"{base}encoder\.stages\.(\d+)\.")
   if not stages or stages[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no {base}encoder.stages.0.* tensors found.")
+    raise CheckpointError(f"{keys.path}: no {base}encoder.stages.0.* tensors found.")
   first = f"{base}encoder.stages.0.layers.0.layer"
   bottleneck = keys.has(f"{first}.2.convolution.weight")
   cfg["block"] = "bottleneck" if bottleneck else "basic"
@@ -86,7 +85,7 @@ def read(keys: io.Keys) -> io.Reading:
   for s in stages:
     units = keys.indices(rf"{base}encoder\.stages\.{s}\.layers\.(\d+)\.")
     if not units or units[0] != 0:
-      raise io.CheckpointError(f"{keys.path}: stage {s} has no layers.0.* tensors.")
+      raise CheckpointError(f"{keys.path}: stage {s} has no layers.0.* tensors.")
     depth.append(len(units))
     for u in units:
       src, ours = f"{base}encoder.stages.{s}.layers.{u}", f"block{s + 1}_unit{u + 1:02d}"
@@ -98,7 +97,7 @@ def read(keys: io.Keys) -> io.Reading:
         _conv_bn(keys, p, f"{src}.shortcut", f"{ours}/conv_proj", f"{ours}/bn_proj")
   cfg["depth"], ev["depth"] = tuple(depth), f"{base}encoder.stages.S.layers.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), f"{base}encoder.stages.S.layers.0.layer.1"
-  io.take_head_torch(keys, p, cfg, ev, "classifier.1")
+  torch_layout.take_head_torch(keys, p, cfg, ev, "classifier.1")
   assumed = _settings(keys, cfg, ev)
   cfg.update(batchnorm=True, pool_pad=(1, 1), bn_eps=1e-5)
   ev.update(batchnorm=f"{root}.normalization.running_var",
@@ -107,22 +106,14 @@ def read(keys: io.Keys) -> io.Reading:
   size = keys.meta and keys.meta.input_size()
   cfg["image_size"], ev["image_size"] = size or (
       224, "not in the file (a conv net runs at any size); 224")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
+  return Reading(keys.fmt, cfg, ev, p, tuple(assumed) + ("image_size",) * (not size),
                     policy=hf_folder.policy(keys.meta, POLICY, "that of microsoft/resnet-*"))
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  """Any resolution runs (a conv net)."""
-  del cfg, r, native, path
-
-
-def default_format(model) -> str:
-  del model
-  return "hf_resnet"
-
-
-def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-  """Reading only: our ResNets save as timm safetensors."""
-  del model, flat
-  raise ValueError(f"Format {fmt!r} is read, not written; save as .safetensors (timm's layout).")
-
+READER = Reader(
+    formats=FORMATS,
+    policy=POLICY,
+    detect=detect,
+    read=read,
+    overridable=("stride_in", "bn_eps", "input_order"),
+)

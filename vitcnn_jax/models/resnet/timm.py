@@ -14,16 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import io
-from vitcnn_jax.models import timm_config
-from vitcnn_jax.models import resnet
+from vitcnn_jax.models.formats import timm_config
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
+from vitcnn_jax.models.resnet import model as resnet
 
 FORMATS = {"timm_resnet": "timm's or torchvision's ResNet state dict (.safetensors): conv1, "
                           "bn1, layerS.U.{conv1..3, bn1..3, downsample.0/1}, fc"}
-SUFFIX = ".safetensors"
-POLICY = resnet.ResNet.default_policy
-OVERRIDABLE = ("stride_in", "bn_eps", "input_order")
-_BN = {"scale": "weight", "bias": "bias", "mean": "running_mean", "var": "running_var"}
 
 
 def detect(flat: dict[str, np.ndarray]) -> str | None:
@@ -32,70 +29,45 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def conv(keys: io.Keys, p: dict, name: str, ours: str) -> np.ndarray:
-  w = keys.take(f"{name}.weight")
-  if w.ndim != 4:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a conv kernel "
-                             "(out, in, h, w); deep stems and pooled shortcuts (timm's resnet*d) "
-                             "are not ResNet v1.")
-  p[f"{ours}/kernel"] = w.transpose(2, 3, 1, 0)
-  return w
-
-
-def bn(keys: io.Keys, p: dict, name: str, ours: str) -> None:
-  for leaf, theirs in _BN.items():
-    p[f"{ours}/{leaf}"] = keys.take(f"{name}.{theirs}")
-
-
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  stem = conv(keys, p, "conv1", "conv_root")
-  bn(keys, p, "bn1", "bn_root")
+  stem = torch_layout.take_torch_conv(keys, p, "conv1", "conv_root", refused=resnet.NOT_V1)
+  torch_layout.take_torch_bn(keys, p, "bn1", "bn_root")
   cfg["stem_width"], ev["stem_width"] = stem.shape[0], keys.shape("conv1.weight")
   bottleneck = keys.has("layer1.0.conv3.weight")
   cfg["block"] = "bottleneck" if bottleneck else "basic"
   ev["block"] = "layer1.0.conv3.weight" + ("" if bottleneck else ": absent")
   stages = keys.indices(r"layer(\d+)\.")
   if not stages or stages[0] != 1:
-    raise io.CheckpointError(f"{keys.path}: no layer1.* tensors found.")
+    raise CheckpointError(f"{keys.path}: no layer1.* tensors found.")
   depth, widths = [], []
   for s in stages:
     units = keys.indices(rf"layer{s}\.(\d+)\.")
     if not units or units[0] != 0:
-      raise io.CheckpointError(f"{keys.path}: stage {s} has no layer{s}.0.* tensors.")
+      raise CheckpointError(f"{keys.path}: stage {s} has no layer{s}.0.* tensors.")
     depth.append(len(units))
     for u in units:
       src, ours = f"layer{s}.{u}", f"block{s}_unit{u + 1:02d}"
       for i in (1, 2, 3) if bottleneck else (1, 2):
-        w = conv(keys, p, f"{src}.conv{i}", f"{ours}/conv{i}")
-        bn(keys, p, f"{src}.bn{i}", f"{ours}/bn{i}")
+        w = torch_layout.take_torch_conv(keys, p, f"{src}.conv{i}", f"{ours}/conv{i}", refused=resnet.NOT_V1)
+        torch_layout.take_torch_bn(keys, p, f"{src}.bn{i}", f"{ours}/bn{i}")
         if i == 2 and u == 0:
           widths.append(w.shape[0] if bottleneck else w.shape[1])
       if keys.has(f"{src}.downsample.0.weight"):
-        conv(keys, p, f"{src}.downsample.0", f"{ours}/conv_proj")
-        bn(keys, p, f"{src}.downsample.1", f"{ours}/bn_proj")
+        torch_layout.take_torch_conv(keys, p, f"{src}.downsample.0", f"{ours}/conv_proj", refused=resnet.NOT_V1)
+        torch_layout.take_torch_bn(keys, p, f"{src}.downsample.1", f"{ours}/bn_proj")
   cfg["depth"], ev["depth"] = tuple(depth), "layerS.0..n-1"
   cfg["widths"], ev["widths"] = tuple(widths), "layerS.0.conv2.weight"
-  io.take_head_torch(keys, p, cfg, ev, "fc")
+  torch_layout.take_head_torch(keys, p, cfg, ev, "fc")
   cfg.update(batchnorm=True, pool_pad=(1, 1))
   ev.update(batchnorm="bn1.running_var", pool_pad="torch's MaxPool2d(3, 2, padding=1)")
   s = timm_config.Settings(keys, "timm's ResNet")  # a hub folder's config.json, if any
   s.get("stride_in", cfg, ev, "3x3", "timm's and torchvision's 3x3 (v1.5)")
   s.get("bn_eps", cfg, ev, 1e-5, "torch's BatchNorm2d default 1e-5")
   s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
-
-
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
-  """Any resolution runs (a conv net)."""
-  del cfg, r, native, path
-
-
-def default_format(model) -> str:
-  del model
-  return "timm_resnet"
+  return Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
 
 
 def _torch_module(module: str) -> str:
@@ -121,5 +93,16 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
     if leaf == "kernel":
       v = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
       leaf = "weight"
-    out[f"{name}.{_BN.get(leaf, leaf) if '/bn' in k or module == 'bn_root' else leaf}"] = v
+    out[f"{name}.{torch_layout.BN_LEAVES.get(leaf, leaf) if '/bn' in k or module == 'bn_root' else leaf}"] = v
   return out
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy=resnet.ResNet.default_policy,
+    detect=detect,
+    read=read,
+    overridable=("stride_in", "bn_eps", "input_order"),
+    write=write,
+    suffix=".safetensors",
+)

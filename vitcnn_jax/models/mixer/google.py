@@ -9,11 +9,8 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax.models import common
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
-SUFFIX = ".npz"
-POLICY = "resize"  # the Mixer release's evaluation, as vision_transformer's
-OVERRIDABLE = ("gelu",)  # tanh GELU like every upstream
 FORMATS = {"mixer": "vision_transformer / big_vision MLP-Mixer: stem, MixerBlock_i/"
                     "{token,channel}_mixing, pre_head_layer_norm; the token MLP fixes the size"}
 _LN = ("scale", "bias")
@@ -26,13 +23,13 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   stem = keys.take("stem/kernel")
   p["stem/kernel"], p["stem/bias"] = stem, keys.take("stem/bias")
   idx = keys.indices(r"MixerBlock_(\d+)/")
   if not idx or idx[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no MixerBlock_0 found.")
+    raise CheckpointError(f"{keys.path}: no MixerBlock_0 found.")
   for i in idx:
     for sub, leaves in (("LayerNorm_0", _LN), ("token_mixing", _MLP),
                         ("LayerNorm_1", _LN), ("channel_mixing", _MLP)):
@@ -53,27 +50,34 @@ def read(keys: io.Keys) -> io.Reading:
             num_blocks=f"MixerBlock_0..{len(idx) - 1}", tokens_mlp_dim=token_kernel,
             image_size=token_kernel,
             channels_mlp_dim=keys.shape("MixerBlock_0/channel_mixing/Dense_0/kernel"))
-  io.take_head(keys, p, cfg, ev)
-  return io.Reading(keys.fmt, cfg, ev, p)
+  take_head(keys, p, cfg, ev)
+  return Reading(keys.fmt, cfg, ev, p)
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """The token-mixing MLP fixes the number of tokens, so the resolution too."""
   if cfg.get("image_size") is None:
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
   if native is not None and common.to_pair(cfg["image_size"]) != (native, native):
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{path}: a Mixer's token-mixing MLP fixes its input to {native}x{native} "
         f"({r.evidence['image_size']}); resolution={cfg['image_size']!r} is not possible.")
-
-
-def default_format(model) -> str:
-  del model
-  return "mixer"
 
 
 def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
   del model, fmt
   return flat
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy="resize",  # the Mixer release's evaluation, as vision_transformer's
+    detect=detect,
+    read=read,
+    overridable=("gelu",),  # tanh GELU like every upstream
+    adapt=adapt,
+    write=write,
+    suffix=".npz",
+)

@@ -20,18 +20,16 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax import preprocess
-from vitcnn_jax.models import io
-from vitcnn_jax.models import timm_config
-from vitcnn_jax.models import vit_io
+from vitcnn_jax.models.formats import timm_config
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
+from vitcnn_jax.models.vit import google
 
 FORMATS = {
     "timm": "timm's VisionTransformer state dict (.safetensors): fused qkv, (out, in) "
             "matrices, pos_embed with or without the prefix tokens' rows, optional "
             "cls_token / reg_token / norm_pre / ls1,ls2 / fc_norm / attn_pool",
 }
-SUFFIX = ".safetensors"
-POLICY = "bicubic_crop0.9_imagenet"  # timm's DeiT and MAE evaluation (zoo names set others)
-OVERRIDABLE = ("gelu", "ln_eps", "num_heads", "no_skip", "patch_size")
 # Heads of the published widths (head width 64, but SigLIP So400m: 1152 = 16 x 72,
 # CLIP bigG: 1664 = 16 x 104); other widths assume 64-wide heads.
 HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24,
@@ -58,14 +56,14 @@ def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int], new_grid: tuple[i
   return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Splits the attention tensors into heads, then as Google's ViTs, resampling
   the position embedding as timm does."""
   split_heads(cfg, r, path)
-  vit_io.adapt(cfg, r, native, path, resample=resample_posemb)
+  google.adapt(cfg, r, native, path, resample=resample_posemb)
 
 
-def split_heads(cfg: dict, r: io.Reading, path: str) -> None:
+def split_heads(cfg: dict, r: Reading, path: str) -> None:
   """The attention tensors split into `num_heads` heads (a state dict does not
   say how many: an override may change the assumption)."""
   h, d = cfg["num_heads"], cfg["width"]
@@ -85,21 +83,21 @@ def _heads(kernel: np.ndarray, bias: np.ndarray | None, h: int) -> tuple[np.ndar
   return kernel.reshape(d, h, e // h), bias.reshape(h, e // h)
 
 
-def attention(keys: io.Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, slice]],
+def attention(keys: Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, slice]],
                proj: str) -> None:
   """q/k/v from (slices of) timm Linears, and the output projection."""
   for name, (src, rows) in zip(("query", "key", "value"), qkv):
-    w, b = io.take_torch_linear(keys, src, bias=False)
+    w, b = torch_layout.take_torch_linear(keys, src, bias=False)
     w, b = w[:, rows], None if b is None else b[rows]
     p[f"{ours}/{name}/kernel"], p[f"{ours}/{name}/bias"] = _heads(w, b, h)
-  w, b = io.take_torch_linear(keys, proj)
+  w, b = torch_layout.take_torch_linear(keys, proj)
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, -1, w.shape[1]), b
 
 
-def mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
+def mlp(keys: Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
   """(hidden width, kind): fc1 twice as wide as fc2's input is timm's packed SwiGLU."""
-  w1, b1 = io.take_torch_linear(keys, f"{name}.fc1")
-  w2, b2 = io.take_torch_linear(keys, f"{name}.fc2")
+  w1, b1 = torch_layout.take_torch_linear(keys, f"{name}.fc1")
+  w2, b2 = torch_layout.take_torch_linear(keys, f"{name}.fc2")
   p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = w1, b1
   p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = w2, b2
   if w1.shape[1] == 2 * w2.shape[0]:
@@ -107,19 +105,19 @@ def mlp(keys: io.Keys, p: dict, name: str, ours: str) -> tuple[int, str]:
   return w2.shape[0], "gelu"
 
 
-def gated_mlp(keys: io.Keys, p: dict, gate: str, value: str, down: str, ours: str) -> int:
+def gated_mlp(keys: Keys, p: dict, gate: str, value: str, down: str, ours: str) -> int:
   """A SwiGLU stored as two linears, silu(gate(x)) * value(x), as our packed one
   (the gate's half first); its hidden width."""
-  (wg, bg), (wv, bv) = (io.take_torch_linear(keys, n) for n in (gate, value))
+  (wg, bg), (wv, bv) = (torch_layout.take_torch_linear(keys, n) for n in (gate, value))
   p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = np.concatenate([wg, wv], 1), np.concatenate([bg, bv])
-  p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = io.take_torch_linear(keys, down)
+  p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = torch_layout.take_torch_linear(keys, down)
   return wg.shape[1]
 
 
-def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
+def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
   idx = keys.indices(r"blocks\.(\d+)\.")
   if not idx or idx[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
+    raise CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
   cfg["depth"], ev["depth"] = len(idx), f"blocks.0..{len(idx) - 1}"
   d = cfg["width"]
   s = timm_config.Settings(keys, "timm")
@@ -128,53 +126,53 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> 
   h = cfg["num_heads"]
   scaled = [keys.has(f"blocks.{i}.ls1.gamma") for i in idx]
   if any(scaled) and not all(scaled):
-    raise io.CheckpointError(f"{keys.path}: layer scale (blocks.N.ls1.gamma) in blocks "
+    raise CheckpointError(f"{keys.path}: layer scale (blocks.N.ls1.gamma) in blocks "
                              f"{[i for i in idx if scaled[i]]} only; expected all or none.")
   cfg["layer_scale"] = all(scaled)
   ev["layer_scale"] = "blocks.N.ls1.gamma" + ("" if all(scaled) else ": absent")
   kinds = set()
   for i in idx:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
+    torch_layout.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
     attention(keys, p, f"{ours}/MultiHeadDotProductAttention_0", h,
                [(f"{src}.attn.qkv", slice(j * d, (j + 1) * d)) for j in range(3)],
                f"{src}.attn.proj")
-    io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
+    torch_layout.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
     kinds.add(mlp(keys, p, f"{src}.mlp", f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:
       p[f"{ours}/ls1"] = keys.take(f"{src}.ls1.gamma")
       p[f"{ours}/ls2"] = keys.take(f"{src}.ls2.gamma")
   if len(kinds) > 1:
-    raise io.CheckpointError(f"{keys.path}: the blocks' MLPs differ ({sorted(kinds)}; width, "
+    raise CheckpointError(f"{keys.path}: the blocks' MLPs differ ({sorted(kinds)}; width, "
                              "kind); one ViT has one MLP shape.")
   (cfg["mlp_dim"], cfg["mlp"]), = kinds
   ev["mlp_dim"] = ev["mlp"] = f"{keys.shape('blocks.0.mlp.fc1.weight')}, " + keys.shape(
       "blocks.0.mlp.fc2.weight")
   if keys.has("norm.weight"):
-    io.take_torch_norm(keys, p, "norm", "Transformer/encoder_norm")
+    torch_layout.take_torch_norm(keys, p, "norm", "Transformer/encoder_norm")
     cfg["fc_norm"], ev["fc_norm"] = False, keys.shape("norm.weight")
   else:
-    io.take_torch_norm(keys, p, "fc_norm", "fc_norm")
+    torch_layout.take_torch_norm(keys, p, "fc_norm", "fc_norm")
     cfg["fc_norm"], ev["fc_norm"] = True, keys.shape("fc_norm.weight")
 
 
-def _map_head(keys: io.Keys, p: dict, cfg: dict) -> None:
+def _map_head(keys: Keys, p: dict, cfg: dict) -> None:
   latent = keys.take("attn_pool.latent")
   if latent.shape[:2] != (1, 1):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape('attn_pool.latent')}: one latent "
+    raise CheckpointError(f"{keys.path}: {keys.shape('attn_pool.latent')}: one latent "
                              "query is supported (timm's latent_len=1).")
   d = cfg["width"]
   p["MAPHead_0/probe"] = latent
   attention(keys, p, "MAPHead_0/MultiHeadDotProductAttention_0", cfg["num_heads"],
              [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
               ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
-  io.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
+  torch_layout.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
   if mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], cfg["mlp"]):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape('attn_pool.mlp.fc1.weight')} differs "
+    raise CheckpointError(f"{keys.path}: {keys.shape('attn_pool.mlp.fc1.weight')} differs "
                              "from the blocks' MLP; our MAP head shares their width.")
 
 
-def tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
+def tokens(keys: Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> None:
   """Prefix tokens, pooling and the position embedding (prefix rows folded)."""
   prefix = []
   if keys.has("cls_token"):
@@ -201,7 +199,7 @@ def tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> N
   elif square(rows):  # no_embed_class: the tokens carry no position embedding
     p.update(prefix)
   else:
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{keys.path}: {keys.shape('pos_embed')} is neither a square grid nor one after "
         f"{n} prefix token row(s) ({[name for name, _ in prefix]}); non-square grids need "
         "resolution=(height, width) and a square embedding.")
@@ -221,14 +219,14 @@ def tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, assumed: list[str]) -> N
     assumed.append("pool")
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
   assumed: list[str] = []
   w = keys.take("patch_embed.proj.weight")
   if w.ndim != 4 or w.shape[1] != 3:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape('patch_embed.proj.weight')} is not a "
+    raise CheckpointError(f"{keys.path}: {keys.shape('patch_embed.proj.weight')} is not a "
                              "(width, 3, patch, patch) convolution.")
   p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
   cfg["patch_size"] = w.shape[2] if w.shape[2] == w.shape[3] else tuple(w.shape[2:])
@@ -241,17 +239,17 @@ def read(keys: io.Keys) -> io.Reading:
   cfg["pre_norm"] = keys.has("norm_pre.weight")
   ev["pre_norm"] = "norm_pre.weight" + ("" if cfg["pre_norm"] else ": absent")
   if cfg["pre_norm"]:
-    io.take_torch_norm(keys, p, "norm_pre", "norm_pre")
+    torch_layout.take_torch_norm(keys, p, "norm_pre", "norm_pre")
   _blocks(keys, p, cfg, ev, assumed)
   tokens(keys, p, cfg, ev, assumed)
   if cfg["distilled"] and cfg["pool"] != "token":
-    raise io.CheckpointError(f"{keys.path}: a dist_token needs a cls_token and no fc_norm "
+    raise CheckpointError(f"{keys.path}: a dist_token needs a cls_token and no fc_norm "
                              "(DeiT's distilled head reads both tokens).")
   if cfg["pool"] == "map":
     _map_head(keys, p, cfg)
   if keys.has("head.weight"):
     for head in ("head", "head_dist")[:1 + cfg["distilled"]]:
-      p[f"{head}/kernel"], bias = io.take_torch_linear(keys, head, bias=False)
+      p[f"{head}/kernel"], bias = torch_layout.take_torch_linear(keys, head, bias=False)
       if bias is not None:
         p[f"{head}/bias"] = bias
     cfg["num_classes"], ev["num_classes"] = p["head/kernel"].shape[1], keys.shape("head.weight")
@@ -270,12 +268,7 @@ def read(keys: io.Keys) -> io.Reading:
     if "pool" in assumed:
       assumed.remove("pool")
       s.pool(cfg, ev, cfg["pool"], ev["pool"])
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed + s.assumed), policy=s.policy())
-
-
-def default_format(model) -> str:
-  del model
-  return "timm"
+  return Reading(keys.fmt, cfg, ev, p, tuple(assumed + s.assumed), policy=s.policy())
 
 
 _NAMES = {  # our sub-tree -> timm's module, per scope: top level, block, MAP head
@@ -304,7 +297,7 @@ def _timm_name(key: str) -> str:
   for ours, theirs in names.items():
     if rest == ours or rest.startswith(ours + "/"):
       leaf = rest[len(ours) + 1:]
-      return base + theirs + (f".{io.TORCH_LEAVES[leaf]}" if leaf else "")
+      return base + theirs + (f".{torch_layout.TORCH_LEAVES[leaf]}" if leaf else "")
   raise ValueError(f"No timm name for parameter {key!r}.")
 
 
@@ -335,3 +328,15 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
     pieces.setdefault(_timm_name(k), []).append((order, _torch_layout(k, v)))
   return {k: np.concatenate([v for _, v in sorted(ps, key=lambda t: t[0])])
           if len(ps) > 1 else ps[0][1] for k, ps in pieces.items()}
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy="bicubic_crop0.9_imagenet",  # timm's DeiT and MAE evaluation (zoo names set others)
+    detect=detect,
+    read=read,
+    overridable=("gelu", "ln_eps", "num_heads", "no_skip", "patch_size"),
+    adapt=adapt,
+    write=write,
+    suffix=".safetensors",
+)

@@ -1,7 +1,7 @@
 """ViTs in Hugging Face transformers' layouts, as `save_pretrained` writes them
 and the hub holds them: a folder's `model.safetensors` (or shards) with its
 `config.json`, a bare state dict, or a torch ONNX export (weights named by
-`onnx_file`).
+`formats/onnx.py`).
 
 Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.`):
   hf_vit     ViTModel (google/vit-*): embeddings.{cls_token, position_embeddings,
@@ -54,10 +54,11 @@ from typing import Any, Callable
 import numpy as np
 
 from vitcnn_jax import preprocess
-from vitcnn_jax.models import hf_folder
-from vitcnn_jax.models import io
-from vitcnn_jax.models import vit_io
-from vitcnn_jax.models import vit_timm_io
+from vitcnn_jax.models.formats import hf_folder
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, log
+from vitcnn_jax.models.vit import google
+from vitcnn_jax.models.vit import timm
 
 FORMATS = {
     "hf_vit": "Hugging Face transformers' ViTModel / ViTForImageClassification (google/vit-*)",
@@ -71,9 +72,6 @@ FORMATS = {
     "hf_dinov3": "Hugging Face transformers' DINOv3ViTModel (facebook/dinov3-vit*: rotary "
                  "embeddings, registers, layer scale)",
 }
-SUFFIX = None  # read, never written
-POLICY = "hf_bicubic_crop0.875_imagenet"  # each layout states its own (`_Layout.policy`)
-OVERRIDABLE = ("gelu", "ln_eps", "num_heads")
 _ATTN = "MultiHeadDotProductAttention_0"
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "quick_gelu": "quick"}
@@ -188,7 +186,7 @@ def _model_type(meta: hf_folder.Meta, layout: _Layout) -> str | None:
   if model_type is None or model_type in MODEL_TYPES:
     return model_type
   fits = [t for t, (fmt, _) in MODEL_TYPES.items() if _LAYOUTS[fmt] is layout]
-  raise io.CheckpointError(
+  raise CheckpointError(
       f"{os.path.join(meta.folder, hf_folder.CONFIG)}: model_type={model_type!r} is not a ViT of "
       f"transformers we read (we read model_type {', '.join(sorted(MODEL_TYPES))}). The "
       f"weights look like a {layout.upstream.removesuffix('Config')} model's: if they are one, "
@@ -200,7 +198,7 @@ class _Settings:
   """The vision settings of config.json, with the config class's defaults for
   keys it leaves out; without a config.json, those defaults, reported as assumed."""
 
-  def __init__(self, keys: io.Keys, layout: _Layout):
+  def __init__(self, keys: Keys, layout: _Layout):
     self.layout, self.meta, self.section, self.path = layout, keys.meta, None, keys.path
     if keys.meta:
       config = keys.meta.config
@@ -213,7 +211,7 @@ class _Settings:
     """config.json describes these weights: each key it has equals what they show."""
     for key, value in read.items():
       if self.section and key in self.section and self.section[key] != value:
-        raise io.CheckpointError(f"{path}: config.json {key}={self.section[key]!r}, but the weights "
+        raise CheckpointError(f"{path}: config.json {key}={self.section[key]!r}, but the weights "
                                  f"show {value}: the config.json belongs to another model.")
 
   def get(self, field: str, key: str, cfg: dict, ev: dict, convert: Callable[[Any], Any] = lambda v: v,
@@ -229,14 +227,14 @@ class _Settings:
       value, why = default, f"{self.where}without {key}: {self.layout.upstream}'s default {default!r}"
     try:
       cfg[field], ev[field] = convert(value), why
-    except io.CheckpointError as e:  # a value it cannot take: name the file
-      raise io.CheckpointError(f"{self.path}: {e}") from None
+    except CheckpointError as e:  # a value it cannot take: name the file
+      raise CheckpointError(f"{self.path}: {e}") from None
     return cfg[field]
 
 
 def _gelu(name: str) -> str:
   if name not in _GELUS:
-    raise io.CheckpointError(f"config.json hidden_act={name!r} is not an activation our ViT has "
+    raise CheckpointError(f"config.json hidden_act={name!r} is not an activation our ViT has "
                              f"({sorted(_GELUS)}).")
   return _GELUS[name]
 
@@ -244,12 +242,12 @@ def _gelu(name: str) -> str:
 def _silu(name: str) -> str:
   """A gated MLP's activation: SiLU, as our SwiGLU (its GELU field then unused)."""
   if name != "silu":
-    raise io.CheckpointError(f"config.json hidden_act={name!r} in a gated MLP; our SwiGLU gates "
+    raise CheckpointError(f"config.json hidden_act={name!r} in a gated MLP; our SwiGLU gates "
                              "with SiLU.")
   return "exact"
 
 
-def _position_embedding(keys: io.Keys, name: str) -> tuple[np.ndarray, str]:
+def _position_embedding(keys: Keys, name: str) -> tuple[np.ndarray, str]:
   """(1, T, D) and its evidence; an ONNX export splits DINOv2's into a class row
   (`embeddings.Concat`) and the grid rows (`embeddings.Reshape`)."""
   if keys.has(name) or not keys.has("embeddings.Reshape"):
@@ -257,14 +255,14 @@ def _position_embedding(keys: io.Keys, name: str) -> tuple[np.ndarray, str]:
     return pe.reshape(1, -1, pe.shape[-1]), keys.shape(name)
   cls, grid = keys.take("embeddings.Concat"), keys.take("embeddings.Reshape")
   if cls.shape[-1] != grid.shape[-1] or cls.size != cls.shape[-1]:
-    raise io.CheckpointError(f"{keys.path}: the class row {keys.shape('embeddings.Concat')} and "
+    raise CheckpointError(f"{keys.path}: the class row {keys.shape('embeddings.Concat')} and "
                              f"the grid rows {keys.shape('embeddings.Reshape')} of the position "
                              "embedding do not fit together.")
   pe = np.concatenate([cls.reshape(1, 1, -1), grid.reshape(1, -1, grid.shape[-1])], axis=1)
   return pe, f"{keys.shape('embeddings.Concat')} + {keys.shape('embeddings.Reshape')}"
 
 
-def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> None:
+def _input_size(keys: Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> None:
   """The resolution the model is evaluated at: an ONNX graph's input, the image
   processor's output size, else config.json's image_size (the embedding's grid
   without one)."""
@@ -281,7 +279,7 @@ def _input_size(keys: io.Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> 
     ev["image_size"] = f"the position embedding's {grid}x{grid} grid"
 
 
-def _names(keys: io.Keys, first: str, layout: _Layout) -> dict[str, str]:
+def _names(keys: Keys, first: str, layout: _Layout) -> dict[str, str]:
   """The block's names in this file (`first`: layer 0's prefix): those
   save_pretrained writes, or transformers 5's module paths, which its ONNX exports
   name weights by."""
@@ -290,11 +288,11 @@ def _names(keys: io.Keys, first: str, layout: _Layout) -> dict[str, str]:
   return layout.names
 
 
-def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
+def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
   layer = base + layout.layer
   idx = keys.indices("^" + layer.replace(".", r"\.").format(r"(\d+)"))
   if not idx or idx[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no {layer.format(0)}* weights found.")
+    raise CheckpointError(f"{keys.path}: no {layer.format(0)}* weights found.")
   cfg["depth"], ev["depth"] = len(idx), f"{layer.format('0')}..{idx[-1]}"
   d, h, kinds, n = cfg["width"], cfg["num_heads"], set(), _names(keys, layer.format(0), layout)
   scaled = keys.has(f"{layer.format(0)}layer_scale1.lambda1")
@@ -305,63 +303,63 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Lay
     for q in ("query", "key", "value", "out"):
       lin = f"{src}{n[f'{_ATTN}/{q}']}.weight"
       if keys.has(lin) and keys.flat[lin].shape != (d, d):
-        raise io.CheckpointError(f"{keys.path}: {keys.shape(lin)} should be ({d}, {d}), the "
+        raise CheckpointError(f"{keys.path}: {keys.shape(lin)} should be ({d}, {d}), the "
                                  "width read from the patch embedding.")
-    io.take_torch_norm(keys, p, src + n["LayerNorm_0"], f"{ours}/LayerNorm_0")
-    vit_timm_io.attention(keys, p, f"{ours}/{_ATTN}", h,
+    torch_layout.take_torch_norm(keys, p, src + n["LayerNorm_0"], f"{ours}/LayerNorm_0")
+    timm.attention(keys, p, f"{ours}/{_ATTN}", h,
                           [(src + n[f"{_ATTN}/{q}"], slice(None)) for q in ("query", "key", "value")],
                           src + n[f"{_ATTN}/out"])
-    io.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
+    torch_layout.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
     if keys.has(f"{src}mlp.gate_proj.weight"):  # DINOv3's gated MLP: silu(gate) * up
-      kinds.add((vit_timm_io.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
+      kinds.add((timm.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
                                        f"{src}mlp.down_proj", f"{ours}/MlpBlock_0"), "swiglu"))
     elif keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
-      w1, b1 = io.take_torch_linear(keys, f"{src}mlp.weights_in")
-      w2, b2 = io.take_torch_linear(keys, f"{src}mlp.weights_out")
+      w1, b1 = torch_layout.take_torch_linear(keys, f"{src}mlp.weights_in")
+      w2, b2 = torch_layout.take_torch_linear(keys, f"{src}mlp.weights_out")
       p[f"{ours}/MlpBlock_0/Dense_0/kernel"], p[f"{ours}/MlpBlock_0/Dense_0/bias"] = w1, b1
       p[f"{ours}/MlpBlock_0/Dense_1/kernel"], p[f"{ours}/MlpBlock_0/Dense_1/bias"] = w2, b2
       kinds.add((w2.shape[0], "swiglu"))
     else:
       for j in (0, 1):
-        w, b = io.take_torch_linear(keys, src + n[f"MlpBlock_0/Dense_{j}"])
+        w, b = torch_layout.take_torch_linear(keys, src + n[f"MlpBlock_0/Dense_{j}"])
         p[f"{ours}/MlpBlock_0/Dense_{j}/kernel"], p[f"{ours}/MlpBlock_0/Dense_{j}/bias"] = w, b
       kinds.add((p[f"{ours}/MlpBlock_0/Dense_1/kernel"].shape[0], "gelu"))
     if scaled:
       p[f"{ours}/ls1"] = keys.take(f"{src}layer_scale1.lambda1")
       p[f"{ours}/ls2"] = keys.take(f"{src}layer_scale2.lambda1")
   if len(kinds) > 1:
-    raise io.CheckpointError(f"{keys.path}: the layers' MLPs differ ({sorted(kinds)}).")
+    raise CheckpointError(f"{keys.path}: the layers' MLPs differ ({sorted(kinds)}).")
   (cfg["mlp_dim"], cfg["mlp"]), = kinds
   fc2 = next(k for k in keys.flat if k.startswith(layer.format(0)) and k.endswith(
       (n["MlpBlock_0/Dense_1"] + ".weight", "mlp.weights_out.weight", "mlp.down_proj.weight")))
   ev["mlp_dim"] = ev["mlp"] = keys.shape(fc2)
 
 
-def _map_head(keys: io.Keys, p: dict, cfg: dict, head: str) -> None:
+def _map_head(keys: Keys, p: dict, cfg: dict, head: str) -> None:
   """SigLIP's attention-pooling head (torch's MultiheadAttention, fused in_proj)."""
   d, h = cfg["width"], cfg["num_heads"]
   probe = keys.take(f"{head}.probe")
   if probe.shape != (1, 1, d):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.probe')} should be (1, 1, {d}).")
+    raise CheckpointError(f"{keys.path}: {keys.shape(head + '.probe')} should be (1, 1, {d}).")
   p["MAPHead_0/probe"] = probe
   w, b = keys.take(f"{head}.attention.in_proj_weight"), keys.take(f"{head}.attention.in_proj_bias")
   if w.shape != (3 * d, d):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.attention.in_proj_weight')} "
+    raise CheckpointError(f"{keys.path}: {keys.shape(head + '.attention.in_proj_weight')} "
                              f"should be ({3 * d}, {d}).")
   ours = f"MAPHead_0/{_ATTN}"
   for j, q in enumerate(("query", "key", "value")):
     rows = slice(j * d, (j + 1) * d)
     p[f"{ours}/{q}/kernel"] = w[rows].T.reshape(d, h, d // h)
     p[f"{ours}/{q}/bias"] = b[rows].reshape(h, d // h)
-  w, b = io.take_torch_linear(keys, f"{head}.attention.out_proj")
+  w, b = torch_layout.take_torch_linear(keys, f"{head}.attention.out_proj")
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, d // h, d), b
-  io.take_torch_norm(keys, p, f"{head}.layernorm", "MAPHead_0/LayerNorm_0")
-  if vit_timm_io.mlp(keys, p, f"{head}.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], "gelu"):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(head + '.mlp.fc1.weight')} differs "
+  torch_layout.take_torch_norm(keys, p, f"{head}.layernorm", "MAPHead_0/LayerNorm_0")
+  if timm.mlp(keys, p, f"{head}.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], "gelu"):
+    raise CheckpointError(f"{keys.path}: {keys.shape(head + '.mlp.fc1.weight')} differs "
                              "from the layers' MLP; our MAP head shares their width.")
 
 
-def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, base: str) -> None:
+def _head(keys: Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, base: str) -> None:
   """Pooling and the classifier (or projection) of each layout's models."""
   cfg.update(fc_norm=False, representation_size=None, num_classes=None, head_bias=True)
   ev["num_classes"] = "no classifier in the file"
@@ -375,7 +373,7 @@ def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, b
   cfg["pool"], ev["pool"] = "token", "the class token's final state (the model's pooled output)"
   for name in ("classifier", "visual_projection"):
     if keys.has(f"{name}.weight"):
-      w, b = io.take_torch_linear(keys, name, bias=False)
+      w, b = torch_layout.take_torch_linear(keys, name, bias=False)
       p["head/kernel"] = w
       if b is not None:
         p["head/bias"] = b
@@ -386,24 +384,24 @@ def _head(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, b
   if keys.has("pooler.dense.weight"):  # ViTModel's pooler: tanh(dense(class token))
     act = s.get("pooler_act", "pooler_act", {}, {})
     if act != "tanh":
-      raise io.CheckpointError(f"{keys.path}: pooler_act={act!r}; our pre_logits is tanh.")
-    w, b = io.take_torch_linear(keys, "pooler.dense")
+      raise CheckpointError(f"{keys.path}: pooler_act={act!r}; our pre_logits is tanh.")
+    w, b = torch_layout.take_torch_linear(keys, "pooler.dense")
     p["pre_logits/kernel"], p["pre_logits/bias"] = w, b
     cfg["representation_size"], ev["representation_size"] = w.shape[1], keys.shape("pooler.dense.weight")
 
 
-def _patch_embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict, name: str) -> None:
+def _patch_embedding(keys: Keys, p: dict, cfg: dict, ev: dict, name: str) -> None:
   """The patch embedding's conv (or NaFlex's Linear over flattened patches, the
   same map): the width and the patch size."""
   w = keys.take(f"{name}.weight")
   if w.ndim == 2:  # NaFlex: (width, patch * patch * 3), each patch flattened (row, column, channel)
     side = math.isqrt(w.shape[1] // 3)
     if 3 * side * side != w.shape[1]:
-      raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a Linear over "
+      raise CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a Linear over "
                                "square RGB patches (width, patch * patch * 3).")
     w = w.reshape(w.shape[0], side, side, 3).transpose(0, 3, 1, 2)
   if w.ndim != 4 or w.shape[1] != 3 or w.shape[2] != w.shape[3]:
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
+    raise CheckpointError(f"{keys.path}: {keys.shape(name + '.weight')} is not a "
                              "(width, 3, patch, patch) convolution.")
   p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
   cfg["patch_bias"] = keys.has(f"{name}.bias")
@@ -415,7 +413,7 @@ def _patch_embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict, name: str) -> 
   ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
 
 
-def _tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str,
+def _tokens(keys: Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str,
             layout: _Layout) -> None:
   """The class and register tokens, the position embedding (the class token's row
   folded into the token, as ours keeps it) or the rotary one, and the resolution."""
@@ -440,19 +438,19 @@ def _tokens(keys: io.Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str
   pe, pe_ev = _position_embedding(keys, base + layout.pos)
   if cls is not None:
     if cls.shape[-1] != d or pe.shape[-1] != d:
-      raise io.CheckpointError(f"{keys.path}: {keys.shape(base + layout.cls)} and the position "
+      raise CheckpointError(f"{keys.path}: {keys.shape(base + layout.cls)} and the position "
                                f"embedding ({pe_ev}) should have width {d}.")
     p["cls"], pe = cls + pe[:, :1], pe[:, 1:]
   grid = math.isqrt(pe.shape[1])
   if grid * grid != pe.shape[1] or pe.shape[-1] != d:
-    raise io.CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) is not "
+    raise CheckpointError(f"{keys.path}: a position embedding of {pe.shape} ({pe_ev}) is not "
                              f"{'a class row and ' * bool(layout.cls)}a square grid of width {d}.")
   p["pos_embedding"] = pe
   cfg["posemb"], ev["posemb"] = "learn", pe_ev
   _input_size(keys, s, cfg, ev, grid)
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   fmt = keys.fmt
   layout = _LAYOUTS[fmt]
   base = _wrapper(keys.flat, layout) or ""
@@ -464,11 +462,11 @@ def read(keys: io.Keys) -> io.Reading:
     left = [k for k in keys.flat if k.startswith(prefix)]
     keys.used.update(left)
     if left:
-      io.log.info("%s: left out %d tensor(s) of %s* (not the vision tower).", keys.path, len(left), prefix)
+      log.info("%s: left out %d tensor(s) of %s* (not the vision tower).", keys.path, len(left), prefix)
   _patch_embedding(keys, p, cfg, ev, base + layout.patch)
   d = cfg["width"]
   if s.section is None:
-    h = cfg["num_heads"] = vit_timm_io.HEADS.get(d, max(d // 64, 1))
+    h = cfg["num_heads"] = timm.HEADS.get(d, max(d // 64, 1))
     ev["num_heads"] = f"not in the weights and no config.json; {h} for width {d} (published models)"
     s.assumed.append("num_heads")
   else:
@@ -482,26 +480,26 @@ def read(keys: io.Keys) -> io.Reading:
   _blocks(keys, p, cfg, ev, base, layout)
   s.agrees({"hidden_size": cfg["width"], "num_hidden_layers": cfg["depth"],
             "patch_size": cfg["patch_size"]}, keys.path)
-  io.take_torch_norm(keys, p, base + layout.final, "Transformer/encoder_norm")
+  torch_layout.take_torch_norm(keys, p, base + layout.final, "Transformer/encoder_norm")
   cfg["pre_norm"] = layout.pre_norm is not None
   if layout.pre_norm:
-    io.take_torch_norm(keys, p, base + layout.pre_norm, "norm_pre")
+    torch_layout.take_torch_norm(keys, p, base + layout.pre_norm, "norm_pre")
     ev["pre_norm"] = keys.shape(f"{base}{layout.pre_norm}.weight")
   _tokens(keys, p, cfg, ev, s, base, layout)
   _head(keys, p, cfg, ev, s, fmt, base)
   cfg["distilled"] = False
   policy = hf_folder.policy(keys.meta, layout.policy, "that of the published "
                             f"{layout.upstream.removesuffix('Config').removesuffix('Vision')} models")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=policy)
+  return Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=policy)
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Heads split; the embedding's grid resized from its own square to the
   input's, as transformers does on each forward."""
   del native
-  vit_timm_io.split_heads(cfg, r, path)
+  timm.split_heads(cfg, r, path)
   if "pos_embedding" not in r.params:  # rotary: computed for any grid
-    vit_io.adapt(cfg, r, None, path)
+    google.adapt(cfg, r, None, path)
     return
   grid = math.isqrt(r.params["pos_embedding"].shape[1])
   layout = _LAYOUTS[r.fmt]
@@ -509,16 +507,15 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
     weights = preprocess.bicubic_weights  # Dinov2WithRegisters interpolates with antialias
   else:
     weights = layout.resample
-  resample = lambda pe, old, new: vit_timm_io.resample_posemb(pe, old, new, weights=weights)  # noqa: E731
-  vit_io.adapt(cfg, r, grid * cfg["patch_size"], path, resample=resample)
+  resample = lambda pe, old, new: timm.resample_posemb(pe, old, new, weights=weights)  # noqa: E731
+  google.adapt(cfg, r, grid * cfg["patch_size"], path, resample=resample)
 
 
-def default_format(model) -> str:
-  del model
-  return "hf_dinov2"
-
-
-def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-  """Reading only: our ViTs save as npz or timm safetensors."""
-  del model, flat
-  raise ValueError(f"Format {fmt!r} is read, not written; save as .npz or .safetensors.")
+READER = Reader(
+    formats=FORMATS,
+    policy="hf_bicubic_crop0.875_imagenet",  # each layout states its own (`_Layout.policy`)
+    detect=detect,
+    read=read,
+    overridable=("gelu", "ln_eps", "num_heads"),
+    adapt=adapt,
+)

@@ -22,17 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import io
-from vitcnn_jax.models import timm_config
-from vitcnn_jax.models import vit_io
-from vitcnn_jax.models import vit_timm_io
+from vitcnn_jax.models.formats import timm_config
+from vitcnn_jax.models.formats import torch_layout
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
+from vitcnn_jax.models.vit import google
+from vitcnn_jax.models.vit import timm
 
 FORMATS = {"timm_eva": "timm's Eva state dict (.safetensors) of a RoPE ViT (DINOv3, EVA-02, "
                        "Perception Encoder): q_bias/v_bias or q/k/v_proj, gamma_1/gamma_2, "
                        "SwiGLU fc1_g/fc1_x, rotary embeddings"}
-SUFFIX = None  # read, never written
-POLICY = "bicubic_crop1_imagenet"  # timm's DINOv3 evaluation: 256, bicubic, no crop
-OVERRIDABLE = ("ln_eps", "num_heads", "rope_theta", "rope_ref", "rope_offset", "map_heads")
 _ATTN = "MultiHeadDotProductAttention_0"
 _EVA_ONLY = ("blocks.0.gamma_1", "blocks.0.attn.q_bias", "blocks.0.mlp.fc1_g.weight",
              "blocks.0.attn.q_proj.weight")
@@ -54,13 +52,13 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _qkv(keys: io.Keys, src: str, d: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _qkv(keys: Keys, src: str, d: int) -> list[tuple[np.ndarray, np.ndarray]]:
   """(kernel (D, D), bias) of the query, key and value, from whichever form the file has."""
   if keys.has(f"{src}.attn.q_proj.weight"):
-    return [io.take_torch_linear(keys, f"{src}.attn.{q}_proj", bias=False) for q in "qkv"]
+    return [torch_layout.take_torch_linear(keys, f"{src}.attn.{q}_proj", bias=False) for q in "qkv"]
   w = keys.take(f"{src}.attn.qkv.weight")
   if w.shape != (3 * d, d):
-    raise io.CheckpointError(f"{keys.path}: {keys.shape(src + '.attn.qkv.weight')} should be "
+    raise CheckpointError(f"{keys.path}: {keys.shape(src + '.attn.qkv.weight')} should be "
                              f"({3 * d}, {d}).")
   if keys.has(f"{src}.attn.qkv.bias"):
     b = keys.take(f"{src}.attn.qkv.bias")
@@ -71,30 +69,30 @@ def _qkv(keys: io.Keys, src: str, d: int) -> list[tuple[np.ndarray, np.ndarray]]
   return [(w[j * d:(j + 1) * d].T, biases[j]) for j in range(3)]
 
 
-def _attention(keys: io.Keys, p: dict, src: str, ours: str, d: int) -> None:
+def _attention(keys: Keys, p: dict, src: str, ours: str, d: int) -> None:
   """q, k, v and the output projection as one head (`adapt` splits them)."""
   for name, (w, b) in zip(("query", "key", "value"), _qkv(keys, src, d)):
     b = np.zeros(d, w.dtype) if b is None else b
     p[f"{ours}/{name}/kernel"], p[f"{ours}/{name}/bias"] = w.reshape(d, 1, d), b.reshape(1, d)
-  w, b = io.take_torch_linear(keys, f"{src}.attn.proj")
+  w, b = torch_layout.take_torch_linear(keys, f"{src}.attn.proj")
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(1, d, d), b
 
 
-def _mlp(keys: io.Keys, p: dict, src: str, ours: str) -> tuple[int, str, bool]:
+def _mlp(keys: Keys, p: dict, src: str, ours: str) -> tuple[int, str, bool]:
   """(hidden width, kind, inner norm): timm's SwiGLU (silu(fc1_g) * fc1_x) as our packed one."""
   if not keys.has(f"{src}.mlp.fc1_g.weight"):
-    return (*vit_timm_io.mlp(keys, p, f"{src}.mlp", ours), False)
-  hidden = vit_timm_io.gated_mlp(keys, p, f"{src}.mlp.fc1_g", f"{src}.mlp.fc1_x", f"{src}.mlp.fc2", ours)
+    return (*timm.mlp(keys, p, f"{src}.mlp", ours), False)
+  hidden = timm.gated_mlp(keys, p, f"{src}.mlp.fc1_g", f"{src}.mlp.fc1_x", f"{src}.mlp.fc2", ours)
   norm = keys.has(f"{src}.mlp.norm.weight")
   if norm:
-    io.take_torch_norm(keys, p, f"{src}.mlp.norm", f"{ours}/norm")
+    torch_layout.take_torch_norm(keys, p, f"{src}.mlp.norm", f"{ours}/norm")
   return hidden, "swiglu", norm
 
 
-def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
+def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict) -> None:
   idx = keys.indices(r"blocks\.(\d+)\.")
   if not idx or idx[0] != 0:
-    raise io.CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
+    raise CheckpointError(f"{keys.path}: no blocks.0.* tensors found.")
   cfg["attn_norm"] = keys.has("blocks.0.attn.norm.weight")  # EVA-02's CLIP towers
   ev["attn_norm"] = "blocks.0.attn.norm.weight" + ("" if cfg["attn_norm"] else ": absent")
   cfg["depth"], ev["depth"] = len(idx), f"blocks.0..{len(idx) - 1}"
@@ -103,24 +101,24 @@ def _blocks(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
   ev["layer_scale"] = "blocks.0.gamma_1" + ("" if cfg["layer_scale"] else ": absent")
   for i in idx:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
-    io.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
+    torch_layout.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
     _attention(keys, p, src, f"{ours}/{_ATTN}", d)
     if cfg["attn_norm"]:
-      io.take_torch_norm(keys, p, f"{src}.attn.norm", f"{ours}/{_ATTN}/norm")
-    io.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
+      torch_layout.take_torch_norm(keys, p, f"{src}.attn.norm", f"{ours}/{_ATTN}/norm")
+    torch_layout.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
     kinds.add(_mlp(keys, p, src, f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:
       p[f"{ours}/ls1"], p[f"{ours}/ls2"] = keys.take(f"{src}.gamma_1"), keys.take(f"{src}.gamma_2")
   if len(kinds) > 1:
-    raise io.CheckpointError(f"{keys.path}: the blocks' MLPs differ ({sorted(kinds)}).")
+    raise CheckpointError(f"{keys.path}: the blocks' MLPs differ ({sorted(kinds)}).")
   (cfg["mlp_dim"], cfg["mlp"], cfg["mlp_norm"]), = kinds
   ev["mlp_dim"] = ev["mlp"] = ev["mlp_norm"] = keys.shape("blocks.0.mlp.fc2.weight")
 
 
-def _rope(keys: io.Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
+def _rope(keys: Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
   """Which rotary embedding: config.json's architecture, else told by the file."""
   if s.config and "rope" not in s.known:
-    raise io.CheckpointError(
+    raise CheckpointError(
         f"{keys.path}: config.json architecture {s.config['architecture']!r} is an Eva-layout model "
         "whose rotary embedding (if any) we do not know; DINOv3's, EVA-02's and PE core's are read.")
   guess = "dinov3" if not keys.has("pos_embed") else "pe" if keys.has("attn_pool.latent") else "eva02"
@@ -133,7 +131,7 @@ def _rope(keys: io.Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
   s.get("ln_eps", cfg, ev, eps, f"{why} LayerNorm eps")
 
 
-def _pool(keys: io.Keys, p: dict, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
+def _pool(keys: Keys, p: dict, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
   """PE's attention pool (its own heads, over every token), else timm's pooling."""
   if not keys.has("attn_pool.latent"):
     s.pool(cfg, ev, "gap", "timm's Eva default global_pool 'avg': the patch tokens' mean")
@@ -143,14 +141,14 @@ def _pool(keys: io.Keys, p: dict, s: timm_config.Settings, cfg: dict, ev: dict) 
   ev["map_prefix"] = "timm's attn_pool reads every token"
   s.get("map_heads", cfg, ev, 8, "the Perception Encoder's 8")
   p["MAPHead_0/probe"] = keys.take("attn_pool.latent")
-  vit_timm_io.attention(keys, p, f"MAPHead_0/{_ATTN}", 1,
+  timm.attention(keys, p, f"MAPHead_0/{_ATTN}", 1,
                         [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
                          ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
-  io.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
-  vit_timm_io.mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0")
+  torch_layout.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
+  timm.mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0")
 
 
-def _embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
+def _embedding(keys: Keys, p: dict, cfg: dict, ev: dict) -> None:
   w = keys.take("patch_embed.proj.weight")
   p["embedding/kernel"] = w.transpose(2, 3, 1, 0)
   cfg["width"], cfg["patch_size"] = w.shape[0], w.shape[2]
@@ -160,24 +158,24 @@ def _embedding(keys: io.Keys, p: dict, cfg: dict, ev: dict) -> None:
     p["embedding/bias"] = keys.take("patch_embed.proj.bias")
   cfg["pre_norm"] = keys.has("norm_pre.weight")
   if cfg["pre_norm"]:
-    io.take_torch_norm(keys, p, "norm_pre", "norm_pre")
+    torch_layout.take_torch_norm(keys, p, "norm_pre", "norm_pre")
   ev["pre_norm"] = "norm_pre.weight" + ("" if cfg["pre_norm"] else ": absent")
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {"distilled": False, "representation_size": None}
   ev: dict[str, str] = {}
   assumed: list[str] = []
   _embedding(keys, p, cfg, ev)
   s = timm_config.Settings(keys, "timm's Eva")
-  s.heads(cfg, ev, vit_timm_io.HEADS.get(cfg["width"], max(cfg["width"] // 64, 1)))
+  s.heads(cfg, ev, timm.HEADS.get(cfg["width"], max(cfg["width"] // 64, 1)))
   cfg["fc_norm"] = keys.has("fc_norm.weight")
-  io.take_torch_norm(keys, p, "fc_norm" if cfg["fc_norm"] else "norm",
+  torch_layout.take_torch_norm(keys, p, "fc_norm" if cfg["fc_norm"] else "norm",
                      "fc_norm" if cfg["fc_norm"] else "Transformer/encoder_norm")
   ev["fc_norm"] = "fc_norm.weight" + ("" if cfg["fc_norm"] else ": absent")
   if keys.has("pos_embed"):  # the prefix tokens' rows folded into them, as timm's ViTs
-    vit_timm_io.tokens(keys, p, cfg, ev, assumed)
+    timm.tokens(keys, p, cfg, ev, assumed)
     cfg.pop("pool")  # `_pool`'s
     assumed.clear()
   else:
@@ -190,21 +188,21 @@ def read(keys: io.Keys) -> io.Reading:
   _rope(keys, s, cfg, ev)
   _blocks(keys, p, cfg, ev)
   _pool(keys, p, s, cfg, ev)
-  io.take_head_torch(keys, p, cfg, ev)
+  torch_layout.take_head_torch(keys, p, cfg, ev)
   s.get("gelu", cfg, ev, "exact", "timm's nn.GELU (erf)")
-  return io.Reading(keys.fmt, cfg, ev, p, tuple(assumed + s.assumed), policy=s.policy())
+  return Reading(keys.fmt, cfg, ev, p, tuple(assumed + s.assumed), policy=s.policy())
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Heads split (the pool's into its own count); for EVA-02's and PE's rotations
   of dims 2i and 2i+1, each head's query and key dims reordered, evens then odds:
   ours rotates dims i and i + hd/2, and a query-key dot product is the same in
   either order. A learned position embedding resampled as timm does."""
   pool = {k: r.params.pop(k) for k in list(r.params) if k.startswith("MAPHead_0/")}
-  vit_timm_io.split_heads(cfg, r, path)
+  timm.split_heads(cfg, r, path)
   if pool:
-    vit_timm_io.split_heads({**cfg, "num_heads": cfg.get("map_heads") or cfg["num_heads"]},
-                            io.Reading(r.fmt, {}, {}, pool), path)
+    timm.split_heads({**cfg, "num_heads": cfg.get("map_heads") or cfg["num_heads"]},
+                            Reading(r.fmt, {}, {}, pool), path)
     r.params.update(pool)
   if cfg.get("rope") in ("eva02", "pe"):
     hd = cfg["width"] // cfg["num_heads"]
@@ -212,16 +210,16 @@ def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
     for k in r.params:
       if k.startswith("Transformer/") and (f"{_ATTN}/query/" in k or f"{_ATTN}/key/" in k):
         r.params[k] = r.params[k][..., order]
-  vit_io.adapt(cfg, r, native if "pos_embedding" in r.params else None, path,
-               resample=vit_timm_io.resample_posemb)
+  google.adapt(cfg, r, native if "pos_embedding" in r.params else None, path,
+               resample=timm.resample_posemb)
 
 
-def default_format(model) -> str:
-  del model
-  return "timm_eva"
-
-
-def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]:
-  """Reading only."""
-  del model, flat
-  raise ValueError(f"Format {fmt!r} is read, not written.")
+READER = Reader(
+    formats=FORMATS,
+    policy="bicubic_crop1_imagenet",  # timm's DINOv3 evaluation: 256, bicubic, no crop
+    detect=detect,
+    read=read,
+    narrows=("timm",),  # an Eva file has timm ViT's patch_embed and blocks too
+    overridable=("ln_eps", "num_heads", "rope_theta", "rope_ref", "rope_offset", "map_heads"),
+    adapt=adapt,
+)

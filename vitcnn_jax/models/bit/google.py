@@ -13,13 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import bit
 from vitcnn_jax.models import common
-from vitcnn_jax.models import io
+from vitcnn_jax.models.bit import model as bit
+from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
-SUFFIX = ".npz"
-POLICY = "resize"  # big_transfer's evaluation: bilinear to size x size, [-1, 1]
-OVERRIDABLE = ("root_pool_pad",)  # set from the format, may be overridden
 FORMATS = {
     "bit": "google-research/big_transfer: resnet/..., standardized_conv2d[_N], GroupNorm "
            "gamma/beta (C,) or (1,1,1,C), head as a 1x1 conv; root pool padded with zeros",
@@ -39,18 +36,18 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _bt_names(keys: io.Keys) -> None:
+def _bt_names(keys: Keys) -> None:
   """Some big_transfer files number their convs: standardized_conv2d_3."""
   renamed: dict[str, np.ndarray] = {}
   for k, v in keys.flat.items():
     k2 = re.sub(r"/standardized_conv2d_\d+/", "/standardized_conv2d/", k)
     if k2 in renamed:
-      raise io.CheckpointError(f"{keys.path}: {k!r} and another key both map to {k2!r}.")
+      raise CheckpointError(f"{keys.path}: {k!r} and another key both map to {k2!r}.")
     renamed[k2] = v
   keys.flat = renamed
 
 
-def read(keys: io.Keys) -> io.Reading:
+def read(keys: Keys) -> Reading:
   bt = keys.fmt == "bit"
   if bt:
     _bt_names(keys)
@@ -67,12 +64,12 @@ def read(keys: io.Keys) -> io.Reading:
   pre = "resnet/" if bt else ""
   blocks = keys.indices(rf"{pre}block(\d+)/")
   if not blocks or blocks[0] != 1:
-    raise io.CheckpointError(f"{keys.path}: no {pre}block1/ found.")
+    raise CheckpointError(f"{keys.path}: no {pre}block1/ found.")
   depth = []
   for b in blocks:
     units = keys.indices(rf"{pre}block{b}/unit(\d+)/")
     if not units or units[0] != 1:
-      raise io.CheckpointError(f"{keys.path}: {pre}block{b} has no unit01.")
+      raise CheckpointError(f"{keys.path}: {pre}block{b} has no unit01.")
     depth.append(len(units))
     for u in units:
       src = f"block{b}/unit{u:02d}"
@@ -90,16 +87,16 @@ def read(keys: io.Keys) -> io.Reading:
     p[f"norm-pre-head/{leaf}"] = keys.take(f"resnet/group_norm/{_TF_GN[leaf]}" if bt
                                            else f"norm-pre-head/{leaf}")
   if bt:
-    io.take_head(keys, p, cfg, ev, "resnet/head/conv2d/kernel", "resnet/head/conv2d/bias")
+    take_head(keys, p, cfg, ev, "resnet/head/conv2d/kernel", "resnet/head/conv2d/bias")
   else:
-    io.take_head(keys, p, cfg, ev)
+    take_head(keys, p, cfg, ev)
   for k in list(p):  # GroupNorm params are (1, 1, 1, C) in some files.
     if "/gn" in k or k.startswith("norm-pre-head"):
       p[k] = p[k].reshape(-1)
-  return io.Reading(keys.fmt, cfg, ev, p)
+  return Reading(keys.fmt, cfg, ev, p)
 
 
-def adapt(cfg: dict, r: io.Reading, native: int | None, path: str) -> None:
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Fully convolutional: any resolution of at least 32 px runs (the network
   downsamples by 32), and the file records none."""
   del r, native
@@ -141,3 +138,16 @@ def write(model, flat: dict[str, np.ndarray], fmt: str) -> dict[str, np.ndarray]
     else:
       raise ValueError(f"Unexpected BiT parameter {k}.")
   return out
+
+
+READER = Reader(
+    formats=FORMATS,
+    policy="resize",  # big_transfer's evaluation: bilinear to size x size, [-1, 1]
+    detect=detect,
+    read=read,
+    overridable=("root_pool_pad",),  # set from the format, may be overridden
+    adapt=adapt,
+    write=write,
+    suffix=".npz",
+    default_format=default_format,
+)

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from vitcnn_jax import preprocess
-from vitcnn_jax.models import io
+from vitcnn_jax.models.formats.base import Keys
 
 # Heads of timm's ViT model functions by their size word (vit_<size>_patch...).
 _HEADS = {"tiny": 3, "small": 6, "small_plus": 6, "medium": 8, "base": 12, "large": 16,
@@ -58,7 +58,7 @@ def architecture(name: str) -> dict[str, Any]:
 class Settings:
   """A timm file's settings: its config.json's, else assumed (and recorded so)."""
 
-  def __init__(self, keys: io.Keys, what: str):
+  def __init__(self, keys: Keys, what: str):
     config = keys.meta.config if keys.meta and "architecture" in keys.meta.config else None
     self.config, self.what, self.assumed = config, what, []
     self.known = architecture(config["architecture"]) if config else {}

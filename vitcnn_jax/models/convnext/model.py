@@ -1,5 +1,5 @@
 """ConvNeXt (v1 and v2), the modern CNN that ViTs are compared with, with
-timm's arithmetic (its files are timm state dicts; `convnext_io.py`).
+timm's arithmetic (its files are timm state dicts; `timm.py`).
 
 Stem: a patch x patch / patch conv, then LayerNorm over channels. Stages
 1..3 start with LayerNorm and a 2x2/2 conv. Block: 7x7 depthwise conv

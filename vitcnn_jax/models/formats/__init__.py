@@ -1,0 +1,1 @@
+"""Checkpoint files: what every reader shares, and the containers they come in."""
