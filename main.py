@@ -38,7 +38,7 @@ USER_ERRORS = (ValueError, KeyError, OSError, ImportError, MemoryError, Floating
 
 def legacy_flag(argv: list[str]) -> str | None:
   """The message for a flag of a model field from before `config.models`, if any."""
-  from vitcnn_jax import control  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import control  # pylint: disable=g-import-not-at-top
   for arg in argv:
     for old, new in control.LEGACY_FIELDS.items():
       if arg.startswith(f"--config.{old}."):
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
   try:
     parse(argv)
     from vitcnn_jax import jobs  # pylint: disable=g-import-not-at-top
-    from vitcnn_jax import parallel  # pylint: disable=g-import-not-at-top
+    from vitcnn_jax.run import parallel  # pylint: disable=g-import-not-at-top
     if _DISTRIBUTED.value:
       parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           _CPU_COLLECTIVES.value)

@@ -106,7 +106,9 @@ def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
   """(forward FLOPs, Gram + HSIC FLOPs) of one minibatch of `batch` examples."""
   import jax
   import jax.numpy as jnp
-  from vitcnn_jax import loading, preprocess, representations
+  from vitcnn_jax.run import loading
+  from vitcnn_jax.inputs import preprocess
+  from vitcnn_jax.models import representations
   loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
 
   def forward(ps, x):
@@ -146,7 +148,7 @@ def precision_rates(precisions: list[str], n: int) -> dict[str, float]:
   (`auto` as the one it stands for), and "default": float32 at JAX's default
   precision, as the forward runs (TF32 on a GPU that has it)."""
   import jax
-  from vitcnn_jax import hsic
+  from vitcnn_jax.similarity import hsic
   rates = {"default": matmul_rate(n, precision=jax.lax.Precision.DEFAULT)}
   for name in precisions:
     try:

@@ -185,7 +185,8 @@ def _r18_file(s: Setup, i: int) -> str:
 def _jax_models(s: Setup):
   import logging
 
-  from vitcnn_jax import checkpoints, loading
+  from vitcnn_jax import checkpoints
+  from vitcnn_jax.run import loading
   from vitcnn_jax.models import BiT, ViT, common
   from vitcnn_jax.models.vit import model as vit
   logging.getLogger("vitcnn_jax").setLevel(logging.ERROR)  # assumed settings of the timm files
@@ -205,7 +206,9 @@ def _jax_models(s: Setup):
 def _step_inputs(s: Setup, models):
   """The compiled-on-first-call step, replicated params and the global minibatches."""
   import ml_collections
-  from vitcnn_jax import driver, parallel, preprocess
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import parallel
+  from vitcnn_jax.inputs import preprocess
   from vitcnn_jax.analyses import cka as cka_job
   for m in models:  # the peers' inputs are normalised with the workload's stats
     assert np.allclose(preprocess.stats(m.policy), s.stats), (m.policy, s.stats)
@@ -228,7 +231,9 @@ def part_ours(s: Setup) -> dict:
   if s.cache:
     _enable_cache(s.cache)
   import jax
-  from vitcnn_jax import hsic, preprocess, representations
+  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.inputs import preprocess
+  from vitcnn_jax.models import representations
 
   phases: dict[str, float] = {}  # JAX's compile events: tracing, lowering, XLA (backend_compile)
 
@@ -298,7 +303,7 @@ def part_ours(s: Setup) -> dict:
 def part_reference(s: Setup) -> dict:
   """float64 CKA from our activations (a few layers at a time), against ours."""
   import jax
-  from vitcnn_jax import preprocess
+  from vitcnn_jax.inputs import preprocess
 
   models = _jax_models(s)
   images = _images(s)
@@ -555,7 +560,7 @@ def part_peer(s: Setup, tool: str) -> dict:
               version=metadata.version(PEERS[tool][0]), layers_x=len(l1), layers_y=len(l2))
 
 
-# Every measure of vitcnn_jax.measures.NAMES, with the null (issue 34's budget: at most 1.3x
+# Every measure of vitcnn_jax.similarity.measures.NAMES, with the null (issue 34's budget: at most 1.3x
 # the time of the step with linear CKA alone, forward included, and 1.1x its peak memory).
 MEASURED = "all"
 
@@ -565,12 +570,14 @@ def part_step(s: Setup, measures: tuple[str, ...] | str = ("linear_cka",), null:
   with `measures` ("all": every one)."""
   import jax
   import ml_collections
-  from vitcnn_jax import driver, memory, parallel
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import memory
+  from vitcnn_jax.run import parallel
   from vitcnn_jax.analyses import cka as cka_job
   models = _jax_models(s)
   mesh = parallel.mesh()
   by_key = {m.name: m for m in models}
-  from vitcnn_jax import measures as all_measures
+  from vitcnn_jax.similarity import measures as all_measures
   names = all_measures.NAMES if measures == "all" else measures
   job = ml_collections.ConfigDict(dict(repeats=1, num_examples=s.images, batch_size=s.batch,
                                        measures=names, null=null))

@@ -45,7 +45,7 @@ def step_seconds(names: tuple[str, ...], acts: list[np.ndarray], repeats: int) -
   """(compile, mean seconds a call) of the measures step for `names` with the null."""
   import jax
   import ml_collections
-  from vitcnn_jax import measures
+  from vitcnn_jax.similarity import measures
   rows = len(acts[0])
   config = ml_collections.ConfigDict(dict(measures=names, null=True, batch_size=rows, num_examples=rows))
   spec = measures.spec_of(config)
@@ -62,7 +62,7 @@ def step_seconds(names: tuple[str, ...], acts: list[np.ndarray], repeats: int) -
 
 
 def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
-  from vitcnn_jax import measures
+  from vitcnn_jax.similarity import measures
   acts = _layers(layers, batch)
   print(f"{layers} layers of {batch} rows, every measure with its null, the step alone "
         f"(no forward), mean of {repeats} calls after the first:", flush=True)

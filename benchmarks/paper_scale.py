@@ -48,7 +48,7 @@ def _models(pair: str) -> dict:
   """Loaded models of a pair with abstract parameters (shapes only)."""
   import jax
   import numpy as np
-  from vitcnn_jax import loading
+  from vitcnn_jax.run import loading
   from vitcnn_jax.models import BiT, ViT
   from vitcnn_jax.models.vit import model as vit
   variant, width, depth = PAIRS[pair]
@@ -72,7 +72,8 @@ def _job(models: dict, minibatch: int, devices_per_minibatch: int = 0, gib: floa
 
 def plan_lines(pair: str, gibs: list[float]) -> None:
   import jax
-  from vitcnn_jax import driver, memory
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import memory
   models = _models(pair)
   print(f"{pair}: {sum(len(m.names) for m in models.values())} layers "
         f"({len(models['vit'].names)} ViT, {len(models['resnet'].names)} ResNet)", flush=True)
@@ -104,7 +105,7 @@ def plan_for(gib: float, peak):
   """The planner's choice on `gib` GiB devices: the limit the job itself uses
   (`memory.device_limit`, with its headroom), not the full figure."""
   import jax
-  from vitcnn_jax import memory
+  from vitcnn_jax.run import memory
   return memory.choose(MINIBATCH, jax.device_count(), peak, memory.device_limit(gib))
 
 
@@ -112,7 +113,8 @@ def groups(pair: str, sizes: list[int]) -> None:
   """The step of the paper's minibatch over each group size: compile time and peak,
   against one device holding the same rows (a minibatch of that many rows)."""
   import jax
-  from vitcnn_jax import driver, memory
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import memory
   models = _models(pair)
 
   def compiled(minibatch: int, group: int) -> tuple[int, float]:
@@ -133,7 +135,9 @@ def table() -> None:
   """Peak of the step and of the forward alone on one device, b16_r50."""
   import jax
   import jax.numpy as jnp
-  from vitcnn_jax import driver, memory, preprocess
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import memory
+  from vitcnn_jax.inputs import preprocess
   models = _models("b16_r50")
   print("per-device minibatch | peak of the CKA step | forward alone")
   for n in (32, 256, 1024):
@@ -151,7 +155,7 @@ def table() -> None:
 
 
 def main():
-  from vitcnn_jax import hsic
+  from vitcnn_jax.similarity import hsic
   # Plans are for GPUs and TPUs: compile their formulation of a layer's Gram (one
   # dot over a centred copy), not the CPU's cache-sized slices.
   hsic.SLICED_BACKENDS = ()

@@ -82,8 +82,8 @@ def _main_py(config: str, workdir: str) -> float:
 
 def run(workdir: str) -> None:
   """The report and the extras, timed; a second report run times the reuse."""
-  from vitcnn_jax import control
-  cache = os.path.expanduser(control.CACHE_DIR)
+  from vitcnn_jax import fileio
+  cache = os.path.expanduser(fileio.CACHE_DIR)
   cached = sorted(f for f in os.listdir(cache) if f.endswith(".npz")) if os.path.isdir(cache) else []
   measured = _measured()  # before the runs: the code they ran
   times = {"report": _main_py("configs/report.py:demo", os.path.join(workdir, REPORT)),
@@ -162,8 +162,8 @@ def collect(workdir: str) -> None:
   from configs import report as report_config
   with open(os.path.join(workdir, "times.json")) as f:
     times = json.load(f)
-  from vitcnn_jax import control
-  cache = os.path.expanduser(control.CACHE_DIR)
+  from vitcnn_jax import fileio
+  cache = os.path.expanduser(fileio.CACHE_DIR)
   trained = {}
   for f in sorted(os.listdir(cache)):
     if f.endswith(".json"):  # a demo training's record, beside its npz

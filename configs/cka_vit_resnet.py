@@ -21,7 +21,7 @@ and runs the same CKA job on the held-out test images. `demo3` adds a third
 model, the ViT trained with GAP instead of CLS; `demo_mixer` an MLP-Mixer
 (App. H: CKA within the Mixer and against the ViT and the ResNet);
 `demo_measures` every similarity measure (`config.measures`, all of
-`vitcnn_jax.measures.NAMES`: CKA and kernels, neighbourhoods, RSA, the CCA family,
+`vitcnn_jax.similarity.measures.NAMES`: CKA and kernels, neighbourhoods, RSA, the CCA family,
 regression, alignment, GULP, descriptive statistics) side by side, each against its null
 (`config.null`: one layer's examples permuted), in `measures_A_B.png`.
 
@@ -62,7 +62,7 @@ MEASURES = ["linear_cka", "rbf_cka", "distance_correlation", "mutual_knn", "cknn
             "rank_similarity", "second_order_cosine", "rsa", "rsm_difference", "mean_cca", "cca_r2",
             "svcca", "pwcca", "regression", "shape_metric", "procrustes", "gulp",
             "eigenspace_overlap", "magnitude_difference", "concentricity_difference",
-            "uniformity_difference"]  # vitcnn_jax.measures.NAMES (configs import no jax)
+            "uniformity_difference"]  # vitcnn_jax.similarity.measures.NAMES (configs import no jax)
 # Report sections: demo and paper variants, order.
 REPORT = {"cka": ("demo", "b16_r50", 1), "measures": ("demo_measures", "b16_r50_measures", 1.5)}
 REAL = {"cka": "real", "measures": "real_measures"}  # report sections on the real pair

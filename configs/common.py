@@ -1,16 +1,16 @@
 """Shared config pieces: an analysis's declared fields, `arg` parsing, model specs,
 the demo models. No jax here (the analyses declare their fields in a literal
 that `declaration.defaults` reads; checkpoints and data specs live in
-`vitcnn_jax.zoo`)."""
+`vitcnn_jax.inputs.zoo`)."""
 
 from __future__ import annotations
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from vitcnn_jax import control
-from vitcnn_jax import declaration
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.run import control
+from vitcnn_jax.run import declaration
 
 
 def analysis(name: str) -> ml_collections.ConfigDict:

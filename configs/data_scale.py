@@ -22,7 +22,7 @@ import ml_collections
 
 from configs import common
 from configs import train as train_configs
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import zoo
 
 FRACTIONS = (0.03, 0.1, 0.3)
 REPORT = {"data_scale": ("demo", "b32", 12)}  # report section: demo and paper variants, order

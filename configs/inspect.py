@@ -3,7 +3,7 @@ r"""Inspect a checkpoint: inferred architecture and its representation points.
   python main.py --config=configs/inspect.py --workdir=/tmp/inspect \
       --config.checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz
 
-`--config.checkpoint` also takes a zoo name (`DINOv2-B/14`, see vitcnn_jax/zoo.py)
+`--config.checkpoint` also takes a zoo name (`DINOv2-B/14`, see vitcnn_jax/inputs/zoo.py)
 or an hf-hub:ORG/REPO location.
 
 `--config.capture='block00/**'` lists only the matching points. A tower of a

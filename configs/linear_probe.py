@@ -22,7 +22,7 @@ Variants (`:arg`, comma-separated):
 then `shots=`, `seeds=`, `test=` (test examples; 0: all), `batch=`.
 
 Per model, `config.models.NAME.features` says how a point becomes features:
-cls, first, spatial_mean, mean, final_grid, each (see vitcnn_jax/probe.py).
+cls, first, spatial_mean, mean, final_grid, each (see vitcnn_jax/similarity/probe.py).
 ResNet blocks are read as `mean` by default: each block output averaged over
 its positions, the pooling the network's own head applies to its last block.
 The paper's wording ("pooled to the final stage's spatial size") is
@@ -34,7 +34,7 @@ where the fit keeps the shots' rows.
 import ml_collections
 
 from configs import common
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import zoo
 
 CIFAR = {"cifar10": "cifar10", "cifar100": "cifar100"}
 DEMOS = {"demo": ("vit", "vit_gap", "resnet"), "demo_tokens": ("vit", "vit_gap"),

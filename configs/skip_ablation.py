@@ -20,7 +20,7 @@ import ml_collections
 
 from configs import common
 from configs import train as train_configs
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import zoo
 
 REPORT = {"skip_ablation": ("demo", "b32", 8)}  # report section: demo and paper variants, order
 

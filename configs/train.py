@@ -20,8 +20,8 @@ at a tfds dataset (source, name, split, test_split, data_dir) and set
 import ml_collections
 
 from configs import common
-from vitcnn_jax import data as data_lib
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import data as data_lib
+from vitcnn_jax.inputs import zoo
 
 SWEEP_STEPS = 250  # each model of a demo sweep (5 of them in the skip ablation): ~1.5 min
 

@@ -160,7 +160,7 @@ def gram_path(request, monkeypatch):
   loop and its tail; each layer larger than a slice, so `scaled_layer` makes
   it as it is first), and one dot over the centred copy (GPU and TPU)."""
   import jax
-  from vitcnn_jax import hsic
+  from vitcnn_jax.similarity import hsic
   if request.param == "slices of a few features":
     monkeypatch.setattr(hsic, "CACHE_SLICE_BYTES", 4 * 16 * 3)  # 16 rows: 3 features a slice
   if request.param == "one dot":

@@ -13,7 +13,8 @@ import upstream_files as uf
 from conftest import NO_FIGURES, ROOT, run_main
 from numerics import assert_close, job_runs_bound
 from test_data import write_idx
-from vitcnn_jax import api as vj_api, checkpoints, data
+from vitcnn_jax import api as vj_api, checkpoints
+from vitcnn_jax.inputs import data
 from vitcnn_jax.models.formats import memory
 from vitcnn_jax.models.formats.base import CheckpointError
 import vitcnn_jax as vj

@@ -11,8 +11,9 @@ import pytest
 import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, likely, network
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.inputs import data
 from vitcnn_jax.models.vit import model as vit
 
 

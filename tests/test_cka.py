@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from numerics import assert_close, cka_bound, likely, worst
-from vitcnn_jax import hsic
+from vitcnn_jax.similarity import hsic
 
 
 # --- float64 NumPy reference, written from the formulas (Song et al. 2012) -----

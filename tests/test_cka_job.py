@@ -16,7 +16,13 @@ import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from numerics import assert_close, job_runs_bound
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, data, descriptive, measures, neighbours, subspaces, zoo
+from vitcnn_jax import checkpoints
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.similarity import descriptive
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import neighbours
+from vitcnn_jax.similarity import subspaces
 
 EXAMPLES, BATCH, REPEATS = 44, 8, 2  # 5 full minibatches and one of 4
 RUNS_BOUND = job_runs_bound(BATCH)
@@ -206,7 +212,9 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
   compile, or after the memory planner's (a device memory given), whose step it
   runs: the steps' buffers do not sit on top of it (on workload W, every measure,
   the process peak fell from 2.89 to 2.43 GiB)."""
-  from vitcnn_jax import memory, programs, runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import memory  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import programs  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
   released, ran = [], []
   monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
   monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())  # none compiled before
@@ -247,7 +255,7 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
   with at most `IN_FLIGHT` dispatched steps ahead of it (it sat at 28 of 30
   for minutes with every measure at batch 256): dispatched and unfinished
   steps are not counted, finished ones are."""
-  from vitcnn_jax import runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
   bar = _Counted()
   steps = runstate.Steps(None, {}, None, (0, 0), bar)
   results = [_Result() for _ in range(5)]
@@ -273,7 +281,9 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   small for any group names the largest minibatch that fits. Each block's output
   only: the planner compiles a step per group it tries, so the smallest step."""
   from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import driver, loading, memory  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import driver  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import loading  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import memory  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
   config = cka_vit_resnet.get_config(f"examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = tiny_vit_bit

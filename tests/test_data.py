@@ -8,8 +8,13 @@ import os
 import numpy as np
 import pytest
 
-from vitcnn_jax import data, loading, packaged, pipeline, preprocess, zoo
-from vitcnn_jax.data import FolderSource, IdxSource, SyntheticSource
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import packaged
+from vitcnn_jax.inputs import preprocess
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.inputs.data import FolderSource, IdxSource, SyntheticSource
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import pipeline
 
 
 def write_idx(directory, split: str, images: np.ndarray, labels: np.ndarray, gz: bool = True):

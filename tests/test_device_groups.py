@@ -11,7 +11,9 @@ from jax.sharding import PartitionSpec as P
 from conftest import ROOT
 from numerics import assert_close, cka_bound, likely, worst
 from test_cka import np_hsic1
-from vitcnn_jax import hsic, memory, parallel
+from vitcnn_jax.run import memory
+from vitcnn_jax.run import parallel
+from vitcnn_jax.similarity import hsic
 
 N = 64  # the estimator's minibatch
 SIZES = (64, 64, 40)  # the last minibatch is shorter: its rows end in padding
@@ -142,7 +144,7 @@ def test_the_heap_that_free_keeps_goes_back_to_the_os():
   import sys  # pylint: disable=g-import-not-at-top
   code = """
 import ctypes, os
-from vitcnn_jax import memory
+from vitcnn_jax.run import memory
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -239,7 +241,8 @@ def test_the_persistent_compilation_cache_is_on_by_default_and_can_be_moved_or_t
   folder over CACHE_DIR/xla; "none" turns it off; a file is refused by name.
   `programs.use_compilation_cache` sets JAX's cache to the folder chosen."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import control, programs  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import control  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import programs  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({"cache_dir": str(tmp_path / "c"), "compilation_cache": ""})
   monkeypatch.delenv(control.COMPILATION_CACHE_ENV, raising=False)
   assert control.compilation_cache(config, None) == str(tmp_path / "c" / "xla")

@@ -28,7 +28,8 @@ import numpy as np
 import reference_measures as ref
 from numerics import U32, assert_close, likely, worst
 from test_subspaces import np_gulp_squared
-from vitcnn_jax import hsic, measures
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
 
 N = 32
 CLOSE = 1e-3  # y = x + CLOSE * noise

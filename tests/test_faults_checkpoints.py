@@ -84,7 +84,8 @@ def test_a_member_that_is_not_an_array_is_named(tmp_path):
 
 def test_a_corrupt_cached_demo_model_says_delete_to_retrain(tmp_path, monkeypatch):
   from configs import cka_vit_resnet
-  from vitcnn_jax import demos, loading, train
+  from vitcnn_jax import demos, train
+  from vitcnn_jax.run import loading
   config = cka_vit_resnet.get_config("demo")
   config.cache_dir = str(tmp_path)
   for spec in config.models.values():  # both demo models' files are there (the BiT's is not read)

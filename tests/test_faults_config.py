@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import upstream_files as uf
-from vitcnn_jax import jobs, checkpoints, zoo
+from vitcnn_jax import jobs, checkpoints
+from vitcnn_jax.inputs import zoo
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 

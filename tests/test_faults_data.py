@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from vitcnn_jax import data
+from vitcnn_jax.inputs import data
 
 Image = require("PIL.Image")  # comes with matplotlib, a runtime dependency
 

@@ -8,7 +8,9 @@ import pytest
 import upstream_files as uf
 from numerics import assert_close, cka_bound, worst
 from test_cka import hsic_matrix
-from vitcnn_jax import jobs, hsic, zoo
+from vitcnn_jax import jobs
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.similarity import hsic
 
 
 def test_identical_images_make_a_constant_layer_an_error_not_cka_one():
@@ -129,7 +131,7 @@ def test_devices_with_different_scales_share_exponents_exactly():
   brought to the shared exponents equals the float64 sum of each device's own."""
   import jax
   from jax.sharding import PartitionSpec as P
-  from vitcnn_jax import parallel
+  from vitcnn_jax.run import parallel
   mesh = parallel.mesh()
   n_dev = jax.device_count()
   rng = np.random.default_rng(4)

@@ -15,7 +15,9 @@ import forked
 import upstream_files as uf
 from conftest import ROOT, device_env, run_main
 from test_data import striped, write_idx
-from vitcnn_jax import jobs, workdir, zoo
+from vitcnn_jax import jobs
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.run import workdir
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 
-from vitcnn_jax import analyses, declaration, report
+from vitcnn_jax import analyses, report
+from vitcnn_jax.run import declaration
 
 
 def _verdicts(name: str, summary: dict) -> list:

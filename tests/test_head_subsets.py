@@ -12,8 +12,9 @@ from conftest import ROOT, forward, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, likely, network
 from test_attention_distance import grid_distances
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import head_subsets as hs
+from vitcnn_jax.inputs import data
 
 
 def test_sliding_windows_over_sorted_heads():

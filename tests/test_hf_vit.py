@@ -18,7 +18,7 @@ import forked
 from conftest import ROOT, compiled
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 
 T = hf_ref.transformers
 TOL = network(VIT_ROUNDINGS)

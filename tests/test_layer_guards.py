@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from test_measures import _data
-from vitcnn_jax import hsic, measures
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
 
 # Every measure but linear CKA (which `test_faults_numerics` covers): one spec, one compile.
 OTHERS = measures.Spec(tuple(m for m in measures.NAMES if m != "linear_cka"), cca_dims=3, knn_k=3)
@@ -58,7 +59,7 @@ def test_a_measure_s_non_finite_cell_between_good_layers_is_named():
 def test_no_nan_or_inf_is_written_without_saying_where(tmp_path, capsys):
   """The last net: results that hold NaN or inf say where, in the json and the log."""
   import json
-  from vitcnn_jax import driver
+  from vitcnn_jax.run import driver
   arrays = {"ok": np.ones(3), "cka_a_b": np.array([[1.0, np.nan], [np.inf, 0.5]]), "ids": np.arange(3)}
   summary = {"mean": 0.5, "models": {"a": {"scores": [0.1, float("nan")]}}}
   driver.write(str(tmp_path), "x", summary, arrays)
@@ -79,7 +80,7 @@ def test_the_real_pair_s_canonical_correlations_are_finite_and_exact():
   are within float32 rounding of float64: a backward-stable SVD moves each value
   and the reconstruction by at most about n u ||m||_2, here bounded by 4 n u."""
   import os
-  from vitcnn_jax import subspaces
+  from vitcnn_jax.similarity import subspaces
   m = np.load(os.path.join(os.path.dirname(__file__), "real_pair_cca_product.npy"))
   u, s, vt = jax.jit(subspaces.svd)(m[None])
   want = np.linalg.svd(m.astype(np.float64), compute_uv=False)

@@ -11,8 +11,10 @@ import pytest
 import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import assert_close, worst
-from vitcnn_jax import checkpoints, data, probe
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import linear_probe
+from vitcnn_jax.inputs import data
+from vitcnn_jax.similarity import probe
 
 L2S = (2.0 ** -10, 1.0, 2.0 ** 10)
 

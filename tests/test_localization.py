@@ -12,8 +12,10 @@ import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import VIT_ROUNDINGS, assert_close, cka_bound, likely, network
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, hsic, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import localization as loc
+from vitcnn_jax.inputs import data
+from vitcnn_jax.similarity import hsic
 
 
 def test_patches_are_row_major_tiles():

@@ -53,7 +53,8 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   import ml_collections
   import pytest
   from configs import common, head_subsets, localization
-  from vitcnn_jax import jobs, zoo
+  from vitcnn_jax import jobs
+  from vitcnn_jax.inputs import zoo
   config = head_subsets.get_config("l16_r50,examples=16,batch=8")
   config.data = zoo.data_spec("synthetic", num_examples=16)
   config.models.extra = common.model("/x.npz", ["**"], "extra")

@@ -12,7 +12,8 @@ import pytest
 import scipy.stats
 
 from numerics import assert_close, cka_bound, likely
-from vitcnn_jax import hsic, measures
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
 
 U32 = 2.0 ** -24
 
@@ -286,7 +287,7 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
 
 
 def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
-  from vitcnn_jax import runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
   boot = runstate.Bootstrap(seed=3, replicates=5, pooled={})
   w = boot.weights(0, 1, 4, 3)
   assert w.shape == (5, 3) and np.array_equal(w, boot.weights(0, 1, 4, 3))  # seeded per minibatch

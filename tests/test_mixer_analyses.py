@@ -12,7 +12,8 @@ import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, likely, network
 from test_cka import np_minibatch_cka
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
+from vitcnn_jax.inputs import data
 
 
 def test_cka_of_a_mixer_against_a_vit_equals_float64_numpy(tmp_path):

@@ -14,7 +14,10 @@ import reference_measures as ref
 from numerics import assert_close, likely, worst
 from test_measures import SIZES, _batches, _data, _sums
 from test_subspaces import _one
-from vitcnn_jax import descriptive, matching, measures, neighbours
+from vitcnn_jax.similarity import descriptive
+from vitcnn_jax.similarity import matching
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import neighbours
 
 NEW = ("procrustes", "svcca", "pwcca", "eigenspace_overlap", "distance_correlation",
        "rsm_difference") + neighbours.NAMES + descriptive.NAMES
@@ -321,7 +324,7 @@ def test_the_step_s_lapack_calls_do_not_deadlock_on_two_cores(names, rows):
   (both cases hung with calls ordered by an optimization_barrier alone)."""
   code = f"""
 import functools, jax, jax.numpy as jnp, numpy as np
-from vitcnn_jax import measures
+from vitcnn_jax.similarity import measures
 rng = np.random.default_rng(0)
 acts = [jnp.asarray(rng.normal(size=({rows}, 64)), jnp.float32) for _ in range(40)]
 spec = measures.Spec({names!r}, cca_dims={rows // 2 - 1}, null=True)

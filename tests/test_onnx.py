@@ -12,7 +12,7 @@ import timm_ref
 from conftest import compiled, require
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
-from vitcnn_jax import packaged
+from vitcnn_jax.inputs import packaged
 from vitcnn_jax.models.formats.base import CheckpointError
 
 onnx = require("onnx")

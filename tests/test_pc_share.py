@@ -10,8 +10,9 @@ import pytest
 import vitcnn_jax as vj
 from conftest import forward
 from numerics import VIT_ROUNDINGS, assert_close, likely, network, worst
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import pc_share
+from vitcnn_jax.inputs import data
 
 N, BATCH = 44, 8  # 5 full minibatches and one of 4
 

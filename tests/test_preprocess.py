@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 
 torch = require("torch")
 

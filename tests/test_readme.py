@@ -15,7 +15,9 @@ import pytest
 import forked
 import upstream_files as uf
 from conftest import ROOT, device_env
-from vitcnn_jax import data, train, zoo
+from vitcnn_jax import train
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import zoo
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 

@@ -11,8 +11,9 @@ import numpy as np
 import upstream_files as uf
 from conftest import ROOT, run_main
 from numerics import VIT_ROUNDINGS, assert_close, network
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import receptive_field as rf
+from vitcnn_jax.inputs import data
 
 
 def _conv(x, k):

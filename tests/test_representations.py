@@ -9,8 +9,12 @@ import numpy as np
 
 from conftest import IN_PROCESS_DEVICES
 from numerics import VIT_ROUNDINGS, assert_close, network, worst
-from vitcnn_jax import driver, loading, parallel, protocol, representations
+from vitcnn_jax.models import representations
 from vitcnn_jax.models import ViT, common
+from vitcnn_jax.run import driver
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import parallel
+from vitcnn_jax.run import protocol
 
 
 class _SumsOfPoints(protocol.Pass):

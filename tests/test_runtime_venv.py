@@ -21,13 +21,14 @@ from packaging.requirements import Requirement
 
 import upstream_files as uf
 from conftest import ROOT
-from vitcnn_jax import control
+from vitcnn_jax import fileio
 
 CHECK = textwrap.dedent("""
     import sys
     sys.path.insert(0, "tests")
     import numpy as np
-    from vitcnn_jax import data, fileio
+    from vitcnn_jax import fileio
+    from vitcnn_jax.inputs import data
 
     # tfds array_record: prepare a dataset with tfds itself, then read it back.
     from tiny_tfds import tiny_tfds_dataset_builder as tiny
@@ -53,7 +54,7 @@ CHECK = textwrap.dedent("""
 def runtime_venv():
   with open(os.path.join(ROOT, "requirements.txt"), "rb") as f:
     key = hashlib.sha256(f.read() + sys.version.encode()).hexdigest()[:16]
-  venv = os.path.join(os.path.expanduser(control.CACHE_DIR), f"runtime-venv-{key}")
+  venv = os.path.join(os.path.expanduser(fileio.CACHE_DIR), f"runtime-venv-{key}")
   if not os.path.exists(os.path.join(venv, ".runtime")):  # make's stamp: a complete install
     shutil.rmtree(venv, ignore_errors=True)
     r = subprocess.run(["make", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True,

@@ -10,8 +10,9 @@ import numpy as np
 import upstream_files as uf
 from conftest import ROOT, forward, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, likely, network
-from vitcnn_jax import checkpoints, data
+from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import skip_ratio as sr
+from vitcnn_jax.inputs import data
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 

@@ -123,7 +123,7 @@ def test_configs_import_no_jax():
 
 
 def test_the_driver_is_short_and_no_function_is_long():
-  with open(MODULES["vitcnn_jax.driver"]) as f:
+  with open(MODULES["vitcnn_jax.run.driver"]) as f:
     assert len(f.read().splitlines()) < 250
   long = [f"{m}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for m in MODULES
           if m.startswith("vitcnn_jax") for n in ast.walk(_tree(m))
@@ -148,44 +148,65 @@ def test_no_family_test_outside_the_models():
 @pytest.mark.parametrize("name", sorted(n.split(".")[-1] for n in MODULES
                                         if n.startswith("vitcnn_jax.analyses.")))
 def test_every_analysis_declares_itself(name):
-  from vitcnn_jax import analyses, declaration  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import declaration  # pylint: disable=g-import-not-at-top
   declared = analyses.get(name)
   assert declared.name == name and name in declaration.names()
   assert declaration.defaults(name) == declared.defaults  # what configs read is what it uses
   assert declared.findings and declared.figures and callable(declared.key_numbers)
 
 
-# Imports the README's architecture table forbids: a module (or package) -> the modules
-# (or packages, with all below them) it may not import. `vitcnn_jax.models` alone is
-# the family registry; its anatomy and common pieces are open to all.
-RUNNING = ("vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.jobs", "vitcnn_jax.analyses")
-# Each family's package (its model and readers), the loader and the formats: what only
-# loading may reach into.
+# The README's architecture table: what each folder (or top-level module) may import
+# beside itself, a name allowing all below it. Modules not named here (jobs, api, report,
+# main) sit on top and may import anything.
 FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
     os.path.join(ROOT, "vitcnn_jax", "models"))) if os.path.isfile(
         os.path.join(ROOT, "vitcnn_jax", "models", d, "__init__.py")) and d != "formats")
-LOADING = ("vitcnn_jax.models.loader", "vitcnn_jax.models.formats", *FAMILIES)
+MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.common",
+               "vitcnn_jax.models.representations")  # what a model is to analyses
+NO_JAX = ("vitcnn_jax.run.declaration", "vitcnn_jax.run.control", "vitcnn_jax.inputs.zoo",
+          "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.packaged", "vitcnn_jax.fileio",
+          "=vitcnn_jax.similarity")  # "=": that package alone (its MIN_BATCH), not below it
+ALLOWED = {
+    "vitcnn_jax.fileio": (),
+    "vitcnn_jax.similarity": (),
+    "vitcnn_jax.inputs": ("vitcnn_jax.fileio",),
+    "vitcnn_jax.plotting": ("vitcnn_jax.fileio",),
+    "vitcnn_jax.models": ("vitcnn_jax.fileio", "vitcnn_jax.inputs.preprocess"),
+    "vitcnn_jax.checkpoints": ("vitcnn_jax.fileio", "vitcnn_jax.inputs", "vitcnn_jax.models"),
+    "vitcnn_jax.run": ("vitcnn_jax.fileio", "vitcnn_jax.inputs", "vitcnn_jax.similarity",
+                       "vitcnn_jax.checkpoints", "vitcnn_jax.plotting", "vitcnn_jax.models.formats",
+                       *MODEL_PARTS),
+    "vitcnn_jax.analyses": ("vitcnn_jax.run.declaration", "vitcnn_jax.run.protocol",
+                            "vitcnn_jax.run.results", "vitcnn_jax.run.accuracy", "vitcnn_jax.inputs.data",
+                            "vitcnn_jax.similarity", "vitcnn_jax.plotting", *MODEL_PARTS),
+    "vitcnn_jax.train": ("vitcnn_jax.fileio", "vitcnn_jax.inputs", "vitcnn_jax.models",
+                         "vitcnn_jax.checkpoints", "vitcnn_jax.run"),
+    "vitcnn_jax.demos": ("vitcnn_jax.fileio", "vitcnn_jax.inputs", "vitcnn_jax.run", "vitcnn_jax.train"),
+    "vitcnn_jax.describe": ("vitcnn_jax.inputs", "vitcnn_jax.models", "vitcnn_jax.checkpoints",
+                            "vitcnn_jax.run"),
+    "configs": ("configs", *NO_JAX),
+}
+# Within models/: the formats know no family, and no family reads through another's readers.
 FORBIDDEN = {
-    "vitcnn_jax.analyses": ("vitcnn_jax.driver", "vitcnn_jax.loading", "vitcnn_jax.jobs",
-                            "vitcnn_jax.train", "vitcnn_jax.demos", "vitcnn_jax.checkpoints",
-                            "vitcnn_jax.models", *LOADING),
-    "vitcnn_jax.models": ("vitcnn_jax.checkpoints", "vitcnn_jax.loading", "vitcnn_jax.driver",
-                          "vitcnn_jax.protocol", "vitcnn_jax.zoo", "vitcnn_jax.packaged", *RUNNING),
-    # Formats know no family; families know no other family's readers.
     "vitcnn_jax.models.formats": ("vitcnn_jax.models", "vitcnn_jax.models.loader", *FAMILIES),
-    **{f: tuple(g for g in FAMILIES if g != f) + ("vitcnn_jax.models.loader",) for f in FAMILIES},
-    "vitcnn_jax.loading": RUNNING,
-    "vitcnn_jax.pipeline": RUNNING,
-    "vitcnn_jax.runstate": RUNNING,
-    "vitcnn_jax.driver": (*RUNNING, "vitcnn_jax.checkpoints"),
+    **{f: (*(g for g in FAMILIES if g != f), "vitcnn_jax.models.loader") for f in FAMILIES},
 }
 
 
+def _within(name: str, scope: str) -> bool:
+  return name == scope or name.startswith(scope + ".")
+
+
 def _forbidden(module: str, dep: str) -> bool:
-  within = lambda name, scope: name == scope or name.startswith(scope + ".")
-  return any(within(module, scope) and any(dep == b or (within(dep, b) and b != "vitcnn_jax.models")
-                                           for b in banned)
-             for scope, banned in FORBIDDEN.items())
+  """Allowed: a name or anything below it ("=name": that module alone). Banned within
+  models/: `vitcnn_jax.models` alone (the registry of families), not its sub-modules."""
+  for scope, allowed in ALLOWED.items():
+    if _within(module, scope) and not _within(dep, scope) and not any(
+        dep == a[1:] if a.startswith("=") else _within(dep, a) for a in allowed):
+      return True
+  return any(_within(module, scope) and any(dep == b or (_within(dep, b) and b != "vitcnn_jax.models")
+                                            for b in banned) for scope, banned in FORBIDDEN.items())
 
 
 def test_imports_follow_the_layers():
@@ -197,7 +218,11 @@ def test_imports_follow_the_layers():
   assert not _forbidden("vitcnn_jax.models.vit.transformers", "vitcnn_jax.models.formats.base")
   assert _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models")
   assert not _forbidden("vitcnn_jax.analyses.cka", "vitcnn_jax.models.anatomy")
-  assert _forbidden("vitcnn_jax.driver", "vitcnn_jax.analyses.cka")
+  assert _forbidden("vitcnn_jax.run.driver", "vitcnn_jax.analyses.cka")
+  assert _forbidden("vitcnn_jax.similarity.hsic", "vitcnn_jax.run.control")
+  assert _forbidden("vitcnn_jax.run.loading", "vitcnn_jax.models.vit.google")
+  assert _forbidden("configs.cka_vit_resnet", "vitcnn_jax.similarity.measures")
+  assert not _forbidden("vitcnn_jax.jobs", "vitcnn_jax.analyses.cka")
 
 
 def test_the_modules_scheduled_first_exist():
@@ -205,3 +230,12 @@ def test_the_modules_scheduled_first_exist():
   from conftest import FIRST  # pylint: disable=g-import-not-at-top
   missing = [m for m in FIRST if not os.path.exists(os.path.join(ROOT, "tests", f"{m}.py"))]
   assert not missing, f"conftest.FIRST names modules that are gone: {missing}"
+
+
+def test_a_moved_module_still_imports_and_says_where_it_went():
+  import vitcnn_jax  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.similarity import hsic  # pylint: disable=g-import-not-at-top
+  with pytest.warns(DeprecationWarning, match=r"vitcnn_jax\.hsic is now vitcnn_jax\.similarity\.hsic"):
+    assert vitcnn_jax.hsic is hsic
+  with pytest.raises(AttributeError):
+    vitcnn_jax.no_such_module  # noqa: B018  pylint: disable=pointless-statement

@@ -13,7 +13,9 @@ import pytest
 
 from numerics import assert_close, cka_bound, likely, worst
 from test_measures import SIZES, _batches, _data, _sums
-from vitcnn_jax import declaration, hsic, measures
+from vitcnn_jax.run import declaration
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
 
 NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")  # the others: test_more_measures
 

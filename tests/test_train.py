@@ -13,7 +13,8 @@ import pytest
 
 from conftest import ROOT, run_main
 from test_data import striped, write_idx
-from vitcnn_jax import checkpoints, train, zoo
+from vitcnn_jax import checkpoints, train
+from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import common
 
 
@@ -60,7 +61,8 @@ def test_export_reloads_with_identical_logits(vit_run, idx_dir):
   assert (model.width, model.depth, model.image_size, model.num_classes) == (32, 2, 16, 10)
   trained = train.build_model(_config(idx_dir), 10)
   assert model == trained
-  from vitcnn_jax import pipeline, parallel
+  from vitcnn_jax.run import pipeline
+  from vitcnn_jax.run import parallel
   acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"),
                        "resize", parallel.mesh())
   assert acc == out["test_accuracy"]

@@ -16,9 +16,14 @@ import pytest
 from conftest import forward
 from numerics import VIT_ROUNDINGS, assert_close, network
 from test_data import striped, write_idx
-from vitcnn_jax import checkpoints, data, demos, jobs, loading, parallel, pipeline, train, zoo
+from vitcnn_jax import checkpoints, demos, jobs, train
 from vitcnn_jax.analyses import reference_cka
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import common
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import parallel
+from vitcnn_jax.run import pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -13,10 +13,11 @@ import numpy_ref
 import upstream_files as uf
 from conftest import compiled, ROOT, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
-from vitcnn_jax import checkpoints, loading
+from vitcnn_jax import checkpoints
 from vitcnn_jax.models import common
 from vitcnn_jax.models import loader
 from vitcnn_jax.models.formats.base import CheckpointError
+from vitcnn_jax.run import loading
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 # Ours (float32) against float64: one side's roundings only, relative to the largest output.

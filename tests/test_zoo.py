@@ -16,10 +16,10 @@ from conftest import require
 from numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
-from vitcnn_jax import loading
-from vitcnn_jax import packaged
-from vitcnn_jax import preprocess
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import packaged
+from vitcnn_jax.inputs import preprocess
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.run import loading
 
 hub = require("huggingface_hub")
 TOL = network(VIT_ROUNDINGS)
@@ -160,7 +160,7 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
 def test_todays_config_variants_name_zoo_models(config_file, variant, names):
   import importlib  # noqa: PLC0415
   from vitcnn_jax import analyses  # noqa: PLC0415
-  from vitcnn_jax import control  # noqa: PLC0415
+  from vitcnn_jax.run import control  # noqa: PLC0415
   config = importlib.import_module(f"configs.{config_file}").get_config(variant)
   assert sorted(m.checkpoint for m in config.models.values()) == sorted(names)
   assert all(not m.policy for m in config.models.values())  # the zoo entry's, unless set

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 
-from vitcnn_jax import declaration
+from vitcnn_jax.run import declaration
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,15 @@ def _cpu_threads() -> None:
 
 _cpu_threads()
 
+# Modules that moved into folders (run/, similarity/, inputs/, models/): the old
+# `from vitcnn_jax import NAME` still works, and says where NAME lives now.
+_MOVED = {**{m: "run" for m in ("accuracy", "control", "declaration", "driver", "loading", "memory",
+                                  "parallel", "pipeline", "programs", "progress", "protocol", "results",
+                                  "runstate", "workdir")},
+          **{m: "similarity" for m in ("descriptive", "hsic", "layerpairs", "matching", "measures",
+                                         "neighbours", "probe", "subspaces")},
+          **{m: "inputs" for m in ("data", "packaged", "preprocess")}, "representations": "models"}
+
 
 def __getattr__(name: str):
   if name in declaration.names():
@@ -36,7 +46,12 @@ def __getattr__(name: str):
   if name == "Result":
     return importlib.import_module("vitcnn_jax.jobs").Result
   if name == "zoo":
-    return importlib.import_module("vitcnn_jax.zoo")
+    return importlib.import_module("vitcnn_jax.inputs.zoo")
+  if name in _MOVED:
+    new = f"vitcnn_jax.{_MOVED[name]}.{name}"
+    warnings.warn(f"vitcnn_jax.{name} is now {new}; import it from there.", DeprecationWarning,
+                  stacklevel=2)
+    return importlib.import_module(new)
   raise AttributeError(f"module 'vitcnn_jax' has no attribute {name!r}")
 
 

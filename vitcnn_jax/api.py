@@ -34,12 +34,12 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import analyses
-from vitcnn_jax import control
-from vitcnn_jax import data
-from vitcnn_jax import declaration
 from vitcnn_jax import jobs
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models.formats import memory
+from vitcnn_jax.run import control
+from vitcnn_jax.run import declaration
 
 ModelSpec = Any  # str (path or zoo name) | dict | (module, params)
 Images = Any  # np.ndarray of uint8 | data.Source
@@ -60,7 +60,7 @@ def source(images: Images, labels: Sequence[int] | None = None) -> data.Source:
   if all(hasattr(images, a) for a in ("images", "labels", "identity")):
     return images
   raise TypeError(f"images are a {type(images).__name__}; pass a uint8 array (N, H, W[, 3]) or a "
-                  "vitcnn_jax.data source.")
+                  "vitcnn_jax.inputs.data source.")
 
 
 def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> dict:
@@ -71,7 +71,7 @@ def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> d
     given = {"checkpoint": given, "label": given if given in zoo.ZOO else label}
   elif not isinstance(given, Mapping):
     raise TypeError(f"model {label!r} is a {type(given).__name__}; pass a checkpoint path, a name "
-                    "in vitcnn_jax.zoo.ZOO, a dict of a checkpoint and load_model "
+                    "in vitcnn_jax.inputs.zoo.ZOO, a dict of a checkpoint and load_model "
                     "overrides, or a (model, params) pair.")
   given = dict(given)
   if "model" in given or "params" in given:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from vitcnn_jax import fileio
-from vitcnn_jax import packaged
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import packaged
+from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import loader
 from vitcnn_jax.models.formats import memory
 from vitcnn_jax.models.formats.base import CheckpointError, Params

@@ -9,9 +9,10 @@ import copy
 
 import ml_collections
 
-from vitcnn_jax import control
+from vitcnn_jax import fileio
 from vitcnn_jax import train
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import zoo
+from vitcnn_jax.run import control
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -33,7 +34,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return out
 
 
-def checkpoint(variant: str = "vit_demo", cache_dir: str = control.CACHE_DIR) -> str:
+def checkpoint(variant: str = "vit_demo", cache_dir: str = fileio.CACHE_DIR) -> str:
   """The npz of a demo model (`zoo.DEMO_ARCHITECTURES`), trained first (minutes,
   once) unless it is cached."""
   return train.cached(zoo.demo_training(variant), cache_dir)

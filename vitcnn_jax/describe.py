@@ -10,11 +10,11 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import checkpoints
-from vitcnn_jax import driver
-from vitcnn_jax import loading
-from vitcnn_jax import preprocess
-from vitcnn_jax import representations
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models import common
+from vitcnn_jax.models import representations
+from vitcnn_jax.run import driver
+from vitcnn_jax.run import loading
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

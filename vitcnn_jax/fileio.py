@@ -20,6 +20,9 @@ def is_remote(path: str) -> bool:
 
 
 _HOSTS = {"gs": "storage.googleapis.com"}
+# Where trained demo models, registry packages' files and compiled programs are kept.
+CACHE_DIR = "~/.cache/vitcnn_jax"
+FIGURE_FORMATS = ("png", "pdf", "svg")  # the figure files `plotting` writes
 
 
 def _check_network(path: str) -> None:

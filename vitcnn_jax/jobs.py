@@ -19,19 +19,19 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import analyses
-from vitcnn_jax import control
-from vitcnn_jax import data
-from vitcnn_jax import declaration
 from vitcnn_jax import demos
 from vitcnn_jax import describe
-from vitcnn_jax import driver
-from vitcnn_jax import loading
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import programs
 from vitcnn_jax import report
 from vitcnn_jax import train
-from vitcnn_jax import workdir as workdir_lib
+from vitcnn_jax.inputs import data
+from vitcnn_jax.run import control
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import driver
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import pipeline
+from vitcnn_jax.run import programs
+from vitcnn_jax.run import workdir as workdir_lib
 
 OTHER_JOBS = ("inspect", "report", "train")
 CONFIG_FILES = {"cka": "cka_vit_resnet", "reference_cka": "data_scale"}  # else configs/NAME.py

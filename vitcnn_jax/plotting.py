@@ -14,7 +14,6 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 from matplotlib import ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402
 
-from vitcnn_jax import control  # noqa: E402
 from vitcnn_jax import fileio  # noqa: E402
 
 
@@ -31,8 +30,8 @@ def options(format: str = "png", vmin: float = 0.0, vmax: float = 1.0,  # pylint
   """Figure options while the block runs: `format` (a vector file beside each PNG),
   the CKA colour scale, and `keep`: figures stay open and are collected in the
   list yielded (a notebook shows them) instead of being closed once written."""
-  if format not in control.FIGURE_FORMATS:
-    raise ValueError(f"plot format {format!r} is not one of {control.FIGURE_FORMATS}.")
+  if format not in fileio.FIGURE_FORMATS:
+    raise ValueError(f"plot format {format!r} is not one of {fileio.FIGURE_FORMATS}.")
   if not vmin < vmax:
     raise ValueError(f"plot vmin={vmin} must be below vmax={vmax}.")
   kept: list = []

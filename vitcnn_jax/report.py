@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax import analyses
-from vitcnn_jax import declaration
 from vitcnn_jax import fileio
+from vitcnn_jax.run import declaration
 
 
 def _scalars(d: dict, prefix: str = "", limit: int = 12) -> list[tuple[str, str]]:

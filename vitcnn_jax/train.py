@@ -21,19 +21,19 @@ import ml_collections
 import numpy as np
 import optax
 
-from vitcnn_jax import accuracy
 from vitcnn_jax import checkpoints
-from vitcnn_jax import data
-from vitcnn_jax import driver
 from vitcnn_jax import fileio
-from vitcnn_jax import loading
-from vitcnn_jax import parallel
-from vitcnn_jax import pipeline
-from vitcnn_jax import preprocess
-from vitcnn_jax import progress
-from vitcnn_jax import results
-from vitcnn_jax import runstate
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models import common, get_model
+from vitcnn_jax.run import accuracy
+from vitcnn_jax.run import driver
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import parallel
+from vitcnn_jax.run import pipeline
+from vitcnn_jax.run import progress
+from vitcnn_jax.run import results
+from vitcnn_jax.run import runstate
 
 
 def build_model(config: ml_collections.ConfigDict, num_classes: int):

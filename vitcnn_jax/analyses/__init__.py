@@ -1,5 +1,5 @@
 """The analyses, one module each, found by name: every module here that ends
-with a `DECLARATION` (`vitcnn_jax/declaration.py`) is one, and nothing else
+with a `DECLARATION` (`vitcnn_jax/run/declaration.py`) is one, and nothing else
 needs to know of it (`main.py`, the notebook API, the configs and the report
 read its declaration)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from vitcnn_jax import declaration
+from vitcnn_jax.run import declaration
 
 
 def names() -> list[str]:

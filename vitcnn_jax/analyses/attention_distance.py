@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import declaration
 from vitcnn_jax import plotting
-from vitcnn_jax import protocol
-from vitcnn_jax import results
 from vitcnn_jax.models import anatomy
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
 
 DEFAULTS = {
     "num_examples": 5000,  # the paper: 5,000 ImageNet validation images

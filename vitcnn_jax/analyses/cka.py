@@ -13,21 +13,21 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import declaration
-from vitcnn_jax import matching
-from vitcnn_jax import measures
 from vitcnn_jax import plotting
-from vitcnn_jax import protocol
-from vitcnn_jax import results
-from vitcnn_jax import subspaces
 from vitcnn_jax.models import common
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
+from vitcnn_jax.similarity import matching
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import subspaces
 
 DEFAULTS = {  # the paper's protocol (Appendix A)
     "num_examples": 10240,  # sampled without replacement each repeat
     "batch_size": 1024,  # the HSIC minibatch (per device, or per group of devices)
     "repeats": 20,  # mean and standard deviation over repeats
     "seed": 0,
-    # Measures from the same Grams (vitcnn_jax/measures.py: measures.NAMES, the table of docs/measures.md):
+    # Measures from the same Grams (vitcnn_jax/similarity/measures.py: measures.NAMES, the table of docs/measures.md):
     # linear_cka (the paper's), rbf_cka, distance_correlation, mutual_knn, cknna,
     # knn_jaccard, rank_similarity, second_order_cosine, rsa, rsm_difference, mean_cca,
     # cca_r2, svcca, pwcca, regression, shape_metric, procrustes, gulp, eigenspace_overlap,

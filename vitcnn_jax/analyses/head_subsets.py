@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import declaration
-from vitcnn_jax import hsic
 from vitcnn_jax import plotting
-from vitcnn_jax import protocol
-from vitcnn_jax import results
 from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
+from vitcnn_jax.similarity import hsic
 
 DEFAULTS = {
     "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)

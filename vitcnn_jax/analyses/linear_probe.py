@@ -1,7 +1,7 @@
 """Few-shot linear probes of every captured point (Figs 11, 13, D.4, F.1-F.3).
 
 For each seed, `shots` examples per class are drawn from the training split
-(less its last `holdout` examples); a closed-form probe (`vitcnn_jax.probe`) is
+(less its last `holdout` examples); a closed-form probe (`vitcnn_jax.similarity.probe`) is
 fitted to each point's features (`config.models.NAME.features`, e.g. the class
 token, the token mean, every token alone). With `config.l2 = 0` the ridge
 strength is chosen per probe and seed on the held-out examples from
@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import declaration
 from vitcnn_jax import plotting
-from vitcnn_jax import probe
-from vitcnn_jax import protocol
-from vitcnn_jax import representations
-from vitcnn_jax import results
+from vitcnn_jax.models import representations
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
+from vitcnn_jax.similarity import probe
 
 DEFAULTS = {
     "batch_size": 256,  # per device (any size gives the same result)

@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import data
-from vitcnn_jax import declaration
-from vitcnn_jax import hsic
 from vitcnn_jax import plotting
-from vitcnn_jax import protocol
-from vitcnn_jax import results
 from vitcnn_jax.analyses import cka
+from vitcnn_jax.inputs import data
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
+from vitcnn_jax.similarity import hsic
 
 DEFAULTS = {
     "num_examples": 10240,  # as minibatch CKA (Appendix A): 10 minibatches ...

@@ -14,11 +14,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import accuracy as accuracy_lib
-from vitcnn_jax import declaration
 from vitcnn_jax import plotting
-from vitcnn_jax import results
 from vitcnn_jax.analyses import cka
+from vitcnn_jax.run import accuracy as accuracy_lib
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import results
 
 DEFAULTS = {  # the CKA protocol of the paper (Appendix A), as `cka`'s
     "num_examples": 10240,

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import declaration
 from vitcnn_jax import plotting
-from vitcnn_jax import protocol
-from vitcnn_jax import results
+from vitcnn_jax.run import declaration
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
 
 DEFAULTS = {
     "num_examples": 2560,  # the paper does not say

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax import fileio
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.models.formats.base import CheckpointError, log
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats.base import Keys
 
 # Heads of timm's ViT model functions by their size word (vit_<size>_patch...).

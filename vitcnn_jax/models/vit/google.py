@@ -15,7 +15,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models import common
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 

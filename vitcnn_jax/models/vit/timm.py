@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import timm_config
 from vitcnn_jax.models.formats import torch_layout
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading

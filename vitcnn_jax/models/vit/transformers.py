@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import hf_folder
 from vitcnn_jax.models.formats import torch_layout
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, log

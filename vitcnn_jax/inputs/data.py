@@ -344,7 +344,7 @@ class PhotoCrops:
     return self._cache[p]
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-    from vitcnn_jax import preprocess  # pylint: disable=g-import-not-at-top  (it imports jax)
+    from vitcnn_jax.inputs import preprocess  # pylint: disable=g-import-not-at-top  (it imports jax)
     out = []
     count = len(self.photos)
     for i in indices:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from vitcnn_jax import hsic
-from vitcnn_jax import layerpairs
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import layerpairs
 
 NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
 

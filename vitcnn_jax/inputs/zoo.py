@@ -10,9 +10,9 @@ import dataclasses
 
 import ml_collections
 
-from vitcnn_jax import data as data_lib
 from vitcnn_jax import fileio
-from vitcnn_jax import packaged
+from vitcnn_jax.inputs import data as data_lib
+from vitcnn_jax.inputs import packaged
 
 
 @dataclasses.dataclass(frozen=True)

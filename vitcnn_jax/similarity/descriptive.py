@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax import hsic
+from vitcnn_jax.similarity import hsic
 
 NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
 

@@ -13,11 +13,11 @@ import ml_collections
 
 from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
-from vitcnn_jax import preprocess
-from vitcnn_jax import representations
-from vitcnn_jax import zoo
+from vitcnn_jax.inputs import preprocess
+from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import common
+from vitcnn_jax.models import representations
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.models.formats import memory
 from vitcnn_jax.models.formats.base import CheckpointError, log

@@ -176,7 +176,7 @@ class Declaration:
     return out
 
 
-ANALYSES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analyses")
+ANALYSES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analyses")
 
 
 def names() -> list[str]:

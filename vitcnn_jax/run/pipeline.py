@@ -19,10 +19,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import data
-from vitcnn_jax import packaged
-from vitcnn_jax import parallel
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import packaged
+from vitcnn_jax.inputs import preprocess
+from vitcnn_jax.run import parallel
 
 Loaded = Any  # loading.Loaded: only .size and .policy are used here
 

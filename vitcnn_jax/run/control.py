@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vitcnn_jax import declaration as declaration_lib
+from vitcnn_jax import fileio
+from vitcnn_jax import similarity
+from vitcnn_jax.run import declaration as declaration_lib
 
 # The fields of the models before they were a mapping, and their names now.
 LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
-CACHE_DIR = "~/.cache/vitcnn_jax"  # demo models, trained once
-FIGURE_FORMATS = ("png", "pdf", "svg")
-MIN_BATCH = 4  # the unbiased HSIC's n (n - 3) and (n - 1)(n - 2) must be positive
 
 # The driver's fields, the same for every analysis, and their defaults.
 CONTROL = dict(
@@ -26,7 +25,7 @@ CONTROL = dict(
     devices_per_minibatch=0,
     device_memory_gib=0.0,  # per device; 0: what the device reports
     # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
-    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/hsic.py).
+    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/similarity/hsic.py).
     gram_precision="auto",
     # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), or none (format
     # "none": results only; the same command, or a Result's .plot(), draws them later
@@ -46,7 +45,7 @@ OFF = ("none", "off", "0")
 
 
 def cache_dir(config: Any) -> str:
-  return config.get("cache_dir") or CACHE_DIR
+  return config.get("cache_dir") or fileio.CACHE_DIR
 
 
 def compilation_cache(config: Any, jax_dir: str | None) -> str | None:
@@ -85,15 +84,15 @@ def check_config(config: Any, declared: declaration_lib.Declaration) -> None:
 
 
 def check_batching(num_examples: int, batch_size: int) -> None:
-  if batch_size < MIN_BATCH:
+  if batch_size < similarity.MIN_BATCH:
     raise ValueError(f"config.batch_size={batch_size}: the unbiased HSIC needs minibatches of "
-                     f"at least {MIN_BATCH}.")
+                     f"at least {similarity.MIN_BATCH}.")
   rest = num_examples % batch_size
-  if 0 < rest < MIN_BATCH:
+  if 0 < rest < similarity.MIN_BATCH:
     raise ValueError(
-        f"config.num_examples={num_examples} leaves a last minibatch of {rest} (< {MIN_BATCH}) "
+        f"config.num_examples={num_examples} leaves a last minibatch of {rest} (< {similarity.MIN_BATCH}) "
         f"with batch_size={batch_size}; choose num_examples so that the remainder is 0 or "
-        f">= {MIN_BATCH}.")
+        f">= {similarity.MIN_BATCH}.")
 
 
 def plot_options(config: Any) -> dict:
@@ -102,7 +101,7 @@ def plot_options(config: Any) -> dict:
   unknown = sorted(set(given) - {"format", "vmin", "vmax"})
   if unknown:
     raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
-  formats = (*FIGURE_FORMATS, "none")  # none: results only
+  formats = (*fileio.FIGURE_FORMATS, "none")  # none: results only
   if given.get("format", "png") not in formats:
     raise ValueError(f"config.plot.format={given['format']!r} is not one of {formats}.")
   if not given.get("vmin", 0.0) < given.get("vmax", 1.0):

@@ -22,19 +22,19 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from vitcnn_jax import control
-from vitcnn_jax import data
-from vitcnn_jax import hsic
-from vitcnn_jax import loading
-from vitcnn_jax import memory
-from vitcnn_jax import parallel
-from vitcnn_jax import pipeline
 from vitcnn_jax import plotting
-from vitcnn_jax import programs
-from vitcnn_jax import progress
-from vitcnn_jax import protocol
-from vitcnn_jax import results
-from vitcnn_jax import runstate
+from vitcnn_jax.inputs import data
+from vitcnn_jax.run import control
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import memory
+from vitcnn_jax.run import parallel
+from vitcnn_jax.run import pipeline
+from vitcnn_jax.run import programs
+from vitcnn_jax.run import progress
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
+from vitcnn_jax.run import runstate
+from vitcnn_jax.similarity import hsic
 
 
 

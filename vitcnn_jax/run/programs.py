@@ -15,7 +15,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from vitcnn_jax import memory
+from vitcnn_jax.run import memory
 
 _JAX_OWN: list[str | None] = []  # JAX's cache folder as the user set it, before ours
 

@@ -64,7 +64,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from vitcnn_jax import layerpairs
+from vitcnn_jax.similarity import layerpairs
 
 NAMES = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "shape_metric", "procrustes",
          "gulp", "eigenspace_overlap")

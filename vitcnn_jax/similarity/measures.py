@@ -49,11 +49,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax import descriptive
-from vitcnn_jax import hsic
-from vitcnn_jax import layerpairs
-from vitcnn_jax import neighbours
-from vitcnn_jax import subspaces
+from vitcnn_jax.similarity import descriptive
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import layerpairs
+from vitcnn_jax.similarity import neighbours
+from vitcnn_jax.similarity import subspaces
 
 NAMES = (("linear_cka", "rbf_cka", "distance_correlation", "mutual_knn", "cknna")
          + neighbours.NAMES + ("rsa", "rsm_difference") + subspaces.NAMES + descriptive.NAMES)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from vitcnn_jax import data
-from vitcnn_jax import protocol
+from vitcnn_jax.inputs import data
+from vitcnn_jax.run import protocol
 
 
 class Accuracy(protocol.Pass):

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax import layerpairs
-from vitcnn_jax.control import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
+from vitcnn_jax.similarity import layerpairs
+from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 
 HIGHEST = jax.lax.Precision.HIGHEST
 Precision = jax.lax.Precision | jax.lax.DotAlgorithmPreset

