@@ -53,6 +53,64 @@ def test_vt_cls_row_is_folded_into_cls(tmp_path):
   np.testing.assert_array_equal(params["pos_embedding"], pe[:, 1:])
 
 
+# --- the readers' registry -----------------------------------------------------
+
+
+def _toy_reader():
+  """What a contributor writes for another upstream's files: one declaration. Its
+  files are vision_transformer ViTs whose keys carry a `toy::` prefix."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.models.formats.base import Keys, Reader  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.models.vit import google  # pylint: disable=g-import-not-at-top
+
+  def read(keys: Keys):
+    inner = Keys({k.removeprefix("toy::"): keys.take(k) for k in list(keys.flat)}, keys.path, "vit")
+    r = google.READER.read(inner)
+    inner.finish()
+    return dataclasses.replace(r, fmt="toy_vit")
+
+  return Reader(formats={"toy_vit": "a ViT npz with toy:: keys"}, policy="resize", read=read,
+                detect=lambda flat: "toy_vit" if all(k.startswith("toy::") for k in flat) else None,
+                adapt=google.READER.adapt)
+
+
+def test_a_new_reader_is_one_declaration_in_its_family(tmp_path, monkeypatch):
+  """Registered in its family, a reader is asked of every file (no order to choose),
+  named in the unknown-format error, and loads like the upstream it wraps."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import models  # pylint: disable=g-import-not-at-top
+  w = uf.vt_vit(0, **VIT)
+  toy = uf.save(tmp_path / "toy.npz", {f"toy::{k}": v for k, v in w.items()})
+  with pytest.raises(CheckpointError, match="unknown checkpoint format") as e:
+    checkpoints.load(toy)
+  assert "toy_vit" not in str(e.value) and "timm_eva" in str(e.value)
+  vit = models.FAMILIES["vit"]
+  monkeypatch.setitem(models.FAMILIES, "vit", dataclasses.replace(vit, readers=(*vit.readers, _toy_reader())))
+  c = checkpoints.load(toy)
+  _, want = checkpoints.load_model(uf.save(tmp_path / "vit.npz", w))
+  assert c.fmt == "toy_vit" and c.policy_from == "the evaluation of a toy_vit file's upstream"
+  for k, v in common.flatten(want).items():
+    np.testing.assert_array_equal(common.flatten(c.params)[k], v)
+  with pytest.raises(CheckpointError, match="unknown checkpoint format.*toy_vit"):
+    checkpoints.load(uf.save(tmp_path / "other.npz", {"nothing/here": np.zeros(3, np.float32)}))
+
+
+def test_two_readers_claiming_one_file_are_refused_unless_one_narrows_the_other(tmp_path, monkeypatch):
+  """timm's Eva files carry timm ViT's keys: Eva's reader declares that it narrows
+  `timm`. Without that declaration, an Eva file fits two formats and is refused."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import models  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.models import loader  # pylint: disable=g-import-not-at-top
+  flat = {"patch_embed.proj.weight": np.zeros((4, 3, 2, 2), np.float32),
+          "blocks.0.attn.qkv.weight": np.zeros((12, 4), np.float32)}  # no pos_embed: DINOv3's
+  assert loader.detect(flat)[0] == "timm_eva"
+  vit = models.FAMILIES["vit"]
+  blunt = tuple(dataclasses.replace(r, narrows=()) for r in vit.readers)
+  monkeypatch.setitem(models.FAMILIES, "vit", dataclasses.replace(vit, readers=blunt))
+  with pytest.raises(CheckpointError, match=r"fit 2 formats, \['timm', 'timm_eva'\].*narrows"):
+    loader.detect(flat, "eva.safetensors")
+
+
 # --- round trips ---------------------------------------------------------------
 
 
