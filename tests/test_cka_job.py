@@ -19,7 +19,6 @@ from test_cka import np_minibatch_cka
 from vitcnn_jax import checkpoints
 from vitcnn_jax.inputs import data
 from vitcnn_jax.inputs import zoo
-from vitcnn_jax.similarity import descriptive
 from vitcnn_jax.similarity import measures
 from vitcnn_jax.similarity import neighbours
 from vitcnn_jax.similarity import subspaces
@@ -419,14 +418,14 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
              + (1 / EXAMPLES if m in neighbours.NAMES else 0.0))
     units = max(1.0, np.abs(a[per]).max()) if m in ("rsm_difference", "magnitude_difference") else 1.0
     assert_close(b[per], a[per], RUNS_BOUND * units + slack, f"{m}: 8 devices vs 1")
-    if m in descriptive.NAMES:  # the examples' order does not enter: no null
+    if not measures.REGISTRY[name].null:  # the examples' order does not enter (descriptive)
       assert f"null_{m}_resnet_vit" not in a, m
       continue
     assert_close(b[f"null_{m}_resnet_vit"], a[f"null_{m}_resnet_vit"], RUNS_BOUND * units + slack,
                  f"null {m}")
     # The null differs (the subspace measures of these random networks, one component per
     # layer in minibatches of 4 to 8, sit nearer theirs).
-    apart = 0.01 if m in subspaces.NAMES else 0.05
+    apart = 0.01 if name in subspaces.FAMILY.names else 0.05
     assert np.abs(a[f"{m}_resnet_vit"] - a[f"null_{m}_resnet_vit"]).max() > apart, m
   summary = json.loads((eight_devices / "cka.json").read_text())
   assert set(summary["measures"]) == set(measures.NAMES)

@@ -29,6 +29,7 @@ import reference_measures as ref
 from numerics import U32, assert_close, likely, worst
 from test_subspaces import np_gulp_squared
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import kernels
 from vitcnn_jax.similarity import measures
 
 N = 32
@@ -99,7 +100,7 @@ def test_rsm_difference_is_zero_on_itself_and_exact_for_close_layers_and_repeate
   got = _values([x, x, y, xr, yr], spec)["rsm_difference"]
   _assert_zero_on_itself(got, 0.0, "rsm_difference")  # the same distances, subtracted
   lay = jax.jit(hsic.scaled_layer)(xr.astype(np.float32), np.ones(N, np.float32))
-  assert np.all(np.asarray(measures.distances(lay.gram, np.ones(N)))[np.arange(4), N - 4 + np.arange(4)] == 0)
+  assert np.all(np.asarray(kernels.distances(lay.gram, np.ones(N)))[np.arange(4), N - 4 + np.arange(4)] == 0)
   for (i, j), (a, b) in {(0, 2): (x, y), (3, 4): (xr, yr), (2, 0): (y, x)}.items():
     want = ref.rsm_difference([a], [b])
     assert_close(got[i, j], want, rsm_bound(a, b, want), f"rsm_difference {i}-{j}")

@@ -13,6 +13,7 @@ import scipy.stats
 
 from numerics import assert_close, cka_bound, likely
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import kernels
 from vitcnn_jax.similarity import measures
 
 U32 = 2.0 ** -24
@@ -182,7 +183,7 @@ def test_mutual_knn_and_cknna_equal_their_definitions():
   assert_close(_normalised(got["cknna_hsic"]), _normalised(ck), cka_bound(16, 24), "CKNNA")
 
 
-@pytest.mark.parametrize("method", measures.RSA_METHODS)
+@pytest.mark.parametrize("method", kernels.RSA_METHODS)
 def test_rsa_equals_the_correlation_of_dissimilarity_matrices(method, gram_path):
   acts = _data(2)
   got = _sums(acts, SIZES, measures.Spec(("rsa",), rsa_method=method))
@@ -301,7 +302,7 @@ def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
   np.testing.assert_allclose(boot.pooled[0]["x"], w @ v + boot.weights(0, 2, 0, 1) @ v[:1])
 
 
-@pytest.mark.parametrize("method", measures.RSA_METHODS)
+@pytest.mark.parametrize("method", kernels.RSA_METHODS)
 def test_rsa_equals_rsatoolbox(method):
   """The same minibatches through rsatoolbox (correlation-distance RDMs, compared by
   Pearson or Spearman correlation), the maintained package of RSA."""

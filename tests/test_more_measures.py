@@ -20,7 +20,7 @@ from vitcnn_jax.similarity import measures
 from vitcnn_jax.similarity import neighbours
 
 NEW = ("procrustes", "svcca", "pwcca", "eigenspace_overlap", "distance_correlation",
-       "rsm_difference") + neighbours.NAMES + descriptive.NAMES
+       "rsm_difference") + neighbours.NAMES + descriptive.FAMILY.names
 DIMS, K = 5, 4
 # Relative error of a Gram entry (of its largest diagonal): up to 24 features, 16 rows,
 # the centring and scaling; 8 times that for what an eigh of 16 rows adds, as in test_subspaces.
@@ -239,7 +239,7 @@ def test_the_null_is_each_measure_with_one_layer_permuted():
     exact = {m: _reference(m, [acts[0]], [moved[b]], "unbiased") for m in NEW}
     bounds = _pair_bounds([acts[0]], [moved[b]], c, exact)
     for m in NEW:
-      if m in descriptive.NAMES:
+      if not measures.REGISTRY[m].null:
         assert m not in null and m in value, m
       else:  # two float32 evaluations, each within its bound of the same exact value
         assert_close(null[m][0, b], want[m][0, b + 1], 2 * bounds[m], f"null {m} 0-{b}")
@@ -364,4 +364,20 @@ print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XL
 def test_demo_measures_runs_every_measure():
   from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
   assert tuple(cka_vit_resnet.get_config("demo_measures").measures) == measures.NAMES
+
+
+def test_every_registered_measure_declares_itself():
+  """The registry (`measures.FAMILIES`): each name once, in one family; a label of
+  its own; its json text under default parameters; which are distances, which
+  have no null and which count their clips, as the docs say."""
+  names = [m.name for f in measures.FAMILIES for m in f.measures]
+  assert tuple(names) == measures.NAMES and len(set(names)) == len(names)
+  labels = [measures.REGISTRY[m].label for m in names]
+  assert all(labels) and len(set(labels)) == len(labels)
+  spec = measures.Spec(measures.NAMES)
+  assert all(measures.describe(m, spec).endswith(")") for m in names)
+  kinds = lambda key: {m for m in names if key(measures.REGISTRY[m])}  # noqa: E731
+  assert kinds(lambda m: m.distance) == {"rsm_difference", "procrustes", "gulp", *descriptive.FAMILY.names}
+  assert kinds(lambda m: not m.null) == set(descriptive.FAMILY.names)
+  assert kinds(lambda m: m.clip) == {"distance_correlation", "magnitude_difference"}
 

@@ -32,7 +32,7 @@ DEFAULTS = {  # the paper's protocol (Appendix A)
     # knn_jaccard, rank_similarity, second_order_cosine, rsa, rsm_difference, mean_cca,
     # cca_r2, svcca, pwcca, regression, shape_metric, procrustes, gulp, eigenspace_overlap,
     # magnitude_difference, concentricity_difference, uniformity_difference (the distances:
-    # measures.DISTANCES); each of the arrays named after it.
+    # each measure's `distance` in measures.REGISTRY); each of the arrays named after it.
     "measures": ("linear_cka",),
     "estimator": "unbiased",  # linear and RBF CKA: "unbiased" (HSIC_1, the paper's) or "biased"
     "rbf_sigma": 1.0,  # RBF bandwidth: this times the root of the median squared distance
@@ -99,8 +99,9 @@ class CKA(protocol.HsicPass, protocol.Analysis):
           entry.update(components=spec.cca_dims,
                        reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
       _say_reduced(self.names, spec, sorted(reduced), kept)
-    for m in set(measures.CLIPPED) & set(spec.names):  # how often a negative estimate became 0
-      summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
+    for m in spec.names:
+      if measures.REGISTRY[m].clip:  # how often a negative estimate became 0
+        summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
     if self.config.get("bootstrap", 0):
       bootstrap_intervals(arrays, summary, self.replicates[0], self.names, spec, n * self.repeats,
                           self.models)
@@ -255,7 +256,7 @@ def layer_matching(arrays: dict, measure: str, reps: np.ndarray, pairs) -> dict:
   and the depth-monotone alignment (`best_P_A_B`, `monotone_P_A_B`: a column per
   row layer), and the pair's score (`matching.score`) with a 95% t interval over
   the repeats' scores (replaced by the bootstrap's where there is one)."""
-  distance, p = measure in measures.DISTANCES, prefix(measure)
+  distance, p = measures.REGISTRY[measure].distance, prefix(measure)
   out = {"score_definition": matching.SCORE_DEFINITION, "score": {}, "monotone": {}}
   for t, a, b, rows, cols in pairs:
     if a is b:
@@ -343,7 +344,7 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
     for t, a, b, rows, cols in pairs:
       arrays[f"{p}_ci_low_{t}"], arrays[f"{p}_ci_high_{t}"] = low[rows, cols], high[rows, cols]
       if a is not b:
-        each = [matching.score(v[rows, cols], m in measures.DISTANCES) for v in values]
+        each = [matching.score(v[rows, cols], measures.REGISTRY[m].distance) for v in values]
         summary["measures"][m]["matching"]["score"][t].update(
             interval=[float(v) for v in np.percentile(each, [2.5, 97.5])],
             interval_method="95% percentile interval of the bootstrap replicates' scores")
@@ -379,7 +380,7 @@ def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, wo
   """Every measure of each pair of models side by side (the nulls below them), with
   each layer's matches and the pair's score where the models differ."""
   for t, a, b, _, _ in blocks(models):
-    label = measures.LABELS
+    label = {m: measures.REGISTRY[m].label for m in spec.names}
     maps = {label[m]: arrays[f"{prefix(m)}_{t}"] for m in spec.names}
     nulls = ({label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names if f"null_{prefix(m)}_{t}" in arrays}
              if spec.null else None)
@@ -395,7 +396,7 @@ def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, wo
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
                           path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
                           flat=flat or None, widths=widths or None,
-                          distances=[label[m] for m in spec.names if m in measures.DISTANCES],
+                          distances=[label[m] for m in spec.names if measures.REGISTRY[m].distance],
                           matches=matches or None)
 
 
@@ -450,10 +451,11 @@ def _lower_half(s: dict) -> declaration.Verdict | declaration.Variants:
 
 
 def key_numbers(s: dict) -> list[tuple[str, str]]:
-  others = [(f"mean {measures.LABELS[m]} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
-             else f"mean {measures.LABELS[m]} {t}", f"{v:.3f}")
+  label = lambda m: measures.REGISTRY[m].label  # noqa: E731
+  others = [(f"mean {label(m)} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
+             else f"mean {label(m)} {t}", f"{v:.3f}")
             for m, e in s.get("measures", {}).items() if m != "linear_cka" for t, v in e["mean"].items()]
-  scores = [(f"{measures.LABELS[m]} score {t} (monotone layer matching)", _score_text(e))
+  scores = [(f"{label(m)} score {t} (monotone layer matching)", _score_text(e))
             for m, e in s.get("measures", {}).items() for t, e in e.get("matching", {}).get("score", {}).items()]
   return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others + scores
           + [(f"mean off-diagonal CKA within {k}", f"{v:.3f}")

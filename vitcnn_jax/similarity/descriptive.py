@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.similarity import hsic
-
-NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
+from vitcnn_jax.similarity import registry
 
 
 def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax.Array,
@@ -72,3 +71,38 @@ def negative_squared_norms(sums: dict[str, np.ndarray]) -> int:
   sum of <x_i, x_j> over pairs i != j: a mean small against the examples' spread),
   which `statistics` clips to 0."""
   return int(np.sum(np.asarray(sums["magnitude"]) < 0))
+
+
+def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
+  stack = mb.stack
+  return statistic_sums(stack.raw(mb.mask), mb.shared(registry.cosines), stack.proj, stack.mean_sq,
+                        mb.mask, chosen, mb.spec.uniformity_t)
+
+
+def _check(spec: registry.Spec, smallest: int, chosen: tuple[str, ...]) -> None:
+  del smallest, chosen
+  if not spec.uniformity_t > 0:
+    raise ValueError(f"config.uniformity_t={spec.uniformity_t} must be > 0 (2 in Wang & Isola 2020).")
+
+
+def _measure(name: str, label: str, estimator: str, params, clip: registry.Clip | None = None
+             ) -> registry.Measure:
+  """|s_a - s_b| of the layers' statistics: a distance, without a null."""
+  def value(t: registry.Totals) -> np.ndarray:
+    s = statistics(t.sums)[name]
+    return np.abs(s[:, None] - s[None, :])
+  return registry.Measure(name, label, estimator, params, value, distance=True, null=False, clip=clip)
+
+
+FAMILY = registry.Family((
+    _measure("magnitude_difference", "magnitude difference", "|a - b| of each layer's norm of the "
+             "mean, from the sum over minibatches of <x_i, x_j> over pairs i != j",
+             lambda spec: "unbiased squared norm",
+             registry.Clip("layers whose unbiased squared norm of the mean (the mean of <x_i, x_j> "
+                           "over pairs i != j) was negative, clipped to 0 before the root",
+                           lambda t: negative_squared_norms(t.sums))),
+    _measure("concentricity_difference", "concentricity difference", "|a - b| of each layer's mean "
+             "over every example of its cosine to its minibatch's mean", lambda spec: "minibatch means"),
+    _measure("uniformity_difference", "uniformity difference", "|a - b| of each layer's log of the "
+             "mean over pairs within minibatches of exp(-t ||x_i - x_j||^2), features l2-normalised",
+             lambda spec: f"t {spec.uniformity_t}")), _sums, _check)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import layerpairs
+from vitcnn_jax.similarity import registry
 
 NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
 
@@ -37,6 +38,19 @@ def neighbours(cos: jax.Array, mask: jax.Array, k: int) -> tuple[jax.Array, jax.
   first, and whether each is one (fewer where fewer examples are valid)."""
   top, idx = jax.lax.top_k(jnp.where(hsic.pair_mask(mask) > 0, cos, -jnp.inf), k)
   return idx, top > -jnp.inf
+
+
+def lists(mb: registry.Minibatch) -> tuple[jax.Array, jax.Array]:
+  """`neighbours` of the minibatch's cosines, `knn_k` of them; read through
+  `mb.shared`: one top-k for every neighbour measure (`mutual_knn` and `cknna` too)."""
+  return neighbours(mb.shared(registry.cosines), mb.mask, mb.spec.knn_k)
+
+
+def check_k(spec: registry.Spec, smallest: int, chosen: tuple[str, ...]) -> None:
+  """`knn_k` of a chosen neighbour measure, against the smallest minibatch."""
+  if chosen and not 1 <= spec.knn_k < smallest:
+    raise ValueError(f"config.knn_k={spec.knn_k}: neighbours are found within a minibatch, whose "
+                     f"smallest here has {smallest} examples; knn_k must be 1..{smallest - 1}.")
 
 
 def _one_hot(idx: jax.Array, ok: jax.Array, n: int) -> jax.Array:
@@ -113,3 +127,26 @@ def neighbour_sums(cos: jax.Array, mask: jax.Array, lists: tuple[jax.Array, jax.
     null = _pair_sums((cos, idx, ok), (moved, jnp.argsort(order)[idx[:, order]], ok[:, order]), k, precision)
     got.update({f"null/{m}": layerpairs.mirror(v) for m, v in null.items()})
   return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}
+
+
+def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
+  return neighbour_sums(mb.shared(registry.cosines), mb.mask, mb.shared(lists), chosen, mb.spec.knn_k,
+                        mb.order, mb.precision)
+
+
+def _measure(name: str, label: str, estimator: str) -> registry.Measure:
+  """A measure of the mean over every example."""
+  return registry.Measure(name, label, estimator, lambda spec: f"k {spec.knn_k}",
+                          lambda t: t.mean(name, "neighbour_count"))
+
+
+FAMILY = registry.Family((
+    _measure("knn_jaccard", "k-NN Jaccard",
+             "mean over every example of |N ∩ N'| / |N ∪ N'| of its k nearest neighbours in each layer "
+             "(within its minibatch, cosine, itself excluded)"),
+    _measure("rank_similarity", "rank similarity",
+             "mean over every example of its shared k nearest neighbours weighted by 2 / ((1 + |r - r'|)"
+             "(r + r')) of their ranks, over that weight's largest value for as many shared"),
+    _measure("second_order_cosine", "second-order cosine",
+             "mean over every example of the cosine between its cosine similarities in each layer to the "
+             "union of its k nearest neighbours")), _sums, check_k)

@@ -63,12 +63,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitcnn_jax.similarity import layerpairs
+from vitcnn_jax.similarity import registry
 
-NAMES = ("mean_cca", "cca_r2", "svcca", "pwcca", "regression", "shape_metric", "procrustes",
-         "gulp", "eigenspace_overlap")
-DISTANCES = ("procrustes", "gulp")  # 0 for equal layers, larger apart; roots of mean squares
 # Read at most each layer's top `subspace_dims` components.
 WIDE = ("shape_metric", "procrustes")
 # Read at most each layer's top `cca_dims` components.
@@ -298,3 +297,74 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   if order is not None:
     got.update(_matmul_sums(f, names, order, precision))
   return {**out, **{m: v * valid for m, v in got.items()}}
+
+
+def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
+  spec = mb.spec
+  raw = mb.stack.raw(mb.mask) if "eigenspace_overlap" in chosen else None
+  return subspace_sums(mb.stack.gram, raw, mb.mask, chosen, spec.cca_dims, spec.subspace_dims,
+                       spec.shape_alpha, spec.gulp_lambda, spec.svcca_variance, mb.order, mb.precision)
+
+
+def _check(spec: registry.Spec, smallest: int, chosen: tuple[str, ...]) -> None:
+  if not 0 < spec.shape_alpha <= 1:
+    raise ValueError(f"config.shape_alpha={spec.shape_alpha} must be in (0, 1]: at 0 the shape "
+                     "metric is CCA's, which a layer as wide as the minibatch makes 1 (use mean_cca, "
+                     "which reads cca_dims components).")
+  if not spec.gulp_lambda > 0:
+    raise ValueError(f"config.gulp_lambda={spec.gulp_lambda} must be > 0: at 0 GULP is 0 between "
+                     "any two layers as wide as the minibatch (their hat matrices are both the "
+                     "centring).")
+  if set(REDUCED) & set(chosen) and not 1 <= spec.cca_dims <= (smallest - 1) // 2:
+    raise ValueError(f"config.cca_dims={spec.cca_dims}: each layer's principal components are "
+                     f"found within a minibatch, whose smallest here has {smallest} examples; use "
+                     f"1..{max(1, (smallest - 1) // 2)} (two layers' components then need not meet), "
+                     "or 0 for that largest.")
+  if not 0 < spec.svcca_variance <= 1:
+    raise ValueError(f"config.svcca_variance={spec.svcca_variance} must be in (0, 1]: the share of "
+                     "each layer's variance SVCCA keeps (0.99 in Raghu et al. 2017).")
+
+
+def _dims(spec: registry.Spec) -> str:
+  return f"at most {spec.cca_dims} components"
+
+
+def _width(spec: registry.Spec) -> str:
+  return f"at most {spec.subspace_dims} components" if spec.subspace_dims else "every component"
+
+
+def _measure(name: str, label: str, estimator: str, params, distance: bool = False) -> registry.Measure:
+  """A mean over minibatches (a distance: the root of the mean of its square)."""
+  mean = lambda t: t.mean(name, "subspace_count")  # noqa: E731
+  return registry.Measure(name, label, estimator, params,
+                          (lambda t: np.sqrt(mean(t))) if distance else mean, distance=distance)
+
+
+FAMILY = registry.Family((
+    _measure("mean_cca", "mean CCA", "mean over minibatches of the mean canonical correlation of the "
+             "two layers' top principal components", _dims),
+    _measure("cca_r2", "mean squared CCA", "mean over minibatches of the mean squared canonical "
+             "correlation of the two layers' top principal components", _dims),
+    _measure("svcca", "SVCCA", "mean over minibatches of the mean canonical correlation of the fewest "
+             "top principal components that explain svcca_variance of each layer's variance",
+             lambda spec: f"svcca_variance {spec.svcca_variance}, {_dims(spec)}"),
+    _measure("pwcca", "PWCCA (row weights)", "mean over minibatches of the canonical correlations of "
+             "the two layers' top principal components weighted by the row layer's variance along "
+             "each canonical variate (asymmetric: the row layer weights)", _dims),
+    _measure("regression", "regression R² (row predicts column)", "mean over minibatches of the R^2 of "
+             "the column layer predicted by least squares from the row layer's top principal "
+             "components (asymmetric: row predicts column)", _dims),
+    _measure("shape_metric", "shape metric cos θ", "mean over minibatches of cos(theta) of the angular "
+             "shape metric of the layers' top subspace_dims principal components, their singular values "
+             "partially whitened (alpha s + 1 - alpha, the Gram of trace 1); the metric is arccos of "
+             "the per-minibatch value", lambda spec: f"alpha {spec.shape_alpha}, {_width(spec)}"),
+    _measure("procrustes", "Procrustes distance", "root of the mean over minibatches of the squared "
+             "orthogonal Procrustes distance of the centred layers' top subspace_dims principal "
+             "components, scaled to unit Frobenius norm", lambda spec: f"alpha 1, {_width(spec)}",
+             distance=True),
+    _measure("gulp", "GULP distance", "root of the mean over minibatches of the squared GULP distance, "
+             "the Frobenius distance of the two layers' ridge hat matrices (each layer scaled to trace 1)",
+             lambda spec: f"lambda {spec.gulp_lambda}", distance=True),
+    _measure("eigenspace_overlap", "eigenspace overlap", "mean over minibatches of ||U_a^T U_b||_F^2 / "
+             "max(r_a, r_b) of the top left singular vectors of the uncentred layers", _dims)),
+    _sums, _check)
