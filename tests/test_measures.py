@@ -12,6 +12,7 @@ import pytest
 import scipy.stats
 
 from numerics import assert_close, cka_bound, likely
+from vitcnn_jax.similarity import comparison
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import kernels
 from vitcnn_jax.similarity import measures
@@ -264,7 +265,6 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
   """Murphy et al.'s case through the analysis's comparison with the null: over
   repeats, independent features cannot be told from their permuted selves, for
   either estimator (biased CKA is high here, but so is its null)."""
-  from vitcnn_jax.analyses import cka  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(5)
   spec = measures.Spec(("linear_cka",), estimator=estimator, null=True)
   fn = jax.jit(functools.partial(measures.minibatch_sums, spec=spec))
@@ -280,8 +280,8 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
       reps.append(measures.values(total, ["x", "y"], spec, 2 * n)["linear_cka"])
       nulls.append(measures.values(total, ["x", "y"], spec, 2 * n, null=True)["linear_cka"])
     arrays = {}
-    out = cka.against_null(arrays, "cka", np.asarray(reps), np.asarray(nulls),
-                           [("x_y", None, None, slice(0, 1), slice(1, 2))])
+    out = comparison.against_null(arrays, "cka", np.asarray(reps), np.asarray(nulls),
+                                  [("x_y", None, None, slice(0, 1), slice(1, 2))])
     assert out["like_null"]["x_y"] == 1, (n, estimator, np.asarray(reps)[:, 0, 1], np.asarray(nulls)[:, 0, 1])
     if estimator == "biased":
       assert np.asarray(reps)[:, 0, 1].mean() > 0.3  # high, yet no more than the null

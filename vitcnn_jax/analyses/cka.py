@@ -18,7 +18,7 @@ from vitcnn_jax.models import common
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
-from vitcnn_jax.similarity import matching
+from vitcnn_jax.similarity import comparison
 from vitcnn_jax.similarity import measures
 from vitcnn_jax.similarity import subspaces
 
@@ -224,15 +224,15 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
   }
   arrays = {f"names_{m.name}": np.asarray(m.names) for m in models}
   for m, reps in per_repeat.items():
-    p = prefix(m)
+    p = comparison.prefix(m)
     mean, std = reps.mean(axis=0), reps.std(axis=0)
     arrays.update({f"{p}_{t}": mean[r, c] for t, _, _, r, c in pairs})
     arrays.update({(f"std_{t}" if p == "cka" else f"{p}_std_{t}"): std[r, c] for t, _, _, r, c in pairs})
     arrays["per_repeat" if p == "cka" else f"{p}_per_repeat"] = reps
     summary["measures"][m]["mean"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
     if null is not None and m in null:
-      summary["measures"][m]["null"] = against_null(arrays, p, reps, null[m], pairs)
-    summary["measures"][m]["matching"] = layer_matching(arrays, m, reps, pairs)
+      summary["measures"][m]["null"] = comparison.against_null(arrays, p, reps, null[m], pairs)
+    summary["measures"][m]["matching"] = comparison.layer_matching(arrays, m, reps, pairs)
   if "linear_cka" in per_repeat:
     mean = per_repeat["linear_cka"].mean(axis=0)
     summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
@@ -251,70 +251,11 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
   return arrays, summary
 
 
-def layer_matching(arrays: dict, measure: str, reps: np.ndarray, pairs) -> dict:
-  """For each pair of different models: each layer's best match in the other model
-  and the depth-monotone alignment (`best_P_A_B`, `monotone_P_A_B`: a column per
-  row layer), and the pair's score (`matching.score`) with a 95% t interval over
-  the repeats' scores (replaced by the bootstrap's where there is one)."""
-  distance, p = measures.REGISTRY[measure].distance, prefix(measure)
-  out = {"score_definition": matching.SCORE_DEFINITION, "score": {}, "monotone": {}}
-  for t, a, b, rows, cols in pairs:
-    if a is b:
-      continue
-    mean = reps.mean(axis=0)[rows, cols]
-    arrays[f"best_{p}_{t}"] = matching.best(mean, distance)
-    arrays[f"monotone_{p}_{t}"] = path = matching.monotone(mean, distance)
-    out["monotone"][t] = {row: b.names[j] for row, j in zip(a.names, path)}
-    each = np.asarray([matching.score(r[rows, cols], distance) for r in reps])
-    entry = {"value": matching.score(mean, distance), "interval": None}
-    if len(each) > 1:
-      half = float(_t_half_width(each))
-      entry.update(interval=[float(each.mean()) - half, float(each.mean()) + half],
-                   interval_method="95% t interval of the repeats' scores")
-    out["score"][t] = entry
-  return out
-
-
-def _t_half_width(x: np.ndarray) -> np.ndarray:
-  """Half the 95% t interval of the mean over the first axis (repeats)."""
-  import scipy.stats  # pylint: disable=g-import-not-at-top  (here alone: 1 s of every job's start)
-  r = len(x)
-  return scipy.stats.t.ppf(0.975, r - 1) * x.std(axis=0, ddof=1) / np.sqrt(r)
-
-
-def prefix(measure: str) -> str:
-  """The name a measure's arrays start with: `cka` for linear CKA (as before any other)."""
-  return "cka" if measure == "linear_cka" else measure
-
-
-def against_null(arrays: dict, p: str, reps: np.ndarray, null: np.ndarray, pairs) -> dict:
-  """The null's mean and spread per cell (arrays), and the cells whose difference
-  from it over repeats is within a 95% t interval of zero (`P_like_null_A_B`)."""
-  diff = reps - null
-  r = len(reps)
-  out = {"mean": {}, "like_null": {}, "cells": {}}
-  for t, _, _, rows, cols in pairs:
-    arrays[f"null_{p}_{t}"] = null.mean(axis=0)[rows, cols]
-    arrays[f"null_{p}_std_{t}"] = null.std(axis=0)[rows, cols]
-    out["mean"][t] = float(arrays[f"null_{p}_{t}"].mean())
-    out["cells"][t] = int(arrays[f"null_{p}_{t}"].size)
-    if r > 1:
-      d = diff[:, rows, cols]
-      arrays[f"{p}_like_null_{t}"] = np.abs(d.mean(axis=0)) <= _t_half_width(d)
-      out["like_null"][t] = int(arrays[f"{p}_like_null_{t}"].sum())
-  if r == 1:
-    out["like_null"] = None  # one repeat: no spread to judge the difference by
-  else:
-    out["like_null_method"] = "t: 0 within the 95% t interval of the repeats' measure minus null"
-  return out
-
-
 def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[str],
                         spec: measures.Spec, examples: int, models: list) -> None:
-  """95% percentile intervals per cell (`P_ci_low_A_B`, `P_ci_high_A_B`) from the
-  replicates of the sums pooled over repeats, and (with a null) the cells whose
-  replicates of measure minus null keep 0 inside theirs (`P_like_null_A_B`); the
-  findings' statistics of each replicate's linear CKA (`bootstrap.findings`)."""
+  """The replicates of the sums pooled over repeats, each as values: their
+  intervals per cell (`comparison.bootstrap_intervals`) and the findings'
+  statistics of each replicate's linear CKA (`bootstrap.findings`)."""
   pairs = blocks(models)
   count = len(next(iter(pooled.values())))
   one = lambda b, null=False: measures.values({k: v[b] for k, v in pooled.items()}, names, spec,
@@ -338,26 +279,7 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
     stats = [finding_statistics(r["linear_cka"], models) for r in reps]
     summary["bootstrap"]["findings"] = {key: {k: [s[key][k] for s in stats] for k in stats[0][key]}
                                         for key in stats[0]}
-  for m in spec.names:
-    p, values = prefix(m), np.asarray([r[m] for r in reps])
-    low, high = np.percentile(values, [2.5, 97.5], axis=0)
-    for t, a, b, rows, cols in pairs:
-      arrays[f"{p}_ci_low_{t}"], arrays[f"{p}_ci_high_{t}"] = low[rows, cols], high[rows, cols]
-      if a is not b:
-        each = [matching.score(v[rows, cols], measures.REGISTRY[m].distance) for v in values]
-        summary["measures"][m]["matching"]["score"][t].update(
-            interval=[float(v) for v in np.percentile(each, [2.5, 97.5])],
-            interval_method="95% percentile interval of the bootstrap replicates' scores")
-    if nulls is not None and m in nulls[0]:
-      diff = values - np.asarray([r[m] for r in nulls])
-      d_low, d_high = np.percentile(diff, [2.5, 97.5], axis=0)
-      like = (d_low <= 0) & (d_high >= 0)
-      null = summary["measures"][m]["null"]
-      null["like_null_method"] = "bootstrap: 0 within the 95% interval of measure minus null"
-      null["like_null"] = {}
-      for t, _, _, rows, cols in pairs:
-        arrays[f"{p}_like_null_{t}"] = like[rows, cols]
-        null["like_null"][t] = int(like[rows, cols].sum())
+  comparison.bootstrap_intervals(arrays, summary["measures"], reps, nulls, spec.names, pairs)
 
 
 def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None = None) -> None:
@@ -379,18 +301,18 @@ def _score_text(entry: dict) -> str:
 def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, workdir: str) -> None:
   """Every measure of each pair of models side by side (the nulls below them), with
   each layer's matches and the pair's score where the models differ."""
+  label = {m: measures.REGISTRY[m].label for m in spec.names}
   for t, a, b, _, _ in blocks(models):
-    label = {m: measures.REGISTRY[m].label for m in spec.names}
-    maps = {label[m]: arrays[f"{prefix(m)}_{t}"] for m in spec.names}
-    nulls = ({label[m]: arrays[f"null_{prefix(m)}_{t}"] for m in spec.names if f"null_{prefix(m)}_{t}" in arrays}
-             if spec.null else None)
-    flat = {label[m]: arrays[f"{prefix(m)}_like_null_{t}"] for m in spec.names
-            if f"{prefix(m)}_like_null_{t}" in arrays}
-    widths = {label[m]: arrays[f"{prefix(m)}_ci_high_{t}"] - arrays[f"{prefix(m)}_ci_low_{t}"]
-              for m in spec.names if f"{prefix(m)}_ci_high_{t}" in arrays}
-    matches = {label[m]: (arrays[f"best_{prefix(m)}_{t}"], arrays[f"monotone_{prefix(m)}_{t}"],
+    key = {kind: {m: f"{kind.format(comparison.prefix(m))}_{t}" for m in spec.names}
+           for kind in ("{}", "{}_like_null", "null_{}", "{}_ci_low", "{}_ci_high", "best_{}", "monotone_{}")}
+    have = {kind: {label[m]: arrays[k] for m, k in keys.items() if k in arrays} for kind, keys in key.items()}
+    maps, flat = have["{}"], have["{}_like_null"]
+    nulls = have["null_{}"] if spec.null else None
+    low, high, best, monotone = (key[k] for k in ("{}_ci_low", "{}_ci_high", "best_{}", "monotone_{}"))
+    widths = {label[m]: arrays[high[m]] - arrays[low[m]] for m in spec.names if high[m] in arrays}
+    matches = {label[m]: (arrays[best[m]], arrays[monotone[m]],
                           "score " + _score_text(summary["measures"][m]["matching"]["score"][t]))
-               for m in spec.names if f"best_{prefix(m)}_{t}" in arrays}
+               for m in spec.names if best[m] in arrays}
     title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
     plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
                           title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
