@@ -275,9 +275,9 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   more dots to compile. Captured alone, with the rest, or reduced where it is made
   (`Capture.reduce`), every point has its value and the network's order; points
   wanted by some blocks only split the scan, and the logits stay bit-equal."""
-  from vitcnn_jax.similarity import hsic  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.models import representations  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.models import ResNet  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.similarity import grams
   make = {"vit": lambda d: ViT(**{**TINY_VIT, "depth": d}),
           "bit": lambda d: BiT(num_classes=5, width=0.5, depth=(1, d + 1)),  # d units after the first
           "resnet": lambda d: ResNet(num_classes=5, depth=(1, d + 1), widths=(8, 16), stem_width=8,
@@ -310,8 +310,8 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   rel = network({"vit": VIT_ROUNDINGS, "mixer": MIXER_ROUNDINGS}.get(family, BIT_ROUNDINGS))
   for k, v in [("logits", got_logits), *got.items()]:
     assert_close(v, logits if k == "logits" else full[k], rel * scale, k)
-  grams = Capture(None, reduce=hsic.scaled_layer)  # made inside the scan: arrays stacked, `features` static
-  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=grams))(params, x)
+  gram_capture = Capture(None, reduce=grams.scaled_layer)  # made inside the scan: arrays stacked, `features` static
+  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=gram_capture))(params, x)
   for k, v in full.items():
     lay = reduced[k]
     assert lay.features == int(np.prod(v.shape[1:])) and isinstance(lay.features, int), k

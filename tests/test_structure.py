@@ -230,13 +230,3 @@ def test_the_modules_scheduled_first_exist():
   from conftest import FIRST  # pylint: disable=g-import-not-at-top
   missing = [m for m in FIRST if not os.path.exists(os.path.join(ROOT, "tests", f"{m}.py"))]
   assert not missing, f"conftest.FIRST names modules that are gone: {missing}"
-
-
-def test_a_moved_module_still_imports_and_says_where_it_went():
-  import vitcnn_jax  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.similarity import hsic  # pylint: disable=g-import-not-at-top
-  with pytest.warns(DeprecationWarning, match=r"vitcnn_jax\.hsic is now vitcnn_jax\.similarity\.hsic"):
-    old = "hsic"  # the old name, through the package
-    assert getattr(vitcnn_jax, old) is hsic
-  with pytest.raises(AttributeError):
-    vitcnn_jax.no_such_module  # noqa: B018  pylint: disable=pointless-statement

@@ -61,8 +61,8 @@ def test_export_reloads_with_identical_logits(vit_run, idx_dir):
   assert (model.width, model.depth, model.image_size, model.num_classes) == (32, 2, 16, 10)
   trained = train.build_model(_config(idx_dir), 10)
   assert model == trained
-  from vitcnn_jax.run import pipeline
   from vitcnn_jax.run import parallel
+  from vitcnn_jax.run import pipeline
   acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"),
                        "resize", parallel.mesh())
   assert acc == out["test_accuracy"]

@@ -65,7 +65,8 @@ def num_steps(num_examples: int, rows: int) -> int:
 
 
 @dataclasses.dataclass
-class Step:
+class Batch:
+  """One step's global inputs, sharded over the mesh."""
   images: list[jax.Array]  # one global (devices * rows, H, W, 3) uint8 array per model
   mask: jax.Array  # (devices * rows,) 1 for real examples
   examples: int  # real examples in this step, all hosts together
@@ -100,8 +101,8 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
 
 
 def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-          rows: int, start: int = 0, labels: bool = False) -> Iterator[Step]:
-  """Global batches for steps start.., loading the next step while this one runs."""
+          rows: int, start: int = 0, labels: bool = False) -> Iterator[Batch]:
+  """The global batch of each step from `start` on, loading the next step while this one runs."""
   n = num_steps(len(indices), rows)
   load = lambda step: _local_step(source, indices, models, rows, step, labels)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -110,6 +111,6 @@ def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loade
       images, mask, total, *ys = pending.result()
       if step + 1 < n:
         pending = pool.submit(load, step + 1)
-      yield Step([parallel.global_batch(mesh, x) for x in images],
-                 parallel.global_batch(mesh, mask), total,
-                 parallel.global_batch(mesh, ys[0]) if ys else None)
+      yield Batch([parallel.global_batch(mesh, x) for x in images],
+                  parallel.global_batch(mesh, mask), total,
+                  parallel.global_batch(mesh, ys[0]) if ys else None)
