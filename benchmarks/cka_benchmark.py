@@ -69,6 +69,7 @@ from benchmarks import peers
 from benchmarks import references
 from benchmarks import workload
 
+
 def overhead(s: workload.Setup, rounds: int) -> None:
   """The step with linear CKA alone against every measure and the null, alternating."""
   runs = {"linear": [], "measures": []}
@@ -89,6 +90,8 @@ def overhead(s: workload.Setup, rounds: int) -> None:
         f"{med['measures']['peak_gib'] / med['linear']['peak_gib']:.3f}x process peak and "
         f"{med['measures']['step_gib'] / med['linear']['step_gib']:.3f}x the step's memory (XLA's "
         "analysis: arguments, outputs, temporaries) (target <= 1.1x)")
+
+
 def compare(rev: str, s: workload.Setup, rounds: int) -> None:
   """Our part at `rev` and here, interleaved (rev, here, rev, here, ...). `rev`
   may be a folder holding a revision's files (`git archive REV | tar -x -C DIR`),
