@@ -1,7 +1,7 @@
 r"""The paper's CKA protocol at its scale: memory plans from the compiled step.
 
-  .venv/bin/python benchmarks/paper_scale.py [--pairs b16_r50,l16_r152,h14_r152]
-                                             [--device_gib 16,80] [--table]
+  .venv/bin/python -m benchmarks.paper_scale [--pairs b16_r50,l16_r152,h14_r152]
+                                                 [--device_gib 16,80] [--table]
 
 Compile-only (any machine, no accelerator): the CKA step of each model pair,
 with the paper's layer sets at 224 px and the paper's minibatch of 1,024, is
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 DEVICES = 64
@@ -36,9 +35,6 @@ if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={DEVICES}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PAIRS = {"b16_r50": ("B/16", 1, 50), "l16_r152": ("L/16", 2, 152), "h14_r152": ("H/14", 2, 152)}
 MINIBATCH = 1024

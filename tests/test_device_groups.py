@@ -175,8 +175,7 @@ def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatc
   """A 16 GiB device's own figure, config.device_memory_gib=16 and paper_scale's
   PLAN for 16 GiB give one limit, with the planner's headroom: a step of 14.5 GiB
   does not fit (it did in the benchmark's plans, compared with the full 16)."""
-  monkeypatch.syspath_prepend(f"{ROOT}/benchmarks")
-  import paper_scale  # noqa: PLC0415
+  from benchmarks import paper_scale
 
   class Device:
     def memory_stats(self):
