@@ -62,9 +62,9 @@ def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
   """(forward FLOPs, Gram + HSIC FLOPs) of one minibatch of `batch` examples."""
   import jax
   import jax.numpy as jnp
-  from vitcnn_jax.run import loading
   from vitcnn_jax.inputs import preprocess
   from vitcnn_jax.models import representations
+  from vitcnn_jax.run import loading
   loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
 
   def forward(ps, x):
@@ -85,11 +85,11 @@ def precision_rates(precisions: list[str], n: int) -> dict[str, float]:
   (`auto` as the one it stands for), and "default": float32 at JAX's default
   precision, as the forward runs (TF32 on a GPU that has it)."""
   import jax
-  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import grams
   rates = {"default": clocks.matmul_rate(n, precision=jax.lax.Precision.DEFAULT)}
   for name in precisions:
     try:
-      rates[name] = clocks.matmul_rate(n, precision=hsic.gram_precision(name))
+      rates[name] = clocks.matmul_rate(n, precision=grams.gram_precision(name))
     except Exception:  # reported by the run's row
       pass
   return rates

@@ -48,8 +48,9 @@ def _runner(step, params, batches):
   (images, mask), returning that minibatch's HSIC sums on the host."""
   import jax
   from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import scales
   step = step.compiled(params, None, [batches[0][0]] * 2, batches[0][1], batches[0][1], None)
-  return lambda x, m: hsic.unscale(jax.device_get(step(params, None, [x, x], m, m, None)))["hsic"]
+  return lambda x, m: scales.unscale(jax.device_get(step(params, None, [x, x], m, m, None)), hsic.SCALES)["hsic"]
 
 
 def part_ours(s: workload.Setup) -> dict:
@@ -59,7 +60,7 @@ def part_ours(s: workload.Setup) -> dict:
   if s.cache:
     clocks.enable_cache(s.cache)
   import jax
-  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import linear_cka
   models = workload.jax_models(s)
   step, params, batches = step_inputs(s, models)
   rates = [clocks.matmul_rate(2048)]
@@ -70,7 +71,7 @@ def part_ours(s: workload.Setup) -> dict:
   first_s = time.perf_counter() - t
   compile_phases = dict(clock.phases)
   sums = sums + sum(run(x, m) for x, m in batches[1:])
-  ours_cka = hsic.cka_from_hsic(sums, [n for m in models for n in m.names])
+  ours_cka = linear_cka.cka_from_hsic(sums, [n for m in models for n in m.names])
   total_s = time.perf_counter() - t
   t = time.perf_counter()
   run(*batches[0])  # the first minibatch again, warm: the rest of first_s was compiling

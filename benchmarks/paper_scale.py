@@ -21,7 +21,7 @@ each group size and prints `GROUP ... peak_gib=X compile_s=T`, with the peak of 
 device holding the same rows (`one_device_same_rows_gib`) and their ratio. XLA's CPU compiler fuses and
 schedules differently from the GPU and TPU ones, so the figures are estimates
 of what the planner will read on those devices, where it plans before the run;
-the Grams are compiled as those devices make them (`hsic.SLICED_BACKENDS`).
+the Grams are compiled as those devices make them (`grams.SLICED_BACKENDS`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def _models(pair: str) -> dict:
   """Loaded models of a pair with abstract parameters (shapes only)."""
   import jax
   import numpy as np
-  from vitcnn_jax.run import loading
   from vitcnn_jax.models import BiT, ViT
   from vitcnn_jax.models.vit import model as vit
+  from vitcnn_jax.run import loading
   variant, width, depth = PAIRS[pair]
   out = {}
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant(variant))),
@@ -131,9 +131,9 @@ def table() -> None:
   """Peak of the step and of the forward alone on one device, b16_r50."""
   import jax
   import jax.numpy as jnp
+  from vitcnn_jax.inputs import preprocess
   from vitcnn_jax.run import driver
   from vitcnn_jax.run import memory
-  from vitcnn_jax.inputs import preprocess
   models = _models("b16_r50")
   print("per-device minibatch | peak of the CKA step | forward alone")
   for n in (32, 256, 1024):
@@ -151,10 +151,10 @@ def table() -> None:
 
 
 def main():
-  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import grams
   # Plans are for GPUs and TPUs: compile their formulation of a layer's Gram (one
   # dot over a centred copy), not the CPU's cache-sized slices.
-  hsic.SLICED_BACKENDS = ()
+  grams.SLICED_BACKENDS = ()
   ap = argparse.ArgumentParser()
   ap.add_argument("--pairs", default=",".join(PAIRS))
   ap.add_argument("--device_gib", default="16,80")
