@@ -187,7 +187,7 @@ def _jax_models(s: Setup):
 
   from vitcnn_jax import checkpoints
   from vitcnn_jax.run import loading
-  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models import BiT, ViT, param_trees
   from vitcnn_jax.models.vit import model as vit
   logging.getLogger("vitcnn_jax").setLevel(logging.ERROR)  # assumed settings of the timm files
   out = []
@@ -198,7 +198,7 @@ def _jax_models(s: Setup):
     return out
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16"))),
                       ("resnet", BiT(num_classes=1000, width=1, depth=50))):
-    params = common.random_params(model, np.zeros((1, 224, 224, 3), np.float32), seed=len(out))
+    params = param_trees.random_params(model, np.zeros((1, 224, 224, 3), np.float32), seed=len(out))
     out.append(loading.loaded(name, "<random init>", name, model, params, "paper"))
   return out
 

@@ -162,8 +162,8 @@ def test_every_analysis_declares_itself(name):
 FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
     os.path.join(ROOT, "vitcnn_jax", "models"))) if os.path.isfile(
         os.path.join(ROOT, "vitcnn_jax", "models", d, "__init__.py")) and d != "formats")
-MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.common",
-               "vitcnn_jax.models.representations")  # what a model is to analyses
+MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.capturing",
+               "vitcnn_jax.models.representations", "vitcnn_jax.models.sizes")  # what a model is to analyses
 NO_JAX = ("vitcnn_jax.run.declaration", "vitcnn_jax.run.control", "vitcnn_jax.inputs.zoo",
           "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.packaged", "vitcnn_jax.fileio",
           "=vitcnn_jax.similarity")  # "=": that package alone (its MIN_BATCH), not below it

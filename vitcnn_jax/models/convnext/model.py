@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 # (depths, widths) of timm's names; v2 adds `grn=True, layer_scale=False`.
 VARIANTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -65,7 +67,7 @@ class Block(nn.Module):
   kernel: int = 7
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     c, k = x.shape[-1], self.kernel
     capture.put(out, "in", x)
     y = nn.Conv(c, (k, k), padding=[(k // 2, k // 2)] * 2, feature_group_count=c,
@@ -73,7 +75,7 @@ class Block(nn.Module):
     y = capture.put(out, "dwconv", y)
     y = capture.put(out, "norm", _norm("norm")(y))
     y = nn.Dense(4 * c, name="fc1")(y)
-    y = common.get_gelu("exact")(y)
+    y = layers.get_gelu("exact")(y)
     if self.grn:
       y = GRN(name="grn")(y)
     y = capture.put(out, "mlp/hidden", y)
@@ -110,14 +112,14 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.Stages, anatomy.NoAttention, anatomy
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     del train
-    common.check_image(images, None, "ConvNeXt")  # any size runs
+    sizes.check_image(images, None, "ConvNeXt")  # any size runs
     if len(self.depths) != len(self.widths):
       raise ValueError(f"depths {tuple(self.depths)} and widths {tuple(self.widths)} differ in "
                        "length: one width per stage.")
-    capture = common.Capture.of(capture)
+    capture = capturing.Capture.of(capture)
     out: dict = {}
     p = self.patch_size
     x = nn.Conv(self.widths[0], (p, p), strides=(p, p), padding="VALID", name="stem_conv")(images)

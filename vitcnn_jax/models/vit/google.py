@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
 # tanh GELU like every upstream; `no_skip` for ablation models; `patch_size` as FlexiViT.
@@ -227,7 +227,7 @@ def adapt(cfg: dict, r: Reading, native: int | None, path: str,
   if bad:
     raise ValueError(f"{path}: no_skip={tuple(cfg['no_skip'])} names blocks {bad}, but the "
                      f"model has blocks 0..{cfg['depth'] - 1}.")
-  patch, new = common.to_pair(cfg["patch_size"]), common.to_pair(cfg["image_size"])
+  patch, new = sizes.to_pair(cfg["patch_size"]), sizes.to_pair(cfg["image_size"])
   if new[0] % patch[0] or new[1] % patch[1]:
     raise ValueError(f"resolution {new} is not a multiple of the patch size {patch}.")
   kernel = r.params["embedding/kernel"]
