@@ -225,6 +225,16 @@ def test_imports_follow_the_layers():
   assert not _forbidden("vitcnn_jax.jobs", "vitcnn_jax.analyses.cka")
 
 
+def test_no_reader_reads_through_another_reader():
+  """Within a family, readers share pieces through its modules that are no reader
+  (`model.py`, `vit/torch_pieces.py`, `vit/resize.py`), never through each other."""
+  readers = {m for m in MODULES if m.startswith(FAMILIES) and any(
+      isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "READER" for t in n.targets)
+      for n in _tree(m).body)}
+  found = [f"{m} -> {d}" for m in readers for d in set(_imports(m).values()) if d in readers]
+  assert "vitcnn_jax.models.vit.timm" in readers and not found
+
+
 def test_the_modules_scheduled_first_exist():
   """conftest.FIRST names test modules; a renamed one would quietly lose its place."""
   from conftest import FIRST  # pylint: disable=g-import-not-at-top

@@ -21,11 +21,13 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import capturing
 from vitcnn_jax.models import layers
 from vitcnn_jax.models import sizes
+from vitcnn_jax.models.formats.base import Reading
 
 # (depths, widths) of timm's names; v2 adds `grn=True, layer_scale=False`.
 VARIANTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -138,3 +140,13 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.Stages, anatomy.NoAttention, anatomy
     if self.num_classes:
       x = capture.put(out, "logits", nn.Dense(self.num_classes, name="head")(x))
     return x, out
+
+
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
+  """Every reader's adaptation: any resolution runs (a conv net), but the input
+  must tile into the strides."""
+  del r, native
+  size, stride = cfg.get("image_size") or 224, cfg["patch_size"] * 2 ** (len(cfg["depths"]) - 1)
+  if any(s % stride for s in np.atleast_1d(size)):
+    raise ValueError(f"{path}: resolution {size} is not a multiple of {stride}, the stem's "
+                     "patch times the downsamplings.")

@@ -40,6 +40,7 @@ from vitcnn_jax.models import sizes
 POOLS = ("token", "gap", "map", "0", "token_gap")
 POSEMBS = ("learn", "sincos2d", "none")
 ROPES = ("", "dinov3", "eva02", "pe")
+ATTN = "MultiHeadDotProductAttention_0"  # the attention's sub-tree in a block and the MAP head
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
@@ -209,7 +210,7 @@ class EncoderBlock(nn.Module):
     capture.put(out, "in", x)
     y = capture.put(out, "ln1", layers.layer_norm("LayerNorm_0", o.ln_eps)(x))
     y = Attention(self.num_heads, o.ln_eps if o.attn_norm else None,
-                  name="MultiHeadDotProductAttention_0")(y, y, capture.child("attn"), out, rope)
+                  name=ATTN)(y, y, capture.child("attn"), out, rope)
     if o.layer_scale:
       y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
@@ -262,7 +263,7 @@ class MAPHead(nn.Module):
     n, _, d = x.shape
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, (n, 1, 1))
-    x = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
+    x = Attention(self.num_heads, name=ATTN)(
         probe, x, capture.child("attn"), out)
     y = layers.layer_norm("LayerNorm_0", self.options.ln_eps)(x)
     x = x + layers.MlpBlock(self.mlp_dim, self.options.gelu, self.options.mlp, name="MlpBlock_0")(
@@ -347,8 +348,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     if self.attn_norm:
       raise ValueError("this ViT norms its heads' joined outputs before projecting them (EVA-02's "
                        "CLIP towers): a head's own contribution to the output is not defined.")
-    return params["Transformer"][f"encoderblock_{block}"]["MultiHeadDotProductAttention_0"][
-        "out"]["kernel"]
+    return params["Transformer"][f"encoderblock_{block}"][ATTN]["out"]["kernel"]
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
