@@ -5,7 +5,7 @@ adaptation ends with."""
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable
 
 import jax
 import numpy as np
@@ -18,7 +18,7 @@ SCIPY_LINEAR = "scipy_linear"  # vision_transformer, big_vision: scipy.ndimage.z
 JAX_LINEAR = "jax_linear"  # FlexiViT: jax.image.resize, linear, in float32
 # One of the two above, or separable (n_out, n_in) weights applied in float64: timm's
 # antialiased bicubic (`preprocess.bicubic_weights`), transformers' torch bicubic or PIL bilinear.
-Interpolation = Union[str, Callable[[int, int], np.ndarray]]
+Interpolation = str | Callable[[int, int], np.ndarray]
 
 
 def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int], new_grid: tuple[int, int],
