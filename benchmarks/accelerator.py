@@ -44,7 +44,7 @@ PAIRS = {  # name -> (ViT fields, BiT fields, input size)
 
 def _models(pair: str) -> dict:
   """name -> (model, params) at random init."""
-  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models import BiT, ViT, param_trees
   from vitcnn_jax.models.vit import model as vit
   vit_fields, bit_fields, size = PAIRS[pair]
   if "variant" in vit_fields:
@@ -54,7 +54,7 @@ def _models(pair: str) -> dict:
       ("vit", ViT(num_classes=1000, image_size=size, **vit_fields)),
       ("resnet", BiT(num_classes=1000, image_size=size, **bit_fields)))):
     x = np.zeros((1, size, size, 3), np.float32)
-    out[name] = (model, common.random_params(model, x, seed=i))
+    out[name] = (model, param_trees.random_params(model, x, seed=i))
   return out
 
 

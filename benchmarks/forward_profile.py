@@ -55,13 +55,13 @@ class Op:
 
 def _model(name: str, size: int):
   from vitcnn_jax import models
-  from vitcnn_jax.models import common
+  from vitcnn_jax.models import param_trees
   from vitcnn_jax.models.vit import model as vit
   cls, fields = MODELS[name]
   if "variant" in fields:
     fields = vit.decode_variant(fields["variant"])
   model = getattr(models, cls)(num_classes=1000, image_size=size, **fields)
-  params = common.random_params(model, np.zeros((1, size, size, 3), np.float32))
+  params = param_trees.random_params(model, np.zeros((1, size, size, 3), np.float32))
   return model.for_inference(params)  # as the driver runs it
 
 

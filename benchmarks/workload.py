@@ -57,7 +57,7 @@ def jax_models(s: Setup):
   import logging
 
   from vitcnn_jax import checkpoints
-  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models import BiT, ViT, param_trees
   from vitcnn_jax.models.vit import model as vit
   from vitcnn_jax.run import loading
   logging.getLogger("vitcnn_jax").setLevel(logging.ERROR)  # assumed settings of the timm files
@@ -69,6 +69,6 @@ def jax_models(s: Setup):
     return out
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant("B/16"))),
                       ("resnet", BiT(num_classes=1000, width=1, depth=50))):
-    params = common.random_params(model, np.zeros((1, 224, 224, 3), np.float32), seed=len(out))
+    params = param_trees.random_params(model, np.zeros((1, 224, 224, 3), np.float32), seed=len(out))
     out.append(loading.loaded(name, "<random init>", name, model, params, "paper"))
   return out

@@ -51,7 +51,7 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   assert re.search(r"conv 7x7/2 3->32 out 16x16 .* x1$", shapes, re.M), shapes  # the root, read from HLO
   convs = re.findall(r"conv \S+ \d+->\d+ out \S+ .* x(\d+)$", shapes, re.M)
   # The root and the 3x3s of the first two stages; the last two stages' (2x2 and 1x1
-  # outputs) are dots over their windows (`common.conv`): 4 x 2 x 2 rows, 9 taps of 128.
+  # outputs) are dots over their windows (`layers.conv`): 4 x 2 x 2 rows, 9 taps of 128.
   assert sum(int(c) for c in convs) == 3, shapes
   assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
 
@@ -64,13 +64,13 @@ def test_the_flop_count_runs_a_scans_body_once_per_turn():
   import jax.numpy as jnp
   import numpy as np
   from benchmarks import clocks
-  from vitcnn_jax.models import ViT, common
+  from vitcnn_jax.models import ViT, param_trees
   body = lambda c, w: (c @ w, None)
   scanned = jax.make_jaxpr(lambda a, w: jax.lax.scan(body, a, w)[0])(jnp.ones((4, 5)), jnp.ones((3, 5, 5)))
   assert clocks.matmul_flops(scanned.jaxpr) == 3 * (2 * 4 * 5 * 5)
   model = ViT(num_classes=10, image_size=32, patch_size=8, width=32, depth=4, mlp_dim=64, num_heads=2)
   x = np.zeros((2, 32, 32, 3), np.float32)
-  params = common.random_params(model, x)
+  params = param_trees.random_params(model, x)
   count = lambda train: clocks.matmul_flops(jax.make_jaxpr(
       lambda p: model.apply({"params": p}, x, train=train, rngs={"dropout": jax.random.key(0)})[0])(params).jaxpr)
   assert count(False) == count(True) > 0

@@ -162,8 +162,8 @@ def test_every_analysis_declares_itself(name):
 FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
     os.path.join(ROOT, "vitcnn_jax", "models"))) if os.path.isfile(
         os.path.join(ROOT, "vitcnn_jax", "models", d, "__init__.py")) and d != "formats")
-MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.common",
-               "vitcnn_jax.models.representations")  # what a model is to analyses
+MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.capturing",
+               "vitcnn_jax.models.representations", "vitcnn_jax.models.sizes")  # what a model is to analyses
 NO_JAX = ("vitcnn_jax.run.declaration", "vitcnn_jax.run.control", "vitcnn_jax.inputs.zoo",
           "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.datasets", "vitcnn_jax.inputs.packaged",
           "vitcnn_jax.fileio",
@@ -230,6 +230,16 @@ def test_imports_follow_the_layers():
   assert not _forbidden("benchmarks.ours", "vitcnn_jax.run.driver")
   assert not _forbidden("benchmarks.accelerator", "benchmarks.parts")
   assert _forbidden("vitcnn_jax.jobs", "benchmarks.clocks") and _forbidden("main", "benchmarks")
+
+
+def test_no_reader_reads_through_another_reader():
+  """Within a family, readers share pieces through its modules that are no reader
+  (`model.py`, `vit/torch_pieces.py`, `vit/resize.py`), never through each other."""
+  readers = {m for m in MODULES if m.startswith(FAMILIES) and any(
+      isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "READER" for t in n.targets)
+      for n in _tree(m).body)}
+  found = [f"{m} -> {d}" for m in readers for d in set(_imports(m).values()) if d in readers]
+  assert "vitcnn_jax.models.vit.timm" in readers and not found
 
 
 def test_the_modules_scheduled_first_exist():

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
 from vitcnn_jax.run import parallel
 from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
@@ -66,9 +66,9 @@ class Forward:
 
   def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Layer]:
     """`grams.scaled_layer` of each of `points` of model `name`, made inside the
-    forward as each is computed (`common.Capture.reduce`): in a scan over
+    forward as each is computed (`capturing.Capture.reduce`): in a scan over
     identical blocks its activation dies in its block and its code is compiled once."""
-    capture = common.Capture(tuple(points), reduce=lambda a: grams.scaled_layer(a, mask, self._precision))
+    capture = capturing.Capture(tuple(points), reduce=lambda a: grams.scaled_layer(a, mask, self._precision))
     out = self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
                                         capture=capture)[1]
     return [out[p] for p in points]
@@ -108,7 +108,7 @@ class Pass:
     raise NotImplementedError
 
   def host_sums(self, got: Sums) -> Sums:
-    """A step's result as float64 sums on the host (e.g. `hsic.unscale`)."""
+    """A step's result as float64 sums on the host (e.g. `scales.unscale`)."""
     return got
 
   def program(self) -> Hashable | None:
