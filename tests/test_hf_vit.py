@@ -327,6 +327,22 @@ def test_integer_index_buffers_of_older_hub_files_are_left_out(folders, tmp_path
   assert c.fmt == "hf_clip" and not c.assumed
 
 
+@pytest.mark.parametrize("name, fc1", [("dinov2_swiglu_classifier", "mlp.weights_in"), ("dinov2", "mlp.fc1")])
+def test_an_mlp_whose_widths_fit_neither_kind_is_refused(folders, name, fc1, tmp_path):
+  """A packed SwiGLU's weights_in has twice as many outputs as weights_out has
+  inputs, a plain MLP's fc1 as many: a first layer cut short fits neither, and is
+  named rather than read as the other kind."""
+  import safetensors.numpy  # noqa: PLC0415
+  shutil.copytree(folders[name][0], tmp_path / "m")
+  path = tmp_path / "m" / "model.safetensors"
+  flat = safetensors.numpy.load_file(str(path))
+  key = next(k for k in flat if k.endswith(f"layer.0.{fc1}.weight"))
+  flat[key], flat[key[:-len("weight")] + "bias"] = flat[key][:-4], flat[key[:-len("weight")] + "bias"][:-4]
+  safetensors.numpy.save_file(flat, str(path))
+  with pytest.raises(checkpoints.CheckpointError, match=rf"{key[:-len('.weight')]} has \d+ outputs"):
+    checkpoints.load(str(tmp_path / "m"))
+
+
 def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
   import json  # noqa: PLC0415
   shutil.copytree(folders["dinov2"][0], tmp_path / "m")

@@ -56,16 +56,22 @@ def attention(keys: Keys, p: dict, ours: str, h: int, qkv: list[tuple[str, slice
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, -1, w.shape[1]), b
 
 
-def mlp(keys: Keys, p: dict, fc1: str, fc2: str, ours: str) -> tuple[int, str]:
-  """(hidden width, kind) of the Linears `fc1` then `fc2`: an fc1 twice as wide as
-  fc2's input is a packed SwiGLU (timm's, transformers' DINOv2 weights_in)."""
+def mlp(keys: Keys, p: dict, fc1: str, fc2: str, ours: str, kind: str | None = None
+        ) -> tuple[int, str]:
+  """(hidden width, kind) of the Linears `fc1` then `fc2`: an fc1 as wide as fc2's
+  input is a plain MLP, twice as wide a packed SwiGLU (timm's, transformers'
+  DINOv2 weights_in). Where the keys already name the `kind`, the shapes must
+  agree with it; any other pair of widths is refused."""
   w1, b1 = torch_layout.take_torch_linear(keys, fc1)
   w2, b2 = torch_layout.take_torch_linear(keys, fc2)
   p[f"{ours}/Dense_0/kernel"], p[f"{ours}/Dense_0/bias"] = w1, b1
   p[f"{ours}/Dense_1/kernel"], p[f"{ours}/Dense_1/bias"] = w2, b2
-  if w1.shape[1] == 2 * w2.shape[0]:
-    return w2.shape[0], "swiglu"
-  return w2.shape[0], "gelu"
+  found = {w2.shape[0]: "gelu", 2 * w2.shape[0]: "swiglu"}.get(w1.shape[1])
+  if found is None or kind not in (None, found):
+    want = {"gelu": "equal to", "swiglu": "twice"}.get(kind, "equal to (a plain MLP) or twice (a packed SwiGLU)")
+    raise CheckpointError(f"{keys.path}: {fc1} has {w1.shape[1]} outputs and {fc2} {w2.shape[0]} inputs; "
+                          f"{fc1}'s outputs must be {want} {fc2}'s inputs{f' (a {kind} MLP)' if kind else ''}.")
+  return w2.shape[0], found
 
 
 def gated_mlp(keys: Keys, p: dict, gate: str, value: str, down: str, ours: str) -> int:

@@ -173,9 +173,10 @@ def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, layout: Layout)
       kinds.add((torch_pieces.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
                                         f"{src}mlp.down_proj", f"{ours}/MlpBlock_0"), "swiglu"))
     else:  # DINOv2's SwiGLU, weights_in twice as wide (silu(x1) * x2, as ours), or a plain MLP
-      fc = (("mlp.weights_in", "mlp.weights_out") if keys.has(f"{src}mlp.weights_in.weight")
-            else (n["MlpBlock_0/Dense_0"], n["MlpBlock_0/Dense_1"]))
-      kinds.add(torch_pieces.mlp(keys, p, src + fc[0], src + fc[1], f"{ours}/MlpBlock_0"))
+      packed = keys.has(f"{src}mlp.weights_in.weight")
+      fc = ("mlp.weights_in", "mlp.weights_out") if packed else (n["MlpBlock_0/Dense_0"], n["MlpBlock_0/Dense_1"])
+      kinds.add(torch_pieces.mlp(keys, p, src + fc[0], src + fc[1], f"{ours}/MlpBlock_0",
+                                 "swiglu" if packed else "gelu"))
     if scaled:
       p[f"{ours}/ls1"] = keys.take(f"{src}layer_scale1.lambda1")
       p[f"{ours}/ls2"] = keys.take(f"{src}layer_scale2.lambda1")
