@@ -234,7 +234,8 @@ def test_the_jobs_figures_of_each_pair_read_their_arrays_by_tag(tmp_path):
 
 def test_drawing_leaves_the_session_as_it_was(tmp_path):
   """A notebook's matplotlib stays the user's: importing every figure module and
-  drawing imports no pyplot, chooses no backend and leaves every rc setting as it was."""
+  drawing imports no pyplot, chooses no backend and leaves every rc setting as it was;
+  the figure still shows itself in a notebook (`_repr_png_`) whatever its backend."""
   code = ("import sys, matplotlib\n"
           "before = matplotlib.rcParams.copy()\n"
           "import numpy as np\n"
@@ -244,7 +245,9 @@ def test_drawing_leaves_the_session_as_it_was(tmp_path):
           f"title='t', path={str(tmp_path / 'h.png')!r}, figures=style.Figures())\n"
           "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
           "assert matplotlib.rcParams.copy() == before, 'an rc setting changed'\n"
-          "print(type(fig).__name__, type(fig.canvas).__name__)\n")
+          "assert fig._repr_png_().startswith(bytes([137]) + b'PNG'), 'no PNG for a notebook'\n"
+          "assert matplotlib.rcParams.copy() == before, 'an rc setting changed on display'\n"
+          "print(type(fig).__mro__[1].__name__, type(fig.canvas).__name__)\n")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.split() == ["Figure", "FigureCanvasBase"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 from matplotlib import ticker
 import numpy as np
 
@@ -16,7 +15,7 @@ from vitcnn_jax.plotting import style
 
 @axes.styled
 def distances(mean: Sequence[np.ndarray], blocks: Sequence[int], plot_blocks: Sequence[int] | None,
-              label: str, ceiling: np.ndarray, path: str, figures: style.Figures) -> figure.Figure:
+              label: str, ceiling: np.ndarray, path: str, figures: style.Figures) -> axes.Figure:
   """Left: heads sorted by distance for chosen blocks (Fig 3); right: every block.
   `mean`: each block's head distances (stages may differ in heads); `ceiling`:
   each block's uniform-attention distance (a Swin's grows stage by stage)."""
@@ -26,7 +25,7 @@ def distances(mean: Sequence[np.ndarray], blocks: Sequence[int], plot_blocks: Se
   missing = [b for b in chosen if b not in blocks]
   if missing:
     raise ValueError(f"plot_blocks {missing} are not among the captured blocks {list(blocks)}.")
-  fig = figure.Figure(figsize=(10, 3.8), layout="constrained")
+  fig = axes.Figure(figsize=(10, 3.8), layout="constrained")
   ax1, ax2 = fig.subplots(1, 2)
   one_ceiling = np.ptp(ceiling) < 1e-6 * max(float(ceiling.max()), 1.0)
   for c, b in enumerate(chosen):
@@ -59,11 +58,11 @@ def distances(mean: Sequence[np.ndarray], blocks: Sequence[int], plot_blocks: Se
 
 @axes.styled
 def distances_compared(models: Sequence[tuple[Sequence[np.ndarray], Sequence[int], str, np.ndarray]],
-                       path: str, figures: style.Figures) -> figure.Figure:
+                       path: str, figures: style.Figures) -> axes.Figure:
   """Several models' mean distances against relative depth: per model, the mean
   over heads with the band from its nearest to its farthest head, as a fraction
   of each block's uniform-attention distance (grids, patches and windows differ)."""
-  fig = figure.Figure(figsize=(6.4, 4.2), layout="constrained")
+  fig = axes.Figure(figsize=(6.4, 4.2), layout="constrained")
   ax = fig.subplots()
   for i, (mean, blocks, label, ceiling) in enumerate(models):
     depth = np.asarray(blocks, np.float64) / max(max(blocks), 1)
@@ -83,9 +82,9 @@ def distances_compared(models: Sequence[tuple[Sequence[np.ndarray], Sequence[int
 
 @axes.styled
 def head_subsets(distance: np.ndarray, cka: np.ndarray, layers: Sequence[str], vit_label: str,
-                 res_label: str, path: str, figures: style.Figures) -> figure.Figure:
+                 res_label: str, path: str, figures: style.Figures) -> axes.Figure:
   """CKA of each head subset against each ResNet layer vs the subset's distance (Fig 5)."""
-  fig = figure.Figure(figsize=(6.2, 4.2), layout="constrained")
+  fig = axes.Figure(figsize=(6.2, 4.2), layout="constrained")
   ax = fig.subplots()
   for j, name in enumerate(layers):
     ax.plot(distance, cka[:, j], "o-", ms=4, label=f"{res_label} {name}")

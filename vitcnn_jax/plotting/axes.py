@@ -1,12 +1,14 @@
-"""What the figures share: drawing under the style, layers grouped by block, and
-axes ticked by block."""
+"""What the figures share: their type, drawing under the style, layers grouped by
+block, and axes ticked by block."""
 
 from __future__ import annotations
 
 import functools
+import io
 from typing import Callable, Protocol, Sequence
 
 import matplotlib
+from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import style
@@ -16,6 +18,18 @@ class Labelled(Protocol):
   """A model as its figures name it: its `label` and its layers' `names`."""
   label: str
   names: Sequence[str]
+
+
+class Figure(figure.Figure):
+  """A matplotlib Figure, made without pyplot, that a notebook shows whatever its
+  session's backend: IPython displays its `_repr_png_` where no printer for
+  Figures is registered (as `%matplotlib inline` registers one)."""
+
+  def _repr_png_(self) -> bytes:
+    buf = io.BytesIO()
+    with matplotlib.rc_context(style.STYLE):
+      self.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
 
 
 def styled(fn: Callable) -> Callable:

@@ -8,7 +8,6 @@ import dataclasses
 import os
 from typing import Sequence
 
-from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import axes
@@ -17,10 +16,10 @@ from vitcnn_jax.plotting import style
 
 @axes.styled
 def heatmap(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], *, row_label: str,
-            col_label: str, title: str, path: str, figures: style.Figures) -> figure.Figure:
+            col_label: str, title: str, path: str, figures: style.Figures) -> axes.Figure:
   """Layers x layers CKA, origin at the lower left like Figs 1, 2 and B.1: one
   tick per block, thin lines at block edges (every layer's name is in the npz)."""
-  fig = figure.Figure(figsize=(6.0, 5.2))
+  fig = axes.Figure(figsize=(6.0, 5.2))
   ax = fig.subplots()
   im = ax.imshow(matrix, origin="lower", cmap="magma", vmin=figures.vmin, vmax=figures.vmax,
                  aspect="auto", interpolation="nearest")
@@ -71,7 +70,7 @@ def _panel_grid(fig_rows: Sequence[bool], ncols: int, title: str, x_ticks: int, 
   top = 0.25 + 0.22 * (title.count("\n") + 1)
   heights = [_TITLE + _PANEL[1] + (below if labelled else _ROW_GAP) for labelled in fig_rows]
   width, height = left + ncols * column - _COLUMN_GAP + 0.5, top + sum(heights) + _MARGIN
-  fig = figure.Figure(figsize=(width, height))
+  fig = axes.Figure(figsize=(width, height))
   fig.suptitle(title, y=1 - 0.15 / height, va="top")
   tops = np.cumsum([top] + heights[:-1]) + _TITLE
 
@@ -92,7 +91,7 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
                  flat: dict[str, np.ndarray] | None = None,
                  widths: dict[str, np.ndarray] | None = None,
                  distances: Sequence[str] = (),
-                 matches: dict[str, tuple[np.ndarray, np.ndarray, str]] | None = None) -> figure.Figure:
+                 matches: dict[str, tuple[np.ndarray, np.ndarray, str]] | None = None) -> axes.Figure:
   """Several similarity measures of one pair of models side by side (a panel each,
   at most five to a row of panels; the null's maps below each on the same scale where it has one;
   the widths of the 95% intervals below those), cells that cannot be told from the
@@ -143,7 +142,7 @@ def _pair_title(a: axes.Labelled, b: axes.Labelled, across: str, within: str) ->
 
 
 def heatmaps(pairs: Sequence[tuple], arrays: dict[str, np.ndarray], subtitle: str, workdir: str,
-             figures: style.Figures, only: Sequence[str] | None = None) -> list[figure.Figure]:
+             figures: style.Figures, only: Sequence[str] | None = None) -> list[axes.Figure]:
   """`cka_TAG.png` of each pair (tag, model a, model b, ...) of `pairs` (of those
   in `only`, if given): the map `cka_TAG` of `arrays`, titled by the models' labels."""
   return [heatmap(arrays[f"cka_{t}"], a.names, b.names, row_label=a.label, col_label=b.label,
@@ -170,7 +169,7 @@ KINDS = ("{}", "{}_like_null", "null_{}", "{}_ci_low", "{}_ci_high", "best_{}", 
 
 
 def measures(pairs: Sequence[tuple], arrays: dict[str, np.ndarray], shown: Sequence[Measure],
-             subtitle: str, workdir: str, figures: style.Figures) -> list[figure.Figure]:
+             subtitle: str, workdir: str, figures: style.Figures) -> list[axes.Figure]:
   """`measures_TAG.png` of each pair (tag, model a, model b, ...) of `pairs`: every
   measure of `shown` side by side (the nulls below them, where `arrays` has
   them), with each layer's matches and the pair's score where the models differ."""

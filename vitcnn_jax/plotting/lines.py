@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import axes
@@ -16,7 +15,7 @@ from vitcnn_jax.plotting import style
 @axes.styled
 def layer_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], ylabel: str, title: str,
                 path: str, figures: style.Figures, spread: dict[str, np.ndarray] | None = None,
-                ylim: tuple[float, float] | None = (0, 1.02)) -> figure.Figure:
+                ylim: tuple[float, float] | None = (0, 1.02)) -> axes.Figure:
   """A per-layer quantity, a line per model over its layers (by block), with an
   optional band of +-`spread`; models with other layers get a panel of their own
   (Fig 12: CKA with the reference, a line per data fraction; Fig G.1: before vs
@@ -26,7 +25,7 @@ def layer_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], ylabel: str,
     key = next((k for k in panels if tuple(names) == k[:len(names)] or k == tuple(names)[:len(k)]),
                tuple(names))
     panels.setdefault(key, []).append(label)
-  fig = figure.Figure(figsize=(7.5 if len(panels) == 1 else 5.2 * len(panels), 4.4), layout="constrained")
+  fig = axes.Figure(figsize=(7.5 if len(panels) == 1 else 5.2 * len(panels), 4.4), layout="constrained")
   row = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
   marker = iter("os^vDP*X" * len(lines))
   for ax, labels in zip(row, panels.values()):
@@ -52,11 +51,11 @@ def layer_lines(lines: dict[str, tuple[Sequence[str], np.ndarray]], ylabel: str,
 
 @axes.styled
 def accuracy_drop(accuracy: dict[str, float], reference: str, examples: int, path: str,
-                  figures: style.Figures) -> figure.Figure:
+                  figures: style.Figures) -> axes.Figure:
   """Top-1 accuracy lost against the reference model, a bar per model (Fig 8)."""
   labels = [k for k in accuracy if k != reference]
   drops = [100 * (accuracy[reference] - accuracy[k]) for k in labels]
-  fig = figure.Figure(figsize=(max(4.5, 1.1 * len(labels) + 1.5), 3.8), layout="constrained")
+  fig = axes.Figure(figsize=(max(4.5, 1.1 * len(labels) + 1.5), 3.8), layout="constrained")
   ax = fig.subplots()
   bars = ax.bar(range(len(labels)), drops, color="C3")
   ax.bar_label(bars, [f"{d:+.1f}" for d in drops])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import axes
@@ -13,9 +12,9 @@ from vitcnn_jax.plotting import style
 
 @axes.styled
 def token_patches(tok_patch: np.ndarray, grid: Sequence[int], tokens: Sequence[int], title: str,
-                  path: str, figures: style.Figures) -> figure.Figure:
+                  path: str, figures: style.Figures) -> axes.Figure:
   """For each chosen token, CKA with every input patch on the image grid (Figs 9, 10)."""
-  fig = figure.Figure(figsize=(3.2 * len(tokens) + 1, 3.4), layout="constrained")
+  fig = axes.Figure(figsize=(3.2 * len(tokens) + 1, 3.4), layout="constrained")
   panels = fig.subplots(1, len(tokens), squeeze=False)
   for ax, t in zip(panels[0], tokens):
     im = ax.imshow(tok_patch[t].reshape(grid), cmap="magma", vmin=0, vmax=1)

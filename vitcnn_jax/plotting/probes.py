@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import axes
@@ -18,10 +17,10 @@ FEATURE_LABELS = {"cls": "CLS token", "first": "first token", "spatial_mean": "m
 
 @axes.styled
 def by_depth(models: dict, labels: dict[str, str], title: str, path: str, figures: style.Figures,
-             band: bool = True) -> figure.Figure:
+             band: bool = True) -> axes.Figure:
   """Probe accuracy against relative depth, a line per model and feature (Figs 13, F.1, F.2),
   with a band of +-1 sd over seeds (`band`; none for one seed)."""
-  fig = figure.Figure(figsize=(6.6, 4.4), layout="constrained")
+  fig = axes.Figure(figsize=(6.6, 4.4), layout="constrained")
   ax = fig.subplots()
   for name, by_feature in models.items():
     for how, e in by_feature.items():
@@ -41,11 +40,11 @@ def by_depth(models: dict, labels: dict[str, str], title: str, path: str, figure
 
 @axes.styled
 def by_token(points: Sequence[tuple[str, np.ndarray, Sequence[int] | None]], prefix: int, title: str,
-             path: str, figures: style.Figures, panels: int = 6) -> figure.Figure:
+             path: str, figures: style.Figures, panels: int = 6) -> axes.Figure:
   """Per-token probe accuracy on the token grid for some points (Fig D.4), and the
   mean over spatial tokens (and the class token) at every point (Fig 11)."""
   chosen = sorted({round(i) for i in np.linspace(0, len(points) - 1, min(panels, len(points)))})
-  fig = figure.Figure(figsize=(2.8 * (len(chosen) + 1), 3.6), layout="constrained")
+  fig = axes.Figure(figsize=(2.8 * (len(chosen) + 1), 3.6), layout="constrained")
   row = fig.subplots(1, len(chosen) + 1, squeeze=False,
                      gridspec_kw={"width_ratios": [1] * len(chosen) + [1.7]})[0]
   for ax, i in zip(row, chosen):

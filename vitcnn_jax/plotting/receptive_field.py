@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 import numpy as np
 
 from vitcnn_jax.plotting import axes
@@ -21,12 +20,12 @@ def _columns(counts: Sequence[int], widest: int = 8) -> int:
 
 @axes.styled
 def maps(models: Sequence[tuple[str, Sequence[str], np.ndarray, np.ndarray]], path: str,
-         figures: style.Figures) -> figure.Figure:
+         figures: style.Figures) -> axes.Figure:
   """One image per layer, each normalised to its own maximum (Figs 6, C.1-C.4);
   a model's rows start a new row of the grid, its label on the first panel."""
   cols = _columns([len(names) for _, names, _, _ in models])
   nrows = sum(-(-len(names) // cols) for _, names, _, _ in models)
-  fig = figure.Figure(figsize=(cols * 1.55, nrows * 1.75 + 0.5), layout="constrained")
+  fig = axes.Figure(figsize=(cols * 1.55, nrows * 1.75 + 0.5), layout="constrained")
   grid = fig.subplots(nrows, cols, squeeze=False)
   for ax in grid.ravel():
     ax.axis("off")

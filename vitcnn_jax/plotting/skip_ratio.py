@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib import figure
 from matplotlib import ticker
 import numpy as np
 
@@ -16,7 +15,7 @@ from vitcnn_jax.plotting import style
 @axes.styled
 def ratios(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, label: str,
            others: Sequence[tuple[np.ndarray, str]], sublayers: Sequence[str], path: str,
-           figures: style.Figures) -> figure.Figure:
+           figures: style.Figures) -> axes.Figure:
   """Fig 7 (tokens x sublayers heatmap; CLS vs spatial tokens vs the ratios of
   `others`, e.g. a ResNet's units) and Fig E.2 (cosine). `ratio`: (block,
   sublayer, token)."""
@@ -26,7 +25,7 @@ def ratios(ratio: np.ndarray, cos: np.ndarray, prefix: int, plot_tokens: int, la
   top = np.nanmax(finite) if np.isfinite(finite).any() else 1.0
   shown = np.where(np.isfinite(flat), flat, top)  # an infinite ratio (zero branch) shows as the max
   rows = [f"{s} {b}" for b in range(ratio.shape[0]) for s in sublayers]
-  fig = figure.Figure(figsize=(15, 4.6), layout="constrained")
+  fig = axes.Figure(figsize=(15, 4.6), layout="constrained")
   panels = fig.subplots(1, 3)
   k = min(plot_tokens, flat.shape[1])
   token_label = "token" + (" (0 = CLS)" if prefix else "")
