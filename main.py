@@ -36,18 +36,6 @@ USER_ERRORS = (ValueError, KeyError, OSError, ImportError, MemoryError, Floating
                flags.Error)
 
 
-def legacy_flag(argv: list[str]) -> str | None:
-  """The message for a flag of a model field from before `config.models`, if any."""
-  from vitcnn_jax.run import control  # pylint: disable=g-import-not-at-top
-  for arg in argv:
-    for old, new in control.LEGACY_FIELDS.items():
-      if arg.startswith(f"--config.{old}."):
-        return (f"{arg.split('=')[0]}: models are now the mapping config.models (name -> spec); "
-                f"use --config.models.{new}.{arg.split('=')[0][len(f'--config.{old}.'):]} "
-                "(each config file lists the names it gives its models).")
-  return None
-
-
 def message(e: BaseException) -> str:
   """One readable line (or a few) for an error: ml_collections' field errors arrive
   as the repr of a repr, e.g. '\\'num_exmaples\\'\\nDid you mean ...'."""
@@ -85,9 +73,6 @@ def parse(argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
   quiet_start()
-  if legacy := legacy_flag(argv[1:]):
-    print(f"main.py: error: {legacy}", file=sys.stderr)
-    return 2
   verbose = "--verbose" in argv
   try:
     parse(argv)

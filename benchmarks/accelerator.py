@@ -1,6 +1,6 @@
 r"""The paper's CKA protocol on whatever accelerator this is, in one command.
 
-  .venv/bin/python benchmarks/accelerator.py [--pair b16_r50] [--examples 10240]
+  .venv/bin/python -m benchmarks.accelerator [--pair b16_r50] [--examples 10240]
       [--batch 1024] [--repeats 1] [--precisions highest,bf16_6x,bf16_3x,tf32_3x,bf16_9x]
       [--json PATH]
 
@@ -15,7 +15,7 @@ runs) and the ratio of the rest of the time to it; the memory plan's peak
 against the device's measured peak (where the device reports one; the process's
 running peak); and the largest CKA difference from `highest`. `--json PATH`
 also writes the record (device, jax, settings, rows) there, for
-`benchmarks/readme_numbers.py device`.
+`python -m benchmarks.readme_numbers device`.
 A precision the backend cannot run is reported as such. `--pair tiny` runs a
 small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
 """
@@ -25,16 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from benchmarks import clocks
+from benchmarks import parts
+from benchmarks import peaks
+from benchmarks import workload
 
 PAIRS = {  # name -> (ViT fields, BiT fields, input size)
     "b16_r50": (dict(variant="B/16"), dict(width=1, depth=50), 224),
@@ -45,7 +44,7 @@ PAIRS = {  # name -> (ViT fields, BiT fields, input size)
 
 def _models(pair: str) -> dict:
   """name -> (model, params) at random init."""
-  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax.models import BiT, ViT, param_trees
   from vitcnn_jax.models.vit import model as vit
   vit_fields, bit_fields, size = PAIRS[pair]
   if "variant" in vit_fields:
@@ -55,60 +54,17 @@ def _models(pair: str) -> dict:
       ("vit", ViT(num_classes=1000, image_size=size, **vit_fields)),
       ("resnet", BiT(num_classes=1000, image_size=size, **bit_fields)))):
     x = np.zeros((1, size, size, 3), np.float32)
-    out[name] = (model, common.random_params(model, x, seed=i))
+    out[name] = (model, param_trees.random_params(model, x, seed=i))
   return out
-
-
-def matmul_rate(n: int, tries: int = 5, precision=None) -> float:
-  """float32 matmul FLOP/s of the default device at `precision` (None: HIGHEST;
-  a dot algorithm counts its product once, however many passes it makes): the
-  best of `tries`, on random values (zeros can run faster)."""
-  import jax
-  import jax.numpy as jnp
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  precision = jax.lax.Precision.HIGHEST if precision is None else precision
-  mm = jax.jit(lambda a: jnp.matmul(a, a, precision=precision))
-  mm(a).block_until_ready()
-  best = 0.0
-  for _ in range(tries):
-    t = time.perf_counter()
-    mm(a).block_until_ready()
-    best = max(best, 2 * n**3 / (time.perf_counter() - t))
-  return best
-
-
-def matmul_flops(jaxpr) -> float:
-  """FLOPs of the dots and convolutions in `jaxpr` and the jaxprs inside it (a
-  scan's body once per turn): the backend-independent count (a GPU's compiled
-  cost analysis leaves out the cuBLAS and cuDNN calls, and its lowered one is
-  not reported)."""
-  total = 0.0
-  for eqn in jaxpr.eqns:
-    out = eqn.outvars[0].aval.shape
-    if eqn.primitive.name == "dot_general":
-      (contract, _), _ = eqn.params["dimension_numbers"]
-      lhs = eqn.invars[0].aval.shape
-      total += 2 * np.prod(out) * np.prod([lhs[d] for d in contract])
-    elif eqn.primitive.name == "conv_general_dilated":
-      rhs, spec = eqn.invars[1].aval.shape, eqn.params["dimension_numbers"].rhs_spec
-      total += 2 * np.prod(out) * np.prod([rhs[d] for d in spec[1:]])  # in-features x window
-    turns = eqn.params["length"] if eqn.primitive.name == "scan" else 1  # a scan's body runs `length` times
-    for sub in eqn.params.values():
-      for j in sub if isinstance(sub, (list, tuple)) else [sub]:
-        if hasattr(j, "jaxpr"):  # ClosedJaxpr
-          total += turns * matmul_flops(j.jaxpr)
-        elif hasattr(j, "eqns"):
-          total += turns * matmul_flops(j)
-  return float(total)
 
 
 def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
   """(forward FLOPs, Gram + HSIC FLOPs) of one minibatch of `batch` examples."""
   import jax
   import jax.numpy as jnp
-  from vitcnn_jax.run import loading
   from vitcnn_jax.inputs import preprocess
   from vitcnn_jax.models import representations
+  from vitcnn_jax.run import loading
   loaded = {k: loading.loaded(k, "<random init>", k, m, p, "paper") for k, (m, p) in models.items()}
 
   def forward(ps, x):
@@ -117,30 +73,11 @@ def flop_bound_parts(models: dict, batch: int) -> tuple[float, float]:
 
   size = next(iter(loaded.values())).size
   x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8)
-  fwd = matmul_flops(jax.make_jaxpr(forward)([m.params for m in loaded.values()], x).jaxpr)
+  fwd = clocks.matmul_flops(jax.make_jaxpr(forward)([m.params for m in loaded.values()], x).jaxpr)
   dims = [int(np.prod(s.shape[1:])) for m in loaded.values()
           for s in representations.point_shapes(m.model, m.params, m.names, batch).values()]
   gram = sum(2 * batch * batch * d for d in dims) + 2 * len(dims) ** 2 * batch * batch
   return fwd, float(gram)
-
-
-class CompileClock:
-  """Seconds JAX spends tracing, lowering and compiling, from its monitoring events."""
-
-  def __init__(self):
-    import jax
-    self.seconds = 0.0
-    jax.monitoring.register_event_duration_secs_listener(self._add)
-
-  def _add(self, event: str, seconds: float, **_) -> None:
-    if event.startswith("/jax/core/compile/"):
-      self.seconds += seconds
-
-
-def device_peak() -> int | None:
-  import jax
-  stats = jax.devices()[0].memory_stats()
-  return stats.get("peak_bytes_in_use") if stats else None
 
 
 def precision_rates(precisions: list[str], n: int) -> dict[str, float]:
@@ -148,12 +85,12 @@ def precision_rates(precisions: list[str], n: int) -> dict[str, float]:
   (`auto` as the one it stands for), and "default": float32 at JAX's default
   precision, as the forward runs (TF32 on a GPU that has it)."""
   import jax
-  from vitcnn_jax.similarity import hsic
-  rates = {"default": matmul_rate(n, precision=jax.lax.Precision.DEFAULT)}
+  from vitcnn_jax.similarity import grams
+  rates = {"default": clocks.matmul_rate(n, precision=jax.lax.Precision.DEFAULT)}
   for name in precisions:
     try:
-      rates[name] = matmul_rate(n, precision=hsic.gram_precision(name))
-    except Exception:  # pylint: disable=broad-except  (reported by the run's row)
+      rates[name] = clocks.matmul_rate(n, precision=grams.gram_precision(name))
+    except Exception:  # reported by the run's row
       pass
   return rates
 
@@ -164,10 +101,10 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
   models = _models(pair)
   size = PAIRS[pair][2]
   images = np.random.default_rng(0).integers(0, 256, (examples, size, size, 3), dtype=np.uint8)
-  rate = matmul_rate(4096 if jax.default_backend() != "cpu" else 1024)
+  rate = clocks.matmul_rate(4096 if jax.default_backend() != "cpu" else 1024)
   fwd, gram = flop_bound_parts(models, batch)
   steps = repeats * (examples // batch)
-  rows, reference, clock = [], None, CompileClock()
+  rows, reference, clock = [], None, clocks.CompileClock()
   for name in precisions:
     row = {"precision": name}
     rows.append(row)
@@ -178,7 +115,7 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
                    repeats=repeats, gram_precision=name, workdir=wd)
         row["seconds"] = time.perf_counter() - t
         row["compile_seconds"] = clock.seconds - compiling
-    except Exception as e:  # pylint: disable=broad-except  (a dot algorithm the backend lacks)
+    except Exception as e:  # a dot algorithm the backend lacks
       row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
       continue
     cka = {k: np.asarray(v) for k, v in r.arrays.items() if k.startswith("cka_")}
@@ -186,9 +123,9 @@ def run(pair: str, examples: int, batch: int, repeats: int, precisions: list[str
     row["max_diff"] = (max(float(np.abs(v - reference[k]).max()) for k, v in cka.items())
                        if reference else None)
     row["plan_peak"] = r.summary["memory_plan"]["peak_bytes"] or None  # 0: not planned (CPU)
-    row["device_peak"] = device_peak()
+    row["device_peak"] = peaks.device_peak()
     print(f"  {name}: {row['seconds']:.1f} s, {row}", flush=True)  # a cut-off run still shows it
-  rate = max(rate, matmul_rate(4096 if jax.default_backend() != "cpu" else 1024))
+  rate = max(rate, clocks.matmul_rate(4096 if jax.default_backend() != "cpu" else 1024))
   bound = steps * (fwd + gram) / rate
   rates = precision_rates(precisions, 4096 if jax.default_backend() != "cpu" else 1024)
   for row in rows:
@@ -241,15 +178,14 @@ def report_lines(record: dict) -> list[str]:
 
 def _peer(args) -> dict:
   """A PyTorch CKA package on timm's ViT-B/16 and BiT-R50x1 with the paper's
-  layers (`cka_benchmark.py`'s part): its time, or why it did not run (an
+  layers (the CKA benchmark's part): its time, or why it did not run (an
   out-of-memory error says what it asked for)."""
-  import cka_benchmark
   if args.pair != "b16_r50":
     raise SystemExit("--peer: the peers run pair b16_r50 (timm's networks).")
   with tempfile.TemporaryDirectory() as work:
-    s = cka_benchmark.Setup("W", args.examples, args.batch, 224, work, device=args.peer_device)
+    s = workload.Setup("W", args.examples, args.batch, 224, work, device=args.peer_device)
     try:
-      got = cka_benchmark._run_part(args.peer, s)  # pylint: disable=protected-access
+      got = parts.run_part(args.peer, s)
     except RuntimeError as e:
       lines = [x for x in str(e).splitlines() if x.strip()]
       return dict(tool=args.peer, device=args.peer_device, error=lines[-1][:300] if lines else "failed")
@@ -265,7 +201,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--precisions", default="highest,bf16_6x,bf16_3x,tf32_3x,bf16_9x")
   ap.add_argument("--json", help="also write the rows, device and settings here")
-  ap.add_argument("--peer", default="", help="also run this PyTorch CKA package (cka_benchmark.py's "
+  ap.add_argument("--peer", default="", help="also run this PyTorch CKA package (cka_benchmark's "
                   "names; pair b16_r50) on torch's --peer_device first, in its own process")
   ap.add_argument("--peer_device", default="cuda")
   args = ap.parse_args()
@@ -279,7 +215,7 @@ def main():
                 devices=jax.device_count(), jax=jax.__version__, pair=args.pair,
                 examples=args.examples, batch=args.batch, repeats=args.repeats, rows=rows, peer=peer)
   print("\n".join(report_lines(record)))
-  if args.json:  # for `benchmarks/readme_numbers.py device`, where the run was elsewhere
+  if args.json:  # for `python -m benchmarks.readme_numbers device`, where the run was elsewhere
     with open(args.json, "w") as f:
       json.dump(record, f, indent=1)
 

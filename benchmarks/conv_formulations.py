@@ -1,6 +1,6 @@
 r"""Each convolution shape of BiT-R50x1 and R152x2, three ways, side by side.
 
-  .venv/bin/python benchmarks/conv_formulations.py [--model r50,r152x2] [--batch 32]
+  .venv/bin/python -m benchmarks.conv_formulations [--model r50,r152x2] [--batch 32]
 
 For every distinct k x k convolution of the model at 224 px (the 7x7/2 root,
 the 3x3 of each stage, the strided 3x3 opening stages 2-4; 1x1 convolutions
@@ -18,15 +18,11 @@ from xla's output relative to the output's largest value.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import accelerator  # noqa: E402  (the matmul rate, measured one way for every benchmark)
+from benchmarks import clocks
 
 WIDTHS = {"r50": 1, "r152x2": 2}
 
@@ -104,7 +100,7 @@ def main():
   ap.add_argument("--runs", type=int, default=4)
   args = ap.parse_args()
   rng = np.random.default_rng(0)
-  rates, rows = [accelerator.matmul_rate(2048)], []
+  rates, rows = [clocks.matmul_rate(2048)], []
   for model in args.model.split(","):
     for label, size, cin, cout, k, stride in shapes(model, args.size):
       x = jnp.asarray(rng.normal(size=(args.batch, size, size, cin)), jnp.float32)
@@ -119,7 +115,7 @@ def main():
         row.append((name, best_time(f, (x, w), args.runs), flops,
                     float(np.abs(y - ref).max() / np.abs(ref).max())))
       rows.append(row)
-    rates.append(accelerator.matmul_rate(2048))
+    rates.append(clocks.matmul_rate(2048))
   rate = max(rates)
   print(f"fp32 matmul rate {rate / 1e9:.1f} GFLOP/s (best of {len(rates)} measurements); batch {args.batch}")
   for label, *cells in rows:

@@ -1,7 +1,7 @@
 r"""Every analysis's `:demo` output, run and compared across two checkouts.
 
-  python benchmarks/demo_outputs.py run DIR            # each demo into DIR/<config>_<variant>
-  python benchmarks/demo_outputs.py compare DIR_A DIR_B [--tol 1e-6] [--rename OLD=NEW[.T] ...]
+  python -m benchmarks.demo_outputs run DIR            # each demo into DIR/<config>_<variant>
+  python -m benchmarks.demo_outputs compare DIR_A DIR_B [--tol 1e-6] [--rename OLD=NEW[.T] ...]
 
 For refactors that must not change results: run it in the old checkout and in
 the new one (same demo-model cache, so the same trained models), then compare

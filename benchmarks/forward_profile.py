@@ -1,6 +1,6 @@
 r"""Where a model's forward spends its time on this machine, op class by op class.
 
-  .venv/bin/python benchmarks/forward_profile.py [--model bit_r50] [--batch 32] [--size 224]
+  .venv/bin/python -m benchmarks.forward_profile [--model bit_r50] [--batch 32] [--size 224]
 
 One jit-compiled forward (logits, nothing captured) at random init, traced with
 JAX's profiler (XLA:CPU's per-thunk events, or the device's kernels elsewhere).
@@ -25,7 +25,6 @@ import dataclasses
 import glob
 import os
 import re
-import sys
 import tempfile
 import time
 
@@ -34,17 +33,14 @@ if __name__ == "__main__":  # per-thunk trace events on CPU; must precede the ba
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import accelerator  # noqa: E402  (the matmul rate, measured one way for every benchmark)
+from benchmarks import clocks
 
-MODELS = {  # name -> (family, fields)
-    "bit_r50": ("bit", dict(width=1, depth=50)),
-    "bit_r152x2": ("bit", dict(width=2, depth=152)),
-    "vit_b16": ("vit", dict(variant="B/16")),
-    "tiny_bit": ("bit", dict(width=0.5, depth=(1, 1, 1, 1))),
-    "tiny_vit": ("vit", dict(patch_size=8, width=32, depth=2, mlp_dim=64, num_heads=2)),
+MODELS = {  # name -> (its class in vitcnn_jax.models, the fields it is built with)
+    "bit_r50": ("BiT", dict(width=1, depth=50)),
+    "bit_r152x2": ("BiT", dict(width=2, depth=152)),
+    "vit_b16": ("ViT", dict(variant="B/16")),
+    "tiny_bit": ("BiT", dict(width=0.5, depth=(1, 1, 1, 1))),
+    "tiny_vit": ("ViT", dict(patch_size=8, width=32, depth=2, mlp_dim=64, num_heads=2)),
 }
 
 
@@ -58,13 +54,14 @@ class Op:
 
 
 def _model(name: str, size: int):
-  from vitcnn_jax.models import BiT, ViT, common
+  from vitcnn_jax import models
+  from vitcnn_jax.models import param_trees
   from vitcnn_jax.models.vit import model as vit
-  family, fields = MODELS[name]
+  cls, fields = MODELS[name]
   if "variant" in fields:
     fields = vit.decode_variant(fields["variant"])
-  model = (BiT if family == "bit" else ViT)(num_classes=1000, image_size=size, **fields)
-  params = common.random_params(model, np.zeros((1, size, size, 3), np.float32))
+  model = getattr(models, cls)(num_classes=1000, image_size=size, **fields)
+  params = param_trees.random_params(model, np.zeros((1, size, size, 3), np.float32))
   return model.for_inference(params)  # as the driver runs it
 
 
@@ -183,14 +180,14 @@ def profile(name: str, batch: int, size: int, runs: int = 3) -> dict:
   cost = compiled.cost_analysis()
   flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
   ops = ops_of(compiled.as_text())
-  rates = [accelerator.matmul_rate(2048)]
+  rates = [clocks.matmul_rate(2048)]
   jax.block_until_ready(compiled(params, x))
   times = []
   for _ in range(runs):
     t = time.perf_counter()
     jax.block_until_ready(compiled(params, x))
     times.append(time.perf_counter() - t)
-  rates.append(accelerator.matmul_rate(2048))
+  rates.append(clocks.matmul_rate(2048))
   events = [e for e in trace(compiled, (params, x), runs) if e[2] in ops]
   share, idle = wall_shares(events)
   return dict(model=name, batch=batch, size=size, seconds=min(times), flops=flops,

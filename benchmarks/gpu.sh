@@ -9,8 +9,10 @@
 # BASE: a folder holding an older revision's files (`git archive REV | tar -x -C BASE`),
 # whose cold runs of ours are the "before" of the same machine. Wheels the machine
 # lacks (ml_collections, the peers, the tests' references) go in .whl/ (README).
-# Every log and record lands in OUT; `benchmarks/readme_numbers.py device OUT/stage1.txt
+# Every log and record lands in OUT; `python -m benchmarks.readme_numbers device OUT/stage1.txt
 # COMMAND` and `... device OUT/paper.json COMMAND` make the README's GPU blocks of them.
+# BASE's benchmark runs as a module from BASE (`python -m benchmarks.cka_benchmark`), as any
+# revision's does, whether or not its benchmarks/ is a package.
 set -u
 out=${1:?usage: gpu.sh OUT STAGE [BASE]}
 stage=${2:?usage: gpu.sh OUT STAGE [BASE]}
@@ -25,7 +27,7 @@ fi
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false"
 export PYTHONUNBUFFERED=1
 step() { echo "== $1 ($(date +%T))"; }
-bench=benchmarks/cka_benchmark.py
+bench=benchmarks.cka_benchmark
 
 if [ "$stage" = 1 ]; then
   {
@@ -33,27 +35,27 @@ if [ "$stage" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $py -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__)"
     step "ResNet-18 shape: ours cold, warm, a second call; pytorch-cka, cka-pytorch"
-    timeout 240 $py $bench --workload resnet18 --device cuda --peers pytorch-cka,cka-pytorch --second \
+    timeout 240 $py -m $bench --workload resnet18 --device cuda --peers pytorch-cka,cka-pytorch --second \
       --work /tmp/r18 --json "$out/r18.json"
     step "W at 10,240 images, batch 256: ours cold and warm; pytorch-cka"
-    timeout 240 $py $bench --images 10240 --batch 256 --device cuda --peers pytorch-cka --no_reference \
+    timeout 240 $py -m $bench --images 10240 --batch 256 --device cuda --peers pytorch-cka --no_reference \
       --work /tmp/w256 --json "$out/w256.json"
     if [ -n "$base" ]; then
       step "before: $base, ours cold (ResNet-18 shape, then W)"
-      timeout 60 $py "$base/$bench" --part ours --workload resnet18 --images 10000 --batch 1000 --size 32 \
-        --work /tmp/r18 | tail -1 | tee "$out/base_r18.json"
-      timeout 150 $py "$base/$bench" --part ours --images 10240 --batch 256 --work /tmp/w256 | tail -1 \
-        | tee "$out/base_w256.json"
+      (cd "$base" && timeout 60 $py -m $bench --part ours --workload resnet18 --images 10000 --batch 1000 \
+        --size 32 --work /tmp/r18) | tail -1 | tee "$out/base_r18.json"
+      (cd "$base" && timeout 150 $py -m $bench --part ours --images 10240 --batch 256 --work /tmp/w256) \
+        | tail -1 | tee "$out/base_w256.json"
     fi
     step "W cold with XLA's GPU autotuning off (--xla_gpu_autotune_level=0)"
-    XLA_FLAGS="$XLA_FLAGS --xla_gpu_autotune_level=0" timeout 120 $py $bench --part ours --images 10240 \
+    XLA_FLAGS="$XLA_FLAGS --xla_gpu_autotune_level=0" timeout 120 $py -m $bench --part ours --images 10240 \
       --batch 256 --device cuda --work /tmp/w256 | tail -1 | tee "$out/w256_autotune0.json"
     step done
   } 2>&1 | tee "$out/stage1.txt"
 else
   {
     step "the paper's protocol: pytorch-cka, then ours at highest and auto (no compilation cache)"
-    VITCNN_JAX_COMPILATION_CACHE=none timeout 330 $py benchmarks/accelerator.py --precisions highest,auto \
+    VITCNN_JAX_COMPILATION_CACHE=none timeout 330 $py -m benchmarks.accelerator --precisions highest,auto \
       --peer pytorch-cka --json "$out/paper.json"
     step "the float-sensitive test files on the GPU"
     JAX_PLATFORMS=cuda timeout 200 $py -m pytest -q -p no:cacheprovider tests/test_cka.py \

@@ -1,6 +1,6 @@
 r"""What every similarity measure costs, beside linear CKA, in one run.
 
-  .venv/bin/python benchmarks/measures_cost.py [--layers 55 --batch 256] [--each] [--demo]
+  .venv/bin/python -m benchmarks.measures_cost [--layers 55 --batch 256] [--each] [--demo]
 
 The step's measures alone (no forward): `--layers` layers of `--batch` rows
 each (features of rank 64 that share a common part, as a network's do), every
@@ -30,7 +30,6 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def _layers(num: int, rows: int, seed: int = 0) -> list[np.ndarray]:
@@ -90,7 +89,7 @@ def _timed_main(variant: str, workdir: str) -> tuple[float, str]:
 def midpoint_eta(log: str) -> tuple[int, int, int, int]:
   """From the CKA job's tqdm output: (step, steps, its ETA in s at the midpoint
   step, the seconds that were really left)."""
-  clock = lambda h: sum(int(v) * 60 ** i for i, v in enumerate(reversed(h.split(":"))))  # noqa: E731
+  clock = lambda h: sum(int(v) * 60 ** i for i, v in enumerate(reversed(h.split(":"))))
   rows = [(int(n), int(total), clock(elapsed), clock(left)) for n, total, elapsed, left in
           re.findall(r"^cka:.*?(\d+)/(\d+) \[([\d:]+)<([\d:]+)", log.replace("\r", "\n"), re.M)]
   end = max(r[2] for r in rows)

@@ -1,7 +1,7 @@
 r"""The paper's CKA protocol at its scale: memory plans from the compiled step.
 
-  .venv/bin/python benchmarks/paper_scale.py [--pairs b16_r50,l16_r152,h14_r152]
-                                             [--device_gib 16,80] [--table]
+  .venv/bin/python -m benchmarks.paper_scale [--pairs b16_r50,l16_r152,h14_r152]
+                                                 [--device_gib 16,80] [--table]
 
 Compile-only (any machine, no accelerator): the CKA step of each model pair,
 with the paper's layer sets at 224 px and the paper's minibatch of 1,024, is
@@ -21,14 +21,13 @@ each group size and prints `GROUP ... peak_gib=X compile_s=T`, with the peak of 
 device holding the same rows (`one_device_same_rows_gib`) and their ratio. XLA's CPU compiler fuses and
 schedules differently from the GPU and TPU ones, so the figures are estimates
 of what the planner will read on those devices, where it plans before the run;
-the Grams are compiled as those devices make them (`hsic.SLICED_BACKENDS`).
+the Grams are compiled as those devices make them (`grams.SLICED_BACKENDS`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 DEVICES = 64
@@ -36,9 +35,6 @@ if __name__ == "__main__":
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + f" --xla_force_host_platform_device_count={DEVICES}")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PAIRS = {"b16_r50": ("B/16", 1, 50), "l16_r152": ("L/16", 2, 152), "h14_r152": ("H/14", 2, 152)}
 MINIBATCH = 1024
@@ -48,9 +44,9 @@ def _models(pair: str) -> dict:
   """Loaded models of a pair with abstract parameters (shapes only)."""
   import jax
   import numpy as np
-  from vitcnn_jax.run import loading
   from vitcnn_jax.models import BiT, ViT
   from vitcnn_jax.models.vit import model as vit
+  from vitcnn_jax.run import loading
   variant, width, depth = PAIRS[pair]
   out = {}
   for name, model in (("vit", ViT(num_classes=1000, **vit.decode_variant(variant))),
@@ -135,9 +131,9 @@ def table() -> None:
   """Peak of the step and of the forward alone on one device, b16_r50."""
   import jax
   import jax.numpy as jnp
+  from vitcnn_jax.inputs import preprocess
   from vitcnn_jax.run import driver
   from vitcnn_jax.run import memory
-  from vitcnn_jax.inputs import preprocess
   models = _models("b16_r50")
   print("per-device minibatch | peak of the CKA step | forward alone")
   for n in (32, 256, 1024):
@@ -155,10 +151,10 @@ def table() -> None:
 
 
 def main():
-  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import grams
   # Plans are for GPUs and TPUs: compile their formulation of a layer's Gram (one
   # dot over a centred copy), not the CPU's cache-sized slices.
-  hsic.SLICED_BACKENDS = ()
+  grams.SLICED_BACKENDS = ()
   ap = argparse.ArgumentParser()
   ap.add_argument("--pairs", default=",".join(PAIRS))
   ap.add_argument("--device_gib", default="16,80")

@@ -1,29 +1,29 @@
 r"""The README's measured demo numbers, regenerated from runs at one commit.
 
-  .venv/bin/python benchmarks/readme_numbers.py all WORKDIR   # run, every bench recorded, write
-  .venv/bin/python benchmarks/readme_numbers.py run WORKDIR   # the runs, then collect (~30 min fresh)
-  .venv/bin/python benchmarks/readme_numbers.py collect WORKDIR   # their json -> RESULTS
-  .venv/bin/python benchmarks/readme_numbers.py real WORKDIR  # the real report (`make real` first)
-  .venv/bin/python benchmarks/readme_numbers.py bench SCRIPT [ARGS]   # a benchmark's output -> RESULTS
-  .venv/bin/python benchmarks/readme_numbers.py suite             # `make test`, timed -> RESULTS
-  .venv/bin/python benchmarks/readme_numbers.py device FILE COMMAND   # an accelerator run -> RESULTS
-  .venv/bin/python benchmarks/readme_numbers.py write             # RESULTS -> README blocks
-  .venv/bin/python benchmarks/readme_numbers.py check             # exit 1 if the README drifted
+  .venv/bin/python -m benchmarks.readme_numbers all WORKDIR   # run, every bench recorded, write
+  .venv/bin/python -m benchmarks.readme_numbers run WORKDIR   # the runs, then collect (~30 min fresh)
+  .venv/bin/python -m benchmarks.readme_numbers collect WORKDIR   # their json -> RESULTS
+  .venv/bin/python -m benchmarks.readme_numbers real WORKDIR  # the real report (`make real` first)
+  .venv/bin/python -m benchmarks.readme_numbers bench NAME [ARGS]   # a benchmark's output -> RESULTS
+  .venv/bin/python -m benchmarks.readme_numbers suite             # `make test`, timed -> RESULTS
+  .venv/bin/python -m benchmarks.readme_numbers device FILE COMMAND   # an accelerator run -> RESULTS
+  .venv/bin/python -m benchmarks.readme_numbers write             # RESULTS -> README blocks
+  .venv/bin/python -m benchmarks.readme_numbers check             # exit 1 if the README drifted
 
 `run` runs the demo report (`configs/report.py:demo`) and the demo variants the
 README quotes beside it (EXTRAS) into WORKDIR, timing each; `collect` reads
 their json files and writes RESULTS (`benchmarks/readme_numbers.json`, committed:
 the commit, machine and date they were measured on, each section's findings
 with this run's verdict and numbers, key numbers, and the tables' rows);
-`bench` runs `benchmarks/SCRIPT ARGS` and records its output the same way, for
-the block `bench-SCRIPT-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
+`bench` runs `python -m benchmarks.NAME ARGS` and records its output the same way,
+for the block `bench-NAME-ARGS` (e.g. `bench-paper-scale` for the PLAN lines);
 `suite` runs `make test` (run it alone on the machine, on a fresh clone) and
 records its time, pytest's own and the slowest tests, for the block `test-suite`;
 `real` runs `configs/report.py:real` (the real pretrained pair on the offline
 photographs) into WORKDIR/real_report, timed, records its findings and key
 numbers for the blocks `real-findings` and `real-key-numbers`, and copies its
 figures that the README shows (REAL_FIGURES) into `benchmarks/real_figures/`;
-`device` records the file `benchmarks/accelerator.py --json FILE` wrote on a
+`device` records the file `python -m benchmarks.accelerator --json FILE` wrote on a
 machine with an accelerator (COMMAND: how it was run there), for the block
 `accelerator` (`all` leaves it as it is: this machine may have none);
 `all` does `run`, then `bench` again for every benchmark RESULTS holds, then
@@ -44,8 +44,9 @@ import subprocess
 import sys
 import time
 
+from benchmarks import accelerator
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
 
@@ -59,8 +60,9 @@ REPORT = "report"
 EXTRAS = (("localization", "demo_gap"), ("cka_vit_resnet", "demo_mixer"),
           ("linear_probe", "demo_mixer"), ("data_scale", "demo_finetune"))
 CODE = ("vitcnn_jax", "configs", "main.py", "requirements.txt")  # what the numbers depend on
+BENCHMARKS = os.path.join("benchmarks", "*.py")  # and a benchmark's: its module and the ones it shares
 REAL_REPORT = "real_report"
-# The real report's figures the README shows: (section, file), copied beside this script.
+# The real report's figures the README shows: (section, file), copied into REAL_FIGURES_DIR.
 REAL_FIGURES = (("cka", "cka_vit_vit.png"), ("cka", "cka_resnet_resnet.png"),
                 ("cka", "cka_resnet_vit.png"), ("attention_distance", "attention_distance.png"),
                 ("receptive_field", "receptive_field.png"), ("skip_ratio", "skip_ratio_vit.png"),
@@ -179,18 +181,18 @@ def collect(workdir: str) -> None:
 
 
 def bench(args: list[str]) -> None:
-  """A benchmark script's output (`benchmarks/SCRIPT ARGS`), timed, into RESULTS."""
-  measured, t = _measured(os.path.join("benchmarks", args[0])), time.perf_counter()
+  """A benchmark's output (`python -m benchmarks.NAME ARGS`), timed, into RESULTS."""
+  measured, t = _measured(BENCHMARKS), time.perf_counter()
+  command = ["python", "-m", f"benchmarks.{args[0]}", *args[1:]]
   lines = []
-  with subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", args[0]), *args[1:]],
-                        cwd=ROOT, stdout=subprocess.PIPE, text=True) as p:
+  with subprocess.Popen([sys.executable, *command[1:]], cwd=ROOT, stdout=subprocess.PIPE, text=True) as p:
     for line in p.stdout:  # shown as it comes: these run for minutes
       print(line, end="", flush=True)
       lines.append(line.rstrip("\n"))
   if p.returncode:
-    raise SystemExit(f"benchmarks/{args[0]} failed (exit {p.returncode}); nothing recorded.")
-  _record(bench_key(args), {**measured, "command": " ".join(["benchmarks/" + args[0], *args[1:]]),
-                            "seconds": time.perf_counter() - t, "lines": lines})
+    raise SystemExit(f"benchmarks.{args[0]} failed (exit {p.returncode}); nothing recorded.")
+  _record(bench_key(args), {**measured, "command": " ".join(command), "seconds": time.perf_counter() - t,
+                            "lines": lines})
 
 
 def suite() -> None:
@@ -212,16 +214,14 @@ def suite() -> None:
 
 
 def device(path: str, command: str) -> None:
-  """An accelerator run's record (`accelerator.py --json`), or the log of a
+  """An accelerator run's record (`benchmarks.accelerator --json`), or the log of a
   `benchmarks/gpu.sh` stage (a .txt file: block `device-NAME`), stamped with this
   checkout's commit (the code the run was sent with) and its device, into RESULTS."""
   if path.endswith(".txt"):
     return device_log(path, command)
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  import accelerator  # pylint: disable=g-import-not-at-top
   with open(path) as f:
     record = json.load(f)
-  measured = _measured(os.path.join("benchmarks", "accelerator.py"))
+  measured = _measured(BENCHMARKS)
   measured["machine"] = f"{record['devices']} x {record['device']} ({record['backend']}), jax {record['jax']}"
   _record("accelerator", {**measured, "command": command, "lines": accelerator.report_lines(record),
                           "record": record})
@@ -236,15 +236,15 @@ def device_log(path: str, command: str) -> None:
   jax_version = next((line.split()[1] for line in lines if line.startswith("jax ")), None)
   if not gpu or not jax_version:
     raise SystemExit(f"{path}: no 'NVIDIA ...' and 'jax X' environment lines (gpu.sh's first step).")
-  measured = _measured(os.path.join("benchmarks", "gpu.sh"), os.path.join("benchmarks", "cka_benchmark.py"))
+  measured = _measured(BENCHMARKS, os.path.join("benchmarks", "gpu.sh"))
   measured["machine"] = f"1 x {gpu}, jax {jax_version}"
   name = os.path.basename(path).removesuffix(".txt")
   _record(f"device-{name}", {**measured, "command": command, "lines": lines})
 
 
 def bench_key(args: list[str]) -> str:
-  """`paper_scale.py --groups 1,4` -> "bench-paper-scale-groups-1-4": its block's name."""
-  return "bench-" + re.sub(r"[^a-z0-9]+", "-", " ".join([args[0].removesuffix(".py"), *args[1:]]).lower()).strip("-")
+  """`paper_scale --groups 1,4` -> "bench-paper-scale-groups-1-4": its block's name."""
+  return "bench-" + re.sub(r"[^a-z0-9]+", "-", " ".join(args).lower()).strip("-")
 
 
 # --- the analyses' tables -------------------------------------------------------------
@@ -376,16 +376,16 @@ def main() -> int:
   parser.add_argument("command", choices=("all", "run", "collect", "real", "bench", "suite",
                                           "device", "write", "check"))
   parser.add_argument("workdir", nargs="?", default="workdir/readme_numbers",
-                      help="run, collect: the runs' folder; bench: the script; device: the record")
+                      help="run, collect: the runs' folder; bench: the benchmark's NAME; device: the record")
   parser.add_argument("script_args", nargs=argparse.REMAINDER,
-                      help="bench: the script's arguments; device: the command that ran it")
+                      help="bench: its arguments; device: the command that ran it")
   args = parser.parse_args()
   if args.command == "all":
     with open(RESULTS) as f:
       commands = [e["command"].split() for k, e in json.load(f).items() if k.startswith("bench-")]
     run(args.workdir)
-    for command in commands:
-      bench([command[0].removeprefix("benchmarks/"), *command[1:]])
+    for _, _, module, *rest in commands:  # python -m benchmarks.NAME ARGS
+      bench([module.removeprefix("benchmarks."), *rest])
   elif args.command == "run":
     run(args.workdir)
   elif args.command == "collect":
@@ -409,7 +409,7 @@ def main() -> int:
   if args.command == "check":
     if drifted:
       print(f"The marked blocks of {', '.join(drifted)} differ from {RESULTS}: run "
-            "`benchmarks/readme_numbers.py write` (or `run` to measure again).")
+            "`python -m benchmarks.readme_numbers write` (or `run` to measure again).")
       return 1
     print("The marked blocks of the README and docs/ match", RESULTS)
     return 0

@@ -20,14 +20,14 @@ at a tfds dataset (source, name, split, test_split, data_dir) and set
 import ml_collections
 
 from configs import common
-from vitcnn_jax.inputs import data as data_lib
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import zoo
 
 SWEEP_STEPS = 250  # each model of a demo sweep (5 of them in the skip ablation): ~1.5 min
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = common.parse_arg(arg, variant="vit_demo", steps=0, batch=128, data=data_lib.FASHION_MNIST_DIR,
+  arg = common.parse_arg(arg, variant="vit_demo", steps=0, batch=128, data=datasets.FASHION_MNIST_DIR,
                          no_skip=-1, fraction=1.0, subset_seed=0, init="")
   train = zoo.demo_training(arg.variant, arg.steps, arg.batch, arg.data)
   changes = dict(data_fraction=arg.fraction, subset_seed=arg.subset_seed, init=arg.init)

@@ -155,16 +155,16 @@ def compiled(model, params, images, **kw):
 
 @pytest.fixture(params=["cache-sized slices", "slices of a few features", "one dot"])
 def gram_path(request, monkeypatch):
-  """Each way a layer's Gram is made (`hsic._gram_parts`): the CPU's slices as
+  """Each way a layer's Gram is made (`grams._gram_parts`): the CPU's slices as
   configured (one slice for these small layers), slices of 2-5 features (the
   loop and its tail; each layer larger than a slice, so `scaled_layer` makes
   it as it is first), and one dot over the centred copy (GPU and TPU)."""
   import jax
-  from vitcnn_jax.similarity import hsic
+  from vitcnn_jax.similarity import grams
   if request.param == "slices of a few features":
-    monkeypatch.setattr(hsic, "CACHE_SLICE_BYTES", 4 * 16 * 3)  # 16 rows: 3 features a slice
+    monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", 4 * 16 * 3)  # 16 rows: 3 features a slice
   if request.param == "one dot":
-    monkeypatch.setattr(hsic, "SLICED_BACKENDS", ())
+    monkeypatch.setattr(grams, "SLICED_BACKENDS", ())
   jax.clear_caches()  # programs traced with the other path
   yield request.param
   jax.clear_caches()

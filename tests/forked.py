@@ -3,8 +3,8 @@ that has imported what main.py imports (multiprocessing's "forkserver"), and set
 its environment (the device count above all) before its JAX backend starts, as a
 new interpreter would. A new interpreter spends about 3.5 s importing; a forked one
 starts in a few hundredths of a second. `start(ARGV)` is `python ARGV` (a script
-and its arguments, or -c CODE and its arguments), returning at once (concurrent
-runs, kills); `run(ARGS)` is `python main.py ARGS` to its end."""
+and its arguments, -c CODE or -m MODULE and its arguments), returning at once
+(concurrent runs, kills); `run(ARGS)` is `python main.py ARGS` to its end."""
 
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ def _execute(argv: list[str]) -> None:
   if argv[0] == "-c":
     sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
     exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+  elif argv[0] == "-m":  # the current folder first on sys.path, the module's file as sys.argv[0]
+    sys.argv, sys.path[0] = list(argv[1:]), os.getcwd()
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
   else:
     sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
     import main  # pylint: disable=g-import-not-at-top  (preloaded)
@@ -121,7 +124,8 @@ class Child:
 
 def start(argv: list[str], env: dict[str, str], cwd: str) -> Child:
   """Like subprocess.Popen([python, *argv], env=env, cwd=cwd, stdout=PIPE, stderr=PIPE,
-  text=True): argv is [SCRIPT, *ARGS] (relative to `cwd`) or ["-c", CODE, *ARGS]."""
+  text=True): argv is [SCRIPT, *ARGS] (relative to `cwd`), ["-c", CODE, *ARGS] or
+  ["-m", MODULE, *ARGS]."""
   return Child(argv, env, cwd)
 
 

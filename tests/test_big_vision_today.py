@@ -93,12 +93,12 @@ def test_flexivit_patch_size_is_chosen_at_load(tmp_path, patch, size):
 def test_flexivit_resize_matches_the_same_patch_seen_larger():
   """FlexiViT's defining property: upsampling the patch by k and the kernel by
   the pinv resize gives the same token as the original patch and kernel."""
-  from vitcnn_jax.models.vit import google as vit_google  # noqa: PLC0415
+  from vitcnn_jax.models.vit import resize as vit_resize
   rng = np.random.default_rng(4)
   kernel = rng.standard_normal((4, 4, 3, 5))
   patch = rng.standard_normal((4, 4, 3))
   up = np.einsum("ij,jkc,lk->ilc", _tf_bilinear(4, 8), patch, _tf_bilinear(4, 8))
-  big = vit_google.resize_patch_embedding(kernel, (8, 8))
+  big = vit_resize.resize_patch_embedding(kernel, (8, 8))
   np.testing.assert_allclose(np.einsum("ijc,ijcd->d", up, big),
                              np.einsum("ijc,ijcd->d", patch, kernel), rtol=1e-9, atol=1e-9)
 

@@ -11,7 +11,7 @@ import upstream_files as uf
 from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax.models import BiT, Mixer, ViT
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 from vitcnn_jax.models.formats.base import CheckpointError
 
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
@@ -89,8 +89,8 @@ def test_a_new_reader_is_one_declaration_in_its_family(tmp_path, monkeypatch):
   c = checkpoints.load(toy)
   _, want = checkpoints.load_model(uf.save(tmp_path / "vit.npz", w))
   assert c.fmt == "toy_vit" and c.policy_from == "the evaluation of a toy_vit file's upstream"
-  for k, v in common.flatten(want).items():
-    np.testing.assert_array_equal(common.flatten(c.params)[k], v)
+  for k, v in param_trees.flatten(want).items():
+    np.testing.assert_array_equal(param_trees.flatten(c.params)[k], v)
   with pytest.raises(CheckpointError, match="unknown checkpoint format.*toy_vit"):
     checkpoints.load(uf.save(tmp_path / "other.npz", {"nothing/here": np.zeros(3, np.float32)}))
 
@@ -115,7 +115,7 @@ def test_two_readers_claiming_one_file_are_refused_unless_one_narrows_the_other(
 
 
 def _random_params(model, size):
-  return common.random_params(model, np.zeros((1, size, size, 3), np.float32), seed=1)
+  return param_trees.random_params(model, np.zeros((1, size, size, 3), np.float32), seed=1)
 
 
 ROUND_TRIP = [
@@ -139,7 +139,7 @@ def test_round_trip_identical_params(tmp_path, model, fmt):
   checkpoints.save(path, model, params, fmt)
   model2, params2 = checkpoints.load_model(path)
   assert model2 == model
-  flat, flat2 = common.flatten(params), common.flatten(params2)
+  flat, flat2 = param_trees.flatten(params), param_trees.flatten(params2)
   assert flat.keys() == flat2.keys()
   for k in flat:
     np.testing.assert_array_equal(np.asarray(flat[k]), np.asarray(flat2[k]), err_msg=k)

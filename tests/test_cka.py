@@ -8,17 +8,21 @@ import numpy as np
 import pytest
 
 from numerics import assert_close, cka_bound, likely, worst
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import linear_cka
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 
 # --- float64 NumPy reference, written from the formulas (Song et al. 2012) -----
 
 
 def hsic_matrix(acts, mask=None) -> np.ndarray:
-  """The library's HSIC matrix of one minibatch (`hsic.minibatch_sums`), float64
+  """The library's HSIC matrix of one minibatch (`hsic.activation_sums`), float64
   at the features' own scale."""
-  got = hsic.minibatch_sums([jnp.asarray(a) for a in acts], None if mask is None else jnp.asarray(mask))
-  return hsic.unscale(jax.device_get(got))["hsic"]
+  got = hsic.activation_sums([jnp.asarray(a) for a in acts], None if mask is None else jnp.asarray(mask))
+  return scales.unscale(jax.device_get(got), measures.SCALES)["hsic"]
 
 
 def np_hsic1(x: np.ndarray, y: np.ndarray) -> float:
@@ -72,16 +76,16 @@ def test_reference_values(demo_data):
   assert abs(np_hsic1(x, y) - 9.895955787) <= 5e-10
   # Ours (float32) agrees with it within the arithmetic's bound.
   bound = cka_bound(100, 10)
-  assert_close(hsic.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "linear CKA")
-  assert abs(hsic.linear_cka(x, y) - 0.55761) <= 5e-6 + bound
-  assert abs(hsic.linear_cka(x, y, debiased=True) - 0.51346) <= 5e-6 + bound
+  assert_close(linear_cka.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "linear CKA")
+  assert abs(linear_cka.linear_cka(x, y) - 0.55761) <= 5e-6 + bound
+  assert abs(linear_cka.linear_cka(x, y, debiased=True) - 0.51346) <= 5e-6 + bound
   hs = hsic_matrix([x.astype(np.float32), y.astype(np.float32)])[0, 1]
   assert_close(hs / np_hsic1(x, y), 1.0, cka_bound(100, 10), "HSIC1, relative")
 
 
 def test_minibatch_reference_value(demo_data):
   x, y = demo_data
-  m = hsic.MinibatchCKA(["x"], ["y"])
+  m = linear_cka.MinibatchCKA(["x"], ["y"])
   for i in range(10):
     m.update({"x": x[i * 10:(i + 1) * 10]}, {"y": y[i * 10:(i + 1) * 10]})
   r = m.result()
@@ -111,7 +115,7 @@ def test_minibatch_matches_float64_numpy_all_pairs_unequal_batches(gram_path):
   batches_x = [_layers(rng, n) for n in sizes]
   batches_y = [{k + "y": v[:, ::-1] ** 2 + 0.5 * v for k, v in b.items() if k != "c"} for b in batches_x]
   names_x, names_y = list(batches_x[0]), list(batches_y[0])
-  m = hsic.MinibatchCKA(names_x, names_y)
+  m = linear_cka.MinibatchCKA(names_x, names_y)
   for bx, by in zip(batches_x, batches_y):
     m.update({k: v.astype(np.float32) for k, v in bx.items()},
              {k: v.astype(np.float32) for k, v in by.items()})
@@ -138,12 +142,12 @@ def test_stacked_layers_equal_the_same_layers_one_by_one(gram_path):
             (big * rng.standard_normal((3, 16, 3, 2)) + 0.5).astype(np.float32)]
   layers = [a for s in stacks for a in s]
   got = jax.device_get(hsic.stacked_sums([jnp.asarray(s) for s in stacks], jnp.asarray(mask)))
-  want = jax.device_get(hsic.minibatch_sums([jnp.asarray(a) for a in layers], jnp.asarray(mask)))
+  want = jax.device_get(hsic.activation_sums([jnp.asarray(a) for a in layers], jnp.asarray(mask)))
   np.testing.assert_array_equal(got["log2_scale"], want["log2_scale"])  # exponents from the same bits
   assert want["log2_scale"][5] > 60  # the layer at 1e20 was scaled apart from the others
-  got, want = hsic.unscale(got), hsic.unscale(want)
+  got, want = scales.unscale(got, measures.SCALES), scales.unscale(want, measures.SCALES)
   names = [str(i) for i in range(len(layers))]
-  cka = lambda s: hsic.cka_from_hsic(s["hsic"], names, s["moments"] / 13)
+  cka = lambda s: linear_cka.cka_from_hsic(s["hsic"], names, s["moments"] / 13)
   # Two float32 computations of the same sums (batched and one by one), on the CKA scale.
   assert_close(cka(got), cka(want), 2 * cka_bound(13, 6), "stacked vs one by one")
   assert_close(got["moments"] / want["moments"], 1.0, 2 * worst(6), "fourth moments, relative")
@@ -166,16 +170,16 @@ def test_full_batch_matches_numpy_and_invariances():
   x = rng.standard_normal((50, 30))
   y = x @ rng.standard_normal((30, 12)) + rng.standard_normal((50, 12))
   bound = cka_bound(50, 30)
-  assert_close(hsic.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "full batch")
+  assert_close(linear_cka.linear_cka(x, y), np_linear_cka_biased(x, y), bound, "full batch")
   q, _ = np.linalg.qr(rng.standard_normal((30, 30)))
   for f in (lambda v: v @ q, lambda v: 7.5 * v):  # both sides float32: twice the bound
-    assert_close(hsic.linear_cka(f(x), y), hsic.linear_cka(x, y), 2 * bound, "invariance")
-    assert_close(hsic.linear_cka(f(x), y, debiased=True), hsic.linear_cka(x, y, debiased=True),
+    assert_close(linear_cka.linear_cka(f(x), y), linear_cka.linear_cka(x, y), 2 * bound, "invariance")
+    assert_close(linear_cka.linear_cka(f(x), y, debiased=True), linear_cka.linear_cka(x, y, debiased=True),
                  2 * bound, "invariance, debiased")
   # The same dot over its own square root: a product, a sqrt and a division.
-  assert_close(hsic.linear_cka(x, x), 1.0, worst(3), "self")
-  assert_close(hsic.linear_cka(x, x, debiased=True), 1.0, worst(3), "self, debiased")
-  m = hsic.MinibatchCKA(["x", "xq", "xs"])
+  assert_close(linear_cka.linear_cka(x, x), 1.0, worst(3), "self")
+  assert_close(linear_cka.linear_cka(x, x, debiased=True), 1.0, worst(3), "self, debiased")
+  m = linear_cka.MinibatchCKA(["x", "xq", "xs"])
   for i in range(5):
     xb = x[i * 10:(i + 1) * 10].astype(np.float32)
     m.update({"x": xb, "xq": xb @ q.astype(np.float32), "xs": 3 * xb})
@@ -185,14 +189,14 @@ def test_full_batch_matches_numpy_and_invariances():
 
 def test_independent_data_is_near_zero_unbiased():
   rng = np.random.default_rng(3)
-  m = hsic.MinibatchCKA(["x"], ["y"])
+  m = linear_cka.MinibatchCKA(["x"], ["y"])
   for _ in range(20):
     m.update({"x": rng.standard_normal((64, 32))}, {"y": rng.standard_normal((64, 32))})
   assert abs(float(m.result().xy[0, 0])) < 0.02
 
 
 def test_errors_name_the_layer_and_the_batch():
-  m = hsic.MinibatchCKA(["good", "flat"])
+  m = linear_cka.MinibatchCKA(["good", "flat"])
   with pytest.raises(ValueError, match="batch of 3 examples.*at least 4"):
     m.update({"good": np.ones((3, 2)), "flat": np.ones((3, 2))})
   with pytest.raises(KeyError, match=r"lacks layer\(s\) \['flat'\]"):
@@ -208,9 +212,9 @@ def test_errors_name_the_layer_and_the_batch():
   bad = np.eye(2)
   bad[1, 1] = np.nan
   with pytest.raises(FloatingPointError, match="layer 'b'.*NaN"):
-    hsic.cka_from_hsic(bad, ["a", "b"])
+    linear_cka.cka_from_hsic(bad, ["a", "b"])
   with pytest.raises(ValueError, match="needs at least 4"):
-    hsic.linear_cka(np.ones((3, 2)), np.ones((3, 2)), debiased=True)
+    linear_cka.linear_cka(np.ones((3, 2)), np.ones((3, 2)), debiased=True)
 
 
 def test_float32_accuracy_with_a_large_feature_offset(gram_path):
@@ -225,10 +229,11 @@ def test_float32_accuracy_with_a_large_feature_offset(gram_path):
   xs, ys = x.astype(np.float64), y.astype(np.float64)
   ref = np_minibatch_cka([xs - xs.mean(0)], [ys - ys.mean(0)])
   bound = cka_bound(n, d)
-  m = hsic.MinibatchCKA(["x"], ["y"])
+  m = linear_cka.MinibatchCKA(["x"], ["y"])
   m.update({"x": x}, {"y": y})
   assert_close(m.result().xy[0, 0], ref, bound, "centred Gram, offset 1000")
   # The test can tell: the uncentred float32 Gram misses by far more than the bound.
-  k, l = (hsic.center_unbiased(jnp.matmul(a, a.T, precision=hsic.HIGHEST)) for a in (x, y))
-  plain = float(hsic._dot(k, l) / jnp.sqrt(hsic._dot(k, k) * hsic._dot(l, l)))
+  k, l = (grams.center_unbiased(jnp.matmul(a, a.T, precision=grams.HIGHEST)) for a in (x, y))
+  dot = lambda a, b: jnp.vdot(a.ravel(), b.ravel(), precision=grams.HIGHEST)
+  plain = float(dot(k, l) / jnp.sqrt(dot(k, k) * dot(l, l)))
   assert abs(plain - ref) > 100 * bound, (plain, ref, bound)

@@ -280,10 +280,10 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   small for any group names the largest minibatch that fits. Each block's output
   only: the planner compiles a step per group it tries, so the smallest step."""
   from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.run import driver  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.run import loading  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.run import memory  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
   config = cka_vit_resnet.get_config(f"examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = tiny_vit_bit
   config.models.resnet.overrides.resolution = 32

@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 
 from vitcnn_jax.inputs import data
+
+from vitcnn_jax.inputs import datasets
+
+from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.inputs import zoo
-from vitcnn_jax.inputs.data import FolderSource, IdxSource, SyntheticSource
+from vitcnn_jax.inputs.data import SyntheticSource
+from vitcnn_jax.inputs.datasets import IdxSource
+from vitcnn_jax.inputs.folders import FolderSource
 from vitcnn_jax.run import loading
 from vitcnn_jax.run import pipeline
 
@@ -59,7 +65,7 @@ def test_idx_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte.*'t10k'"):
     IdxSource(str(tmp_path), "train")
   with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-    IdxSource(data.FASHION_MNIST_DIR, "nosplit")
+    IdxSource(datasets.FASHION_MNIST_DIR, "nosplit")
   images, labels = striped(10)
   write_idx(tmp_path, "train", images, labels, gz=False)
   path = tmp_path / "train-images-idx3-ubyte"
@@ -113,8 +119,8 @@ def test_flat_folder_with_a_labels_file(tmp_path):
 def test_imagenet_validation_labels_bundled_with_tfds():
   """The flat ILSVRC2012 validation folder gets tfds's own labels (no TensorFlow)."""
   names = [f"ILSVRC2012_val_{i:08d}.JPEG" for i in range(1, 50_001)]
-  text = data.read_labels(data.imagenet_validation_labels(), names)
-  ids = data.label_ids(text)
+  text = folders.read_labels(folders.imagenet_validation_labels(), names)
+  ids = folders.label_ids(text)
   assert text[0] == "n01751748" and ids[0] == 65  # the first validation image: a sea snake
   import tensorflow_datasets as tfds
   builder = tfds.builder("imagenet2012")
@@ -148,12 +154,12 @@ def test_tfds_array_record_prepared_without_tensorflow(tmp_path):
   assert sorted(keys) == list(range(tiny.NUM_EXAMPLES))
   assert src.labels(range(len(src))).tolist() == [k % 3 for k in keys]
   with pytest.raises(KeyError, match="no split 'train'.*'test'"):
-    data.TfdsSource("tiny_tfds", "train", str(tmp_path))
+    datasets.TfdsSource("tiny_tfds", "train", str(tmp_path))
 
 
 def test_tfds_missing_dataset_says_how_to_prepare(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"not prepared.*tfds build imagenet2012 --file_format=array_record"):
-    data.TfdsSource("imagenet2012", "validation", str(tmp_path))
+    datasets.TfdsSource("imagenet2012", "validation", str(tmp_path))
   assert not (tmp_path / "downloads").exists()  # nothing started downloading
 
 
@@ -215,9 +221,9 @@ def test_each_process_loads_only_its_devices_minibatches(monkeypatch):
 
 def test_real_fashion_mnist_from_debian():
   """The offline dataset the demo uses (installed by `make test` / `make demo`)."""
-  if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
+  if not os.path.isdir(datasets.FASHION_MNIST_DIR) and not os.environ.get("CI"):
     pytest.skip("dataset-fashion-mnist is not installed")
-  train, test = IdxSource(data.FASHION_MNIST_DIR, "train"), IdxSource(data.FASHION_MNIST_DIR, "t10k")
+  train, test = IdxSource(datasets.FASHION_MNIST_DIR, "train"), IdxSource(datasets.FASHION_MNIST_DIR, "t10k")
   assert (len(train), len(test), train.num_classes) == (60000, 10000, 10)
   assert np.bincount(train.labels(range(60000))).tolist() == [6000] * 10
   assert train.images([0])[0].shape == (28, 28)
@@ -228,7 +234,7 @@ def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path
   rng = np.random.default_rng(0)
   for i, shape in enumerate([(100, 150), (120, 90), (64, 64)]):
     Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.png")
-  s = data.PhotoCrops(str(tmp_path), 40, size=32, seed=1)
+  s = folders.PhotoCrops(str(tmp_path), 40, size=32, seed=1)
   assert (len(s), s.num_classes) == (40, 3) and data.labels_are(s) == "photographs"
   np.testing.assert_array_equal(s.labels(range(7)), [0, 1, 2, 0, 1, 2, 0])
   a, b = s.images([4, 4])
@@ -239,7 +245,7 @@ def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path
   ref = [np.clip(np.round(preprocess.resize(c, (32, 32), "area")), 0, 255) for c in cols]
   assert any((s.images([0])[0] == r).all() for r in ref)
   assert not (s.images([3])[0] == s.images([0])[0]).all()  # another scale of the same photograph
-  assert data.PhotoCrops(str(tmp_path), 40, size=32, seed=2).identity != s.identity
+  assert folders.PhotoCrops(str(tmp_path), 40, size=32, seed=2).identity != s.identity
   with pytest.raises(IndexError, match="out of range"):
     s.images([40])
 
@@ -253,7 +259,7 @@ def test_photo_crops_of_class_folders_are_labelled_by_class(tmp_path):
     (tmp_path / c).mkdir()
     for i in range(count):
       Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
-  s = data.PhotoCrops(str(tmp_path), 20, size=16)
+  s = folders.PhotoCrops(str(tmp_path), 20, size=16)
   assert s.num_classes == 2 and "5 photographs in 2 classes" in s.name and data.labels_are(s) == "classes"
   np.testing.assert_array_equal(s.labels(range(7)), [0, 0, 1, 1, 1, 0, 0])
   cfg = zoo.data_spec("photos", num_examples=20, path=str(tmp_path), crop=16)  # --config.data.path=DIR
@@ -271,7 +277,7 @@ def test_a_photograph_too_small_to_crop_is_named(tmp_path):
   rng = np.random.default_rng(0)
   Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(tmp_path / "big.png")
   Image.fromarray(rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)).save(tmp_path / "tiny.png")
-  s = data.PhotoCrops(str(tmp_path), 4, size=32)
+  s = folders.PhotoCrops(str(tmp_path), 4, size=32)
   assert s.images([0])[0].shape == (32, 32, 3)  # big.png
   with pytest.raises(ValueError, match=r"tiny\.png: a photograph of 3x3 px; crops need its shorter side at least 4"):
     s.images([1])

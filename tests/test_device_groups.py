@@ -13,7 +13,11 @@ from numerics import assert_close, cka_bound, likely, worst
 from test_cka import np_hsic1
 from vitcnn_jax.run import memory
 from vitcnn_jax.run import parallel
+from vitcnn_jax.similarity import device_ring
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 N = 64  # the estimator's minibatch
 SIZES = (64, 64, 40)  # the last minibatch is shorter: its rows end in padding
@@ -36,7 +40,7 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int, stacked:
 
   def local(m, *a):
     where = (m, parallel.AXES, parallel.GROUP if group > 1 else None)
-    out = hsic.stacked_sums([jnp.stack(a)], *where) if stacked else hsic.minibatch_sums(list(a), *where)
+    out = hsic.stacked_sums([jnp.stack(a)], *where) if stacked else hsic.activation_sums(list(a), *where)
     return {k: (jax.lax.pmax(v, parallel.AXES) if k == "log2_scale" else jax.lax.psum(v, parallel.AXES))
             for k, v in out.items()}
 
@@ -47,7 +51,7 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int, stacked:
   total = 0.0
   for s in range(steps):
     rows = slice(s * per_step, (s + 1) * per_step)
-    total = total + hsic.unscale(jax.device_get(f(mask[rows], *[a[rows] for a in acts])))["hsic"]
+    total = total + scales.unscale(jax.device_get(f(mask[rows], *[a[rows] for a in acts])), measures.SCALES)["hsic"]
   return total
 
 
@@ -55,7 +59,7 @@ def _grouped_hsic(acts: list[np.ndarray], mask: np.ndarray, group: int, stacked:
 @pytest.mark.parametrize("chunk", ["whole layers", "feature slices"])
 def test_a_minibatch_spread_over_devices_equals_one_device_holding_it(group, chunk, monkeypatch):
   if chunk == "feature slices":  # slices of 7 features: the loop and a shorter tail
-    monkeypatch.setattr(hsic, "GROUP_SLICE_BYTES", 4 * (N // group) * 7)
+    monkeypatch.setattr(device_ring, "GROUP_SLICE_BYTES", 4 * (N // group) * 7)
   rng = np.random.default_rng(0)
   acts = _layers(rng, N * len(SIZES))
   mask = np.concatenate([(np.arange(N) < n).astype(np.float32) for n in SIZES])
@@ -102,8 +106,8 @@ def test_grouped_moments_add_up_to_the_minibatch_ones():
   mesh = parallel.mesh(4)
 
   def local(m, *a):
-    out = hsic.minibatch_sums(list(a), m, parallel.AXES, parallel.GROUP)
-    return jax.lax.psum(out["moments"] * hsic.pow2(4 * out["log2_scale"]), parallel.AXES)
+    out = hsic.activation_sums(list(a), m, parallel.AXES, parallel.GROUP)
+    return jax.lax.psum(out["moments"] * grams.pow2(4 * out["log2_scale"]), parallel.AXES)
 
   f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(parallel.AXES), out_specs=P()))
   got = np.asarray(f(mask, *acts), np.float64)
@@ -171,8 +175,7 @@ def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatc
   """A 16 GiB device's own figure, config.device_memory_gib=16 and paper_scale's
   PLAN for 16 GiB give one limit, with the planner's headroom: a step of 14.5 GiB
   does not fit (it did in the benchmark's plans, compared with the full 16)."""
-  monkeypatch.syspath_prepend(f"{ROOT}/benchmarks")
-  import paper_scale  # noqa: PLC0415
+  from benchmarks import paper_scale
 
   class Device:
     def memory_stats(self):
@@ -194,17 +197,17 @@ def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatc
 CPU_UNSUPPORTED = {"bf16_9x", "tf32_3x"}
 
 
-@pytest.mark.parametrize("name", sorted(hsic.GRAM_PRECISIONS))
+@pytest.mark.parametrize("name", sorted(grams.GRAM_PRECISIONS))
 def test_each_gram_precision_against_float64(name):
   rng = np.random.default_rng(2)
   acts = _layers(rng, N)
-  sums = jax.jit(lambda *a: hsic.minibatch_sums(list(a), precision=hsic.gram_precision(name)))
+  sums = jax.jit(lambda *a: hsic.activation_sums(list(a), precision=grams.gram_precision(name)))
   if jax.default_backend() == "cpu" and name in CPU_UNSUPPORTED:
     with pytest.raises(Exception, match="not supported"):
       sums(*acts)
     return
   want = np.asarray([[np_hsic1(a, b) for b in acts] for a in acts])
-  got = hsic.unscale(jax.device_get(sums(*acts)))["hsic"]
+  got = scales.unscale(jax.device_get(sums(*acts)), measures.SCALES)["hsic"]
   scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
   err = assert_close(got / scale, want / scale, cka_bound(N, 30),
                      f"gram_precision={name} on {jax.default_backend()}")
@@ -212,11 +215,11 @@ def test_each_gram_precision_against_float64(name):
 
 
 def test_auto_precision_per_backend_and_bad_names():
-  assert hsic.gram_precision("auto", "cpu") == jax.lax.Precision.HIGHEST
-  assert hsic.gram_precision("auto", "tpu") == jax.lax.Precision.HIGHEST
-  assert hsic.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
+  assert grams.gram_precision("auto", "cpu") == jax.lax.Precision.HIGHEST
+  assert grams.gram_precision("auto", "tpu") == jax.lax.Precision.HIGHEST
+  assert grams.gram_precision("auto", "gpu") == jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6
   with pytest.raises(ValueError, match="'fp16' is not one of"):
-    hsic.gram_precision("fp16")
+    grams.gram_precision("fp16")
 
 
 def test_grouped_steps_are_kept_out_of_the_persistent_cache_on_cpu():

@@ -28,9 +28,10 @@ import numpy as np
 import reference_measures as ref
 from numerics import U32, assert_close, likely, worst
 from test_subspaces import np_gulp_squared
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import kernels
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 N = 32
 CLOSE = 1e-3  # y = x + CLOSE * noise
@@ -46,8 +47,8 @@ def _values(acts, spec: measures.Spec, key: int = 0, null: bool = False) -> dict
   """`measures.values` of one minibatch of every row of `acts` (float32)."""
   n = len(acts[0])
   fn = jax.jit(functools.partial(measures.minibatch_sums, spec=spec))
-  sums = hsic.unscale(jax.device_get(fn([np.asarray(a, np.float32) for a in acts], np.ones(n, np.float32),
-                                        key=jax.random.PRNGKey(key))))
+  sums = scales.unscale(jax.device_get(fn([np.asarray(a, np.float32) for a in acts], np.ones(n, np.float32),
+                                        key=jax.random.PRNGKey(key))), measures.SCALES)
   return measures.values(sums, [str(i) for i in range(len(acts))], spec, n, null=null)
 
 
@@ -99,7 +100,7 @@ def test_rsm_difference_is_zero_on_itself_and_exact_for_close_layers_and_repeate
   spec = measures.Spec(("rsm_difference",))
   got = _values([x, x, y, xr, yr], spec)["rsm_difference"]
   _assert_zero_on_itself(got, 0.0, "rsm_difference")  # the same distances, subtracted
-  lay = jax.jit(hsic.scaled_layer)(xr.astype(np.float32), np.ones(N, np.float32))
+  lay = jax.jit(grams.scaled_layer)(xr.astype(np.float32), np.ones(N, np.float32))
   assert np.all(np.asarray(kernels.distances(lay.gram, np.ones(N)))[np.arange(4), N - 4 + np.arange(4)] == 0)
   for (i, j), (a, b) in {(0, 2): (x, y), (3, 4): (xr, yr), (2, 0): (y, x)}.items():
     want = ref.rsm_difference([a], [b])

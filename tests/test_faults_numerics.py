@@ -10,13 +10,18 @@ from numerics import assert_close, cka_bound, worst
 from test_cka import hsic_matrix
 from vitcnn_jax import jobs
 from vitcnn_jax.inputs import zoo
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import layer_checks
+from vitcnn_jax.similarity import linear_cka
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 
 def test_identical_images_make_a_constant_layer_an_error_not_cka_one():
   rng = np.random.default_rng(0)
   same = np.repeat(rng.standard_normal((1, 64)).astype(np.float32) * 10 + 3, 16, axis=0)
-  m = hsic.MinibatchCKA(["varied", "constant"])
+  m = linear_cka.MinibatchCKA(["varied", "constant"])
   m.update({"varied": rng.standard_normal((16, 64)).astype(np.float32), "constant": same})
   assert abs(float(hsic_matrix([same])[0, 0])) < 1e-20  # rounding, not zero
   with pytest.raises(FloatingPointError, match=r"layer 'constant' is constant over the examples"
@@ -29,14 +34,14 @@ def test_a_small_but_real_variation_is_not_mistaken_for_a_constant():
   offset keeps its CKA (the threshold sits far below any real layer)."""
   rng = np.random.default_rng(1)
   base = rng.standard_normal((16, 32)).astype(np.float32)
-  m = hsic.MinibatchCKA(["a", "b"])
+  m = linear_cka.MinibatchCKA(["a", "b"])
   m.update({"a": base, "b": (1000.0 + 0.1 * base).astype(np.float32)})
   assert m.result().xx[0, 1] > 0.99
 
 
 def test_an_all_zero_hsic_says_nothing_was_processed():
   with pytest.raises(FloatingPointError, match="no minibatch of at least 4 examples"):
-    hsic.cka_from_hsic(np.zeros((2, 2)), ["a", "b"])
+    linear_cka.cka_from_hsic(np.zeros((2, 2)), ["a", "b"])
 
 
 def test_the_cka_job_on_identical_images_fails_naming_the_layer(tmp_path):
@@ -62,13 +67,13 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
   rng = np.random.default_rng(2)
   x = rng.standard_normal((32, 40)).astype(np.float32)
   y = (x @ rng.standard_normal((40, 24)) + rng.standard_normal((32, 24))).astype(np.float32)
-  want = hsic.linear_cka(x, y)
+  want = linear_cka.linear_cka(x, y)
   assert 0.3 < want < 0.99
   # Scaling by a power of two is exact; 1e15 moves each entry by one rounding.
-  tol = 4 * hsic.U32 * 40 if scale in (1e15, 1e-15) else 0.0
-  assert abs(hsic.linear_cka(x * np.float32(scale), y) - want) <= tol + 1e-12
-  big = hsic.MinibatchCKA(["x", "y"])
-  ref = hsic.MinibatchCKA(["x", "y"])
+  tol = 4 * layer_checks.U32 * 40 if scale in (1e15, 1e-15) else 0.0
+  assert abs(linear_cka.linear_cka(x * np.float32(scale), y) - want) <= tol + 1e-12
+  big = linear_cka.MinibatchCKA(["x", "y"])
+  ref = linear_cka.MinibatchCKA(["x", "y"])
   for i in (0, 16):
     big.update({"x": x[i:i + 16] * np.float32(scale), "y": y[i:i + 16]})
     ref.update({"x": x[i:i + 16], "y": y[i:i + 16]})
@@ -77,14 +82,14 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
 
 def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_path):
   """The same features times 2^100 (whose Gram, made as they are, would overflow),
-  along each way a layer is scaled (`hsic.scaled_layer`: scaled first when it
+  along each way a layer is scaled (`grams.scaled_layer`: scaled first when it
   fits a cache slice, else made as it is and remade): power-of-two scaling is
   exact, so both give the same bits once unscaled."""
   import jax
   x = np.random.default_rng(5).standard_normal((12, 3, 7)).astype(np.float32) * 3 + 1
   mask = np.ones(12, np.float32)
   mask[9:] = 0
-  got = [jax.device_get(jax.jit(hsic.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
+  got = [jax.device_get(jax.jit(grams.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
   (g0, m0, e0), (g1, m1, e1) = got
   assert e1 - e0 > 40  # the branches differ in exponent, so this compares them
   assert np.array_equal(np.ldexp(g0.astype(np.float64), 2 * int(e0)),
@@ -106,12 +111,12 @@ def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite(slice_b
   as a layer that fits a cache slice, or after its Gram made as it is (any
   larger layer)."""
   if slice_bytes:
-    monkeypatch.setattr(hsic, "CACHE_SLICE_BYTES", slice_bytes)
+    monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", slice_bytes)
   x = np.stack([np.full(8, 2.0 ** 60), np.arange(8) % 3], axis=1).astype(np.float32)
-  got = hsic.unscale({k: np.asarray(v) for k, v in hsic.minibatch_sums([x]).items()})
+  got = scales.unscale({k: np.asarray(v) for k, v in hsic.activation_sums([x]).items()}, measures.SCALES)
   want = 8 * np.sum(x.astype(np.float64).mean(0) ** 4)
   assert np.isfinite(got["moments"]).all()
-  assert abs(got["moments"][0] / want - 1) < 8 * hsic.U32
+  assert abs(got["moments"][0] / want - 1) < 8 * layer_checks.U32
 
 
 def test_linear_cka_refuses_nan_one_example_and_constants():
@@ -119,11 +124,11 @@ def test_linear_cka_refuses_nan_one_example_and_constants():
   bad = x.copy()
   bad[2, 3] = np.nan
   with pytest.raises(ValueError, match="x holds 1 NaN or inf values"):
-    hsic.linear_cka(bad, x)
+    linear_cka.linear_cka(bad, x)
   with pytest.raises(ValueError, match="needs at least 2 examples, got 1"):
-    hsic.linear_cka(x[:1], x[:1])
+    linear_cka.linear_cka(x[:1], x[:1])
   with pytest.raises(FloatingPointError, match="y is constant over the examples"):
-    hsic.linear_cka(x, np.repeat(x[:1], 8, axis=0))
+    linear_cka.linear_cka(x, np.repeat(x[:1], 8, axis=0))
 
 
 def test_devices_with_different_scales_share_exponents_exactly():
@@ -140,14 +145,14 @@ def test_devices_with_different_scales_share_exponents_exactly():
   y = rng.standard_normal((n_dev, 8, 12)).astype(np.float32)
 
   def local(a, b):
-    out = hsic.minibatch_sums([a, b], None, parallel.AXIS)
+    out = hsic.activation_sums([a, b], None, parallel.AXIS)
     return {k: (jax.lax.pmax(v, parallel.AXIS) if k == "log2_scale" else jax.lax.psum(v, parallel.AXIS))
             for k, v in out.items()}
 
   f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(parallel.AXIS), P(parallel.AXIS)),
                             out_specs=P()))
-  got = hsic.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))))
-  want = sum(hsic.unscale(jax.device_get(hsic.minibatch_sums([x[d], y[d]])))["hsic"]
+  got = scales.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))), measures.SCALES)
+  want = sum(scales.unscale(jax.device_get(hsic.activation_sums([x[d], y[d]])), measures.SCALES)["hsic"]
              for d in range(n_dev))
   scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
   # Each device's term: two float32 compilations of one HSIC (cka_bound relative to

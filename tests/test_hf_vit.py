@@ -204,13 +204,13 @@ def test_without_config_json_the_defaults_are_assumed_and_said(folders, tmp_path
 
 def test_config_json_defaults_are_transformers_own():
   """Keys a config.json leaves out take the config class's defaults: ours are those."""
-  from vitcnn_jax.models.vit import transformers as vit_transformers  # noqa: PLC0415
+  from vitcnn_jax.models.vit import transformers_layouts
   classes = {"hf_vit": T.ViTConfig, "hf_dinov2": T.Dinov2Config, "hf_clip": T.CLIPVisionConfig,
              "hf_siglip": T.SiglipVisionConfig, "hf_siglip2": T.Siglip2VisionConfig,
              "hf_dinov3": T.DINOv3ViTConfig}
   for fmt, cls in classes.items():
     config = cls()
-    for key, value in vit_transformers._LAYOUTS[fmt].defaults.items():  # pylint: disable=protected-access
+    for key, value in transformers_layouts.LAYOUTS[fmt].defaults.items():
       assert getattr(config, key) == value, (fmt, key)
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from test_measures import _data
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import layer_checks
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 # Every measure but linear CKA (which `test_faults_numerics` covers): one spec, one compile.
 OTHERS = measures.Spec(tuple(m for m in measures.NAMES if m != "linear_cka"), cca_dims=3, knn_k=3)
@@ -29,7 +30,8 @@ def _values(odd: np.ndarray) -> dict[str, np.ndarray]:
   """Every measure of two varied layers and `odd`, over one minibatch of N rows."""
   x, y, _ = _data(n=N)
   acts = [a.astype(np.float32) for a in (x, y, odd)]
-  sums = hsic.unscale(jax.device_get(_step()(acts, np.ones(N, np.float32), key=jax.random.PRNGKey(0))))
+  got = jax.device_get(_step()(acts, np.ones(N, np.float32), key=jax.random.PRNGKey(0)))
+  sums = scales.unscale(got, measures.SCALES)
   return measures.values({k: np.asarray(v, np.float64) for k, v in sums.items()}, NAMES, OTHERS, N)
 
 
@@ -84,7 +86,7 @@ def test_the_real_pair_s_canonical_correlations_are_finite_and_exact():
   m = np.load(os.path.join(os.path.dirname(__file__), "real_pair_cca_product.npy"))
   u, s, vt = jax.jit(subspaces.svd)(m[None])
   want = np.linalg.svd(m.astype(np.float64), compute_uv=False)
-  bound = 4 * len(m) * hsic.U32 * want[0]
+  bound = 4 * len(m) * layer_checks.U32 * want[0]
   assert np.abs(np.asarray(s[0], np.float64) - want).max() <= bound
   assert np.abs((np.asarray(u[0], np.float64) * np.asarray(s[0])) @ np.asarray(vt[0]) - m).max() <= bound
   w = np.ones((1, len(m)), np.float32)  # every component kept, equal weights: PWCCA is mean CCA

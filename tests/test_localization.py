@@ -16,6 +16,9 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import localization as loc
 from vitcnn_jax.inputs import data
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import linear_cka
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 
 def test_patches_are_row_major_tiles():
@@ -36,8 +39,8 @@ def test_token_equal_to_transformed_own_patch_gives_one_and_independent_near_zer
     tokens = np.stack([patches[:, 0] @ q, 2.5 * patches[:, 1],
                        rng.standard_normal((n, 12)), patches[:, 3] @ q], axis=1).astype(np.float32)
     sums = hsic.stacked_sums(loc.to_stacks(jnp.asarray(tokens), jnp.asarray(patches)))
-    hs = hs + hsic.unscale(jax.device_get(sums))["hsic"]
-  c = hsic.cka_from_hsic(hs, [str(i) for i in range(8)])[:4, 4:]
+    hs = hs + scales.unscale(jax.device_get(sums), measures.SCALES)["hsic"]
+  c = linear_cka.cka_from_hsic(hs, [str(i) for i in range(8)])[:4, 4:]
   # patches @ q in float64 then float32: one rounding of the token; then the CKA's own.
   assert_close([c[0, 0], c[1, 1], c[3, 3]], 1.0, cka_bound(n, 12) + likely(1), "own patch")
   assert abs(c[0, 1]) < 0.05 and abs(c[2, 2]) < 0.05  # other patch / independent token

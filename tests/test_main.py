@@ -42,15 +42,8 @@ def test_bad_config_field_is_named(tmp_path):
   assert r.returncode != 0 and "no field 'num_examples' that analysis 'cka' needs" in r.stderr
 
 
-def test_old_model_flags_name_the_new_field(tmp_path):
-  r = _main(f"--config={ROOT}/configs/cka_vit_resnet.py", f"--workdir={tmp_path}",
-            "--config.model_y.checkpoint=/x/bit.npz")
-  assert r.returncode != 0 and "use --config.models.resnet.checkpoint" in r.stderr
-
-
 def test_model_names_are_checked_against_the_analysis(tmp_path):
-  """Before any checkpoint is read: old fields, missing and unread names."""
-  import ml_collections
+  """Before any checkpoint is read: missing and unread names."""
   import pytest
   from configs import common, head_subsets, localization
   from vitcnn_jax import jobs
@@ -67,9 +60,6 @@ def test_model_names_are_checked_against_the_analysis(tmp_path):
   one.models.extra = common.model("/x.npz", ["**"], "extra")
   with pytest.raises(ValueError, match=r"has \['extra', 'vit'\]; this analysis reads 1 model under"):
     jobs.run(one, str(tmp_path))
-  config.model_x = ml_collections.ConfigDict(dict(checkpoint="/x.npz"))
-  with pytest.raises(ValueError, match="move this spec to config.models.vit"):
-    jobs.run(config, str(tmp_path))
 
 
 def _one_message(r, *expected: str) -> None:

@@ -13,9 +13,9 @@ import scipy.stats
 
 from numerics import assert_close, cka_bound, likely
 from vitcnn_jax.similarity import comparison
-from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import kernels
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 U32 = 2.0 ** -24
 
@@ -101,7 +101,8 @@ def _sums(acts, sizes, spec, pad: int = 16, key=None):
     n = rows.stop - rows.start
     padded = [np.concatenate([a[rows], np.full((pad - n, a.shape[1]), 5.0)]).astype(np.float32) for a in acts]
     mask = np.r_[np.ones(n), np.zeros(pad - n)].astype(np.float32)
-    got = hsic.unscale(jax.device_get(fn(padded, mask, key=jax.random.PRNGKey(i) if key is None else key)))
+    got = jax.device_get(fn(padded, mask, key=jax.random.PRNGKey(i) if key is None else key))
+    got = scales.unscale(got, measures.SCALES)
     total = {k: total.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
   return total
 
@@ -222,12 +223,12 @@ def test_the_null_is_the_measure_with_one_layer_permuted():
   order = np.asarray(measures.permutation(key, mask))
   assert sorted(order[:12]) == list(range(12)) and list(order[12:]) == [12, 13, 14, 15]
   padded = [np.concatenate([a[:12], np.full((4, a.shape[1]), 5.0)]).astype(np.float32) for a in acts]
-  got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
-      padded, mask, key=key)))
+  got = scales.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+      padded, mask, key=key)), measures.SCALES)
   plain = functools.partial(measures.minibatch_sums, spec=measures.Spec(spec.names, knn_k=3))
   for b in range(3):
     moved = [padded[0], padded[b][order]]
-    ref = hsic.unscale(jax.device_get(jax.jit(plain)(moved, mask)))
+    ref = scales.unscale(jax.device_get(jax.jit(plain)(moved, mask)), measures.SCALES)
     for key_ in ("hsic", "rbf_hsic", "knn", "cknna_hsic", "rsa"):
       scale = max(float(np.abs(ref[key_]).max()), 1e-30)
       assert_close(got[f"null/{key_}"][0, b], ref[key_][0, 1], 4 * cka_bound(12, 24) * scale,
@@ -250,9 +251,9 @@ def test_murphy_independent_features_unbiased_near_zero_biased_not():
   for n in (32, 64, 128, 256):
     d = 8 * n
     x, y = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((n, d)).astype(np.float32)
-    got = hsic.unscale(jax.device_get(jax.jit(functools.partial(
+    got = scales.unscale(jax.device_get(jax.jit(functools.partial(
         measures.minibatch_sums, spec=measures.Spec(("linear_cka",), estimator="biased")))(
-            [x, y], np.ones(n, np.float32))))
+            [x, y], np.ones(n, np.float32))), measures.SCALES)
     unbiased, biased = _normalised(got["hsic"])[0, 1], _normalised(got["hsic_biased"])[0, 1]
     # The unbiased estimate of an independent pair: mean 0, spread about sqrt(2) / n
     # for isotropic features; the biased one: about sqrt(d / (n + d)) ... well above.
@@ -274,8 +275,8 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
       total = {}
       for b in range(2):
         x, y = (rng.standard_normal((n, 4 * n)).astype(np.float32) for _ in range(2))
-        got = hsic.unscale(jax.device_get(fn([x, y], np.ones(n, np.float32),
-                                             key=jax.random.PRNGKey(10 * r + b))))
+        got = scales.unscale(jax.device_get(fn([x, y], np.ones(n, np.float32),
+                                             key=jax.random.PRNGKey(10 * r + b))), measures.SCALES)
         total = {k: total.get(k, 0.0) + np.asarray(v, np.float64) for k, v in got.items()}
       reps.append(measures.values(total, ["x", "y"], spec, 2 * n)["linear_cka"])
       nulls.append(measures.values(total, ["x", "y"], spec, 2 * n, null=True)["linear_cka"])

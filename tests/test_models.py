@@ -12,7 +12,9 @@ from numerics import (BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_clos
                       worst)
 from vitcnn_jax.models import BiT, Mixer, ViT, get_model
 from vitcnn_jax.models.bit import model as bit
-from vitcnn_jax.models.common import MIN_SCAN, Capture, matches, random_params
+from vitcnn_jax.models.blocks import MIN_SCAN
+from vitcnn_jax.models.capturing import Capture, matches
+from vitcnn_jax.models.param_trees import random_params
 from vitcnn_jax.models.vit import model as vit
 
 TINY_VIT = dict(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
@@ -248,12 +250,12 @@ def test_bad_images():
 def test_a_family_with_attention_names_it_in_its_attention_preset(family):
   """The attention analyses capture the preset "attention" by default: a family
   whose anatomy has attention layers has it, matching every layer's weights."""
-  from vitcnn_jax.models import FAMILIES, common  # noqa: PLC0415
+  from vitcnn_jax.models import FAMILIES
   model = FAMILIES[family].module()
   layers = model.attention()
   assert ("attention" in model.layer_presets) == bool(layers), family
   for layer in layers:
-    assert common.matches(layer.weights, model.layer_presets["attention"]), (family, layer.weights)
+    assert matches(layer.weights, model.layer_presets["attention"]), (family, layer.weights)
 
 
 def _dots(jaxpr) -> int:
@@ -271,13 +273,13 @@ def _dots(jaxpr) -> int:
 @pytest.mark.parametrize("family", ["vit", "bit", "resnet", "mixer"])
 def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   """A ViT's and a Mixer's blocks, and the units after each stage's first of a BiT
-  and a ResNet, are traced once (`common.run_blocks`): a deeper network has no
+  and a ResNet, are traced once (`blocks.run_blocks`): a deeper network has no
   more dots to compile. Captured alone, with the rest, or reduced where it is made
   (`Capture.reduce`), every point has its value and the network's order; points
   wanted by some blocks only split the scan, and the logits stay bit-equal."""
-  from vitcnn_jax.similarity import hsic  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.models import representations  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.models import ResNet  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.similarity import grams
   make = {"vit": lambda d: ViT(**{**TINY_VIT, "depth": d}),
           "bit": lambda d: BiT(num_classes=5, width=0.5, depth=(1, d + 1)),  # d units after the first
           "resnet": lambda d: ResNet(num_classes=5, depth=(1, d + 1), widths=(8, 16), stem_width=8,
@@ -310,8 +312,8 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   rel = network({"vit": VIT_ROUNDINGS, "mixer": MIXER_ROUNDINGS}.get(family, BIT_ROUNDINGS))
   for k, v in [("logits", got_logits), *got.items()]:
     assert_close(v, logits if k == "logits" else full[k], rel * scale, k)
-  grams = Capture(None, reduce=hsic.scaled_layer)  # made inside the scan: arrays stacked, `features` static
-  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=grams))(params, x)
+  gram_capture = Capture(None, reduce=grams.scaled_layer)  # made inside the scan: arrays stacked, `features` static
+  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=gram_capture))(params, x)
   for k, v in full.items():
     lay = reduced[k]
     assert lay.features == int(np.prod(v.shape[1:])) and isinstance(lay.features, int), k

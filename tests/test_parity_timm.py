@@ -10,7 +10,7 @@ import upstream_files as uf
 from conftest import compiled
 from numerics import BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 
 # Logit tolerances relative to the largest logit: ours and timm's float32 forwards
 # differ by rounding alone (numerics.network).
@@ -179,7 +179,7 @@ def test_full_size_trees_by_shape(tmp_path):
   assert (model.width, model.depth, model.num_heads, model.mlp_dim, model.patch_size,
           model.image_size, model.pool) == (768, 12, 12, 3072, 16, 224, "token")
   assert params["pos_embedding"].shape == (1, 196, 768)
-  assert sum(np.size(v) for v in common.flatten(params).values()) == 86_567_656 - 768
+  assert sum(np.size(v) for v in param_trees.flatten(params).values()) == 86_567_656 - 768
   timm_vit._load_weights(timm_ref.timm.create_model("vit_base_patch16_224"), path)  # pylint: disable=protected-access
   del w, params
 

@@ -16,7 +16,7 @@ import forked
 import upstream_files as uf
 from conftest import ROOT, device_env
 from vitcnn_jax import train
-from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import zoo
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -70,7 +70,7 @@ RUN_BLOCKS = textwrap.dedent("""
 
 
 def test_every_python_block_of_the_readme_and_docs_runs(tmp_path):
-  if not os.path.isdir(data.FASHION_MNIST_DIR) and not os.environ.get("CI"):
+  if not os.path.isdir(datasets.FASHION_MNIST_DIR) and not os.environ.get("CI"):
     pytest.skip("Debian's dataset-fashion-mnist is not installed (make test installs it)")
   blocks = _blocks()
   assert len(blocks) >= 5, "the README's Python blocks were not found"
@@ -135,11 +135,11 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
   for line in re.findall(r"python main\.py[^`\n]*", text):
     for flag in re.findall(r"--(\w+)", line):
       assert flag == "config" or f'"{flag}"' in main_py, (flag, line)
-  for script, rest in re.findall(r"benchmarks/(\w+\.py)([^`\n]*)", text):
-    with open(os.path.join(ROOT, "benchmarks", script)) as f:
+  for path, module, rest in re.findall(r"(?:benchmarks/(\w+)\.py|-m benchmarks\.([a-z]\w*))([^`\n]*)", text):
+    with open(os.path.join(ROOT, "benchmarks", f"{path or module}.py")) as f:
       source = f.read()
-    for flag in re.findall(r"(?<![\w-])--(\w+)", rest.split("benchmarks/")[0]):
-      assert f'"--{flag}"' in source, (script, flag)
+    for flag in re.findall(r"(?<![\w-])--(\w+)", re.split(r"benchmarks[/.]", rest)[0]):
+      assert f'"--{flag}"' in source, (path or module, flag)
   with open(os.path.join(ROOT, "Makefile")) as f:
     targets = set(re.findall(r"^([\w-]+):", f.read(), re.M))
   for target in re.findall(r"`make (\w[\w-]*)", text):
@@ -157,11 +157,11 @@ def test_every_figure_and_page_the_readme_and_docs_link_is_in_the_repository():
 
 
 def test_the_measured_blocks_match_their_results_file():
-  """`benchmarks/readme_numbers.py check`: the README's marked numbers are what the
-  committed results file gives."""
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "readme_numbers.py"), "check"],
+  """`python -m benchmarks.readme_numbers check`: the README's marked numbers are what
+  the committed results file gives."""
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-m", "benchmarks.readme_numbers", "check"],
                      cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stdout + r.stderr
   assert len(re.findall(r"<!-- numbers:", _readme())) >= 4

@@ -10,7 +10,7 @@ import numpy as np
 from conftest import IN_PROCESS_DEVICES
 from numerics import VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax.models import representations
-from vitcnn_jax.models import ViT, common
+from vitcnn_jax.models import ViT, param_trees
 from vitcnn_jax.run import driver
 from vitcnn_jax.run import loading
 from vitcnn_jax.run import parallel
@@ -35,7 +35,7 @@ def test_forward_wrapper_on_eight_devices():
   model = ViT(num_classes=5, patch_size=8, image_size=32, width=32, depth=2, mlp_dim=64, num_heads=4)
   x = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
   mask = np.r_[np.ones(13), np.zeros(3)].astype(np.float32)  # 3 padding rows
-  params = common.random_params(model, x[:1].astype(np.float32))
+  params = param_trees.random_params(model, x[:1].astype(np.float32))
   mesh = parallel.mesh()
   m = loading.Loaded("m", "<init>", "ViT", model, params, [], "resize")
   p = _SumsOfPoints()

@@ -28,12 +28,13 @@ CHECK = textwrap.dedent("""
     sys.path.insert(0, "tests")
     import numpy as np
     from vitcnn_jax import fileio
-    from vitcnn_jax.inputs import data
+    from vitcnn_jax.inputs import datasets
+    from vitcnn_jax.inputs import folders
 
     # tfds array_record: prepare a dataset with tfds itself, then read it back.
     from tiny_tfds import tiny_tfds_dataset_builder as tiny
     tiny.Builder(data_dir=sys.argv[1], file_format="array_record").download_and_prepare()
-    src = data.TfdsSource("tiny_tfds", "test", sys.argv[1])
+    src = datasets.TfdsSource("tiny_tfds", "test", sys.argv[1])
     assert len(src) == tiny.NUM_EXAMPLES and src.images([0])[0].shape == (16, 16, 3)
     # gs:// through etils and gcsfs (constructed only: no network here).
     import gcsfs
@@ -44,8 +45,8 @@ CHECK = textwrap.dedent("""
     from PIL import Image
     os.makedirs(sys.argv[1] + "/images")
     Image.fromarray(np.zeros((5, 7, 3), np.uint8)).save(sys.argv[1] + "/images/img.png")
-    assert data.FolderSource(sys.argv[1] + "/images").images([0])[0].shape == (5, 7, 3)
-    assert len(open(data.imagenet_validation_labels()).read().split()) == 50_000
+    assert folders.FolderSource(sys.argv[1] + "/images").images([0])[0].shape == (5, 7, 3)
+    assert len(open(folders.imagenet_validation_labels()).read().split()) == 50_000
     print("RUNTIME OK")
 """)
 

@@ -18,9 +18,9 @@ PACKAGE = os.path.join(ROOT, "vitcnn_jax")
 
 
 def _modules() -> dict[str, str]:
-  """{dotted module name: path} of the package, the configs and main.py."""
+  """{dotted module name: path} of the package, the configs, main.py and the benchmarks."""
   out = {"main": os.path.join(ROOT, "main.py")}
-  for top in ("vitcnn_jax", "configs"):
+  for top in ("vitcnn_jax", "configs", "benchmarks"):
     for d, _, files in os.walk(os.path.join(ROOT, top)):
       for f in files:
         if f.endswith(".py"):
@@ -91,6 +91,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle():
   graph = {m: set(_imports(m).values()) for m in MODULES}
   assert graph["vitcnn_jax.models.loader"] >= {"vitcnn_jax.models.formats.arrays", "vitcnn_jax.models"}  # sanity
+  assert graph["benchmarks.accelerator"] >= {"benchmarks.clocks", "benchmarks.parts"}  # the benchmarks too
   assert not _cycles(graph)
   assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -125,8 +126,7 @@ def test_configs_import_no_jax():
 def test_the_driver_is_short_and_no_function_is_long():
   with open(MODULES["vitcnn_jax.run.driver"]) as f:
     assert len(f.read().splitlines()) < 250
-  long = [f"{m}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for m in MODULES
-          if m.startswith("vitcnn_jax") for n in ast.walk(_tree(m))
+  long = [f"{m}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for m in MODULES for n in ast.walk(_tree(m))
           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
   assert not long
 
@@ -181,10 +181,11 @@ def test_every_other_module_of_the_analyses_serves_one_by_name():
 FAMILIES = tuple(f"vitcnn_jax.models.{d}" for d in sorted(os.listdir(
     os.path.join(ROOT, "vitcnn_jax", "models"))) if os.path.isfile(
         os.path.join(ROOT, "vitcnn_jax", "models", d, "__init__.py")) and d != "formats")
-MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.common",
-               "vitcnn_jax.models.representations")  # what a model is to analyses
+MODEL_PARTS = ("vitcnn_jax.models.anatomy", "vitcnn_jax.models.capturing",
+               "vitcnn_jax.models.representations", "vitcnn_jax.models.sizes")  # what a model is to analyses
 NO_JAX = ("vitcnn_jax.run.declaration", "vitcnn_jax.run.control", "vitcnn_jax.inputs.zoo",
-          "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.packaged", "vitcnn_jax.fileio",
+          "vitcnn_jax.inputs.data", "vitcnn_jax.inputs.datasets", "vitcnn_jax.inputs.packaged",
+          "vitcnn_jax.fileio",
           "=vitcnn_jax.similarity")  # "=": that package alone (its MIN_BATCH), not below it
 ALLOWED = {
     "vitcnn_jax.fileio": (),
@@ -205,11 +206,14 @@ ALLOWED = {
     "vitcnn_jax.describe": ("vitcnn_jax.inputs", "vitcnn_jax.models", "vitcnn_jax.checkpoints",
                             "vitcnn_jax.run"),
     "configs": ("configs", *NO_JAX),
+    "benchmarks": ("vitcnn_jax", "configs"),  # readme_numbers reads the report's sections
 }
 # Within models/: the formats know no family, and no family reads through another's readers.
+# Nothing but the tests imports the benchmarks.
 FORBIDDEN = {
     "vitcnn_jax.models.formats": ("vitcnn_jax.models", "vitcnn_jax.models.loader", *FAMILIES),
     **{f: (*(g for g in FAMILIES if g != f), "vitcnn_jax.models.loader") for f in FAMILIES},
+    **{top: ("benchmarks",) for top in ("vitcnn_jax", "configs", "main")},
 }
 
 
@@ -242,6 +246,19 @@ def test_imports_follow_the_layers():
   assert _forbidden("vitcnn_jax.run.loading", "vitcnn_jax.models.vit.google")
   assert _forbidden("configs.cka_vit_resnet", "vitcnn_jax.similarity.measures")
   assert not _forbidden("vitcnn_jax.jobs", "vitcnn_jax.analyses.cka")
+  assert not _forbidden("benchmarks.ours", "vitcnn_jax.run.driver")
+  assert not _forbidden("benchmarks.accelerator", "benchmarks.parts")
+  assert _forbidden("vitcnn_jax.jobs", "benchmarks.clocks") and _forbidden("main", "benchmarks")
+
+
+def test_no_reader_reads_through_another_reader():
+  """Within a family, readers share pieces through its modules that are no reader
+  (`model.py`, `vit/torch_pieces.py`, `vit/resize.py`), never through each other."""
+  readers = {m for m in MODULES if m.startswith(FAMILIES) and any(
+      isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "READER" for t in n.targets)
+      for n in _tree(m).body)}
+  found = [f"{m} -> {d}" for m in readers for d in set(_imports(m).values()) if d in readers]
+  assert "vitcnn_jax.models.vit.timm" in readers and not found
 
 
 def test_the_modules_scheduled_first_exist():
@@ -249,13 +266,3 @@ def test_the_modules_scheduled_first_exist():
   from conftest import FIRST  # pylint: disable=g-import-not-at-top
   missing = [m for m in FIRST if not os.path.exists(os.path.join(ROOT, "tests", f"{m}.py"))]
   assert not missing, f"conftest.FIRST names modules that are gone: {missing}"
-
-
-def test_a_moved_module_still_imports_and_says_where_it_went():
-  import vitcnn_jax  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.similarity import hsic  # pylint: disable=g-import-not-at-top
-  with pytest.warns(DeprecationWarning, match=r"vitcnn_jax\.hsic is now vitcnn_jax\.similarity\.hsic"):
-    old = "hsic"  # the old name, through the package
-    assert getattr(vitcnn_jax, old) is hsic
-  with pytest.raises(AttributeError):
-    vitcnn_jax.no_such_module  # noqa: B018  pylint: disable=pointless-statement

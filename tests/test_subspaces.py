@@ -14,8 +14,8 @@ import pytest
 from numerics import assert_close, cka_bound, likely, worst
 from test_measures import SIZES, _batches, _data, _sums
 from vitcnn_jax.run import declaration
-from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 NAMES = ("mean_cca", "cca_r2", "regression", "shape_metric", "gulp")  # the others: test_more_measures
 
@@ -110,8 +110,8 @@ def test_each_equals_its_definition_over_unequal_padded_minibatches(alpha):
 
 def _one(acts, spec) -> dict[str, np.ndarray]:
   n = len(acts[0])
-  got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
-      [a.astype(np.float32) for a in acts], np.ones(n, np.float32))))
+  got = scales.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+      [a.astype(np.float32) for a in acts], np.ones(n, np.float32))), measures.SCALES)
   return measures.values(got, [str(i) for i in range(len(acts))], spec, n)
 
 
@@ -187,8 +187,8 @@ def test_procrustes_and_the_shape_metric_read_each_layer_s_top_subspace_dims_com
   names = ("procrustes", "shape_metric", "eigenspace_overlap")
   for alpha in (1.0, 0.5):
     spec = measures.Spec(names, cca_dims=3, subspace_dims=w, shape_alpha=alpha)
-    got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
-        [x.astype(np.float32), y.astype(np.float32)], np.ones(n, np.float32))))
+    got = scales.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+        [x.astype(np.float32), y.astype(np.float32)], np.ones(n, np.float32))), measures.SCALES)
     values = measures.values(got, ["x", "y"], spec, n)
     tx, ty = np_top(x, w), np_top(y, w)
     nuclear = np.linalg.svd(tx.T @ ty, compute_uv=False).sum()
@@ -232,13 +232,13 @@ def test_the_null_is_each_measure_with_one_layer_permuted():
   mask = np.r_[np.ones(12), np.zeros(4)].astype(np.float32)
   order = np.asarray(measures.permutation(key, mask))
   padded = [np.concatenate([a[:12], np.full((4, a.shape[1]), 5.0)]).astype(np.float32) for a in acts]
-  got = hsic.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
-      padded, mask, key=key)))
+  got = scales.unscale(jax.device_get(jax.jit(functools.partial(measures.minibatch_sums, spec=spec))(
+      padded, mask, key=key)), measures.SCALES)
   plain = jax.jit(functools.partial(measures.minibatch_sums, spec=measures.Spec(NAMES, cca_dims=5)))
   gap, spread = _conditioning([a[:12] for a in acts] + [a[:12][order[:12]] for a in acts],
                               [slice(0, 12)], 5)
   for b in range(3):
-    ref = hsic.unscale(jax.device_get(plain([padded[0], padded[b][order]], mask)))
+    ref = scales.unscale(jax.device_get(plain([padded[0], padded[b][order]], mask)), measures.SCALES)
     for m in NAMES:
       bound = 8 * (likely(24, 12) + worst(12)) * max(1 / gap, np.sqrt(spread))
       if m == "gulp":  # a square, up to 2 * rank: its error as in the definitions' test, doubled

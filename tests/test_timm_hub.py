@@ -165,11 +165,11 @@ def test_a_size_word_of_another_width_leaves_the_heads_assumed():
   `giant` ViTs have 16 at 1408: the table's word does not decide against the width."""
   from vitcnn_jax.models.formats import base, hf_folder  # noqa: PLC0415
   meta = hf_folder.Meta({"architecture": "vit_giant_patch14_dinov2"}, {}, "f")
-  s = timm_config.Settings(base.Keys({}, "f", "timm", meta=meta), "timm")
+  s = timm_config.TimmConfig(base.Keys({}, "f", "timm", meta=meta), "timm")
   cfg, ev = {"width": 1536}, {}
   s.heads(cfg, ev, 24)
   assert cfg["num_heads"] == 24 and s.assumed == ["num_heads"]
-  s = timm_config.Settings(base.Keys({}, "f", "timm", meta=meta), "timm")
+  s = timm_config.TimmConfig(base.Keys({}, "f", "timm", meta=meta), "timm")
   cfg = {"width": 1024}  # a 64-wide-head reading of the same word is kept
   s.heads(cfg, ev, 16)
   assert cfg["num_heads"] == 16 and not s.assumed

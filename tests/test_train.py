@@ -15,7 +15,7 @@ from conftest import ROOT, run_main
 from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, train
 from vitcnn_jax.inputs import zoo
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def test_export_reloads_with_identical_logits(vit_run, idx_dir):
   assert (model.width, model.depth, model.image_size, model.num_classes) == (32, 2, 16, 10)
   trained = train.build_model(_config(idx_dir), 10)
   assert model == trained
-  from vitcnn_jax.run import pipeline
   from vitcnn_jax.run import parallel
+  from vitcnn_jax.run import pipeline
   acc = train.evaluate(model, params, pipeline.make_source(_config(idx_dir).data, "t10k"),
                        "resize", parallel.mesh())
   assert acc == out["test_accuracy"]
@@ -82,8 +82,8 @@ def test_resumed_training_continues_from_the_checkpoint(vit_run, idx_dir, tmp_pa
   assert not [r for r in caplog.records if re.search(r"\b(local|init)\b|jit_(local|init)", r.getMessage())], \
       caplog.text[-2000:]
   assert len(rest["losses"]) == 25
-  a = common.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
-  b = common.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
+  a = param_trees.flatten(checkpoints.load_model(str(tmp_path / "vit.npz"))[1])
+  b = param_trees.flatten(checkpoints.load_model(str(wd / "vit.npz"))[1])
   # The same compiled step on the same batches in one process: identical up to the
   # npz round trip, which is exact for float32.
   for k in a:

@@ -19,8 +19,9 @@ from test_data import striped, write_idx
 from vitcnn_jax import checkpoints, demos, jobs, train
 from vitcnn_jax.analyses import reference_cka
 from vitcnn_jax.inputs import data
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import zoo
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 from vitcnn_jax.run import loading
 from vitcnn_jax.run import parallel
 from vitcnn_jax.run import pipeline
@@ -150,9 +151,9 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
   _, pre = checkpoints.load_model(str(tmp_path / "pre.npz"))
   tuned = train_configs.changed(c, "tuned", classes=(3, 4, 5, 6), init=str(tmp_path / "pre.npz"))
   model = train.build_model(tuned, 4)
-  params = common.random_params(model, np.zeros((1, 16, 16, 3), np.float32))
-  start = common.flatten(train._initial_params(tuned, model, params, str(tmp_path)))
-  pre = common.flatten(pre)
+  params = param_trees.random_params(model, np.zeros((1, 16, 16, 3), np.float32))
+  start = param_trees.flatten(train._initial_params(tuned, model, params, str(tmp_path)))
+  pre = param_trees.flatten(pre)
   assert start["head/kernel"].shape == (16, 4) and not start["head/kernel"].any()
   assert not start["head/bias"].any()
   for k, v in start.items():
@@ -160,14 +161,14 @@ def test_fine_tuning_starts_from_the_checkpoint_with_a_zero_head(idx_dir, tmp_pa
       np.testing.assert_array_equal(v, pre[k], err_msg=k)
   wide = train_configs.changed(tuned, "wide", width=24)
   wmodel = train.build_model(wide, 4)
-  wparams = common.random_params(wmodel, np.zeros((1, 16, 16, 3), np.float32))
+  wparams = param_trees.random_params(wmodel, np.zeros((1, 16, 16, 3), np.float32))
   with pytest.raises(ValueError, match=r"does not fit config.model: "
                                        r"\['Transformer/encoder_norm/bias \(16,\) vs \(24,\)"):
     train._initial_params(wide, wmodel, wparams, str(tmp_path))
 
 
 def test_a_class_subset_keeps_and_renumbers_those_classes(idx_dir):
-  full = data.IdxSource(idx_dir, "t10k")
+  full = datasets.IdxSource(idx_dir, "t10k")
   sub = data.ClassSubset(full, (7, 2))
   labels = full.labels(np.arange(len(full)))
   rows = np.flatnonzero((labels == 7) | (labels == 2))

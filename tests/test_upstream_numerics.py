@@ -14,7 +14,7 @@ import upstream_files as uf
 from conftest import compiled, ROOT, run_main
 from numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, network, worst
 from vitcnn_jax import checkpoints
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 from vitcnn_jax.models import loader
 from vitcnn_jax.models.formats.base import CheckpointError
 from vitcnn_jax.run import loading
@@ -178,8 +178,8 @@ def test_round_trip_of_the_new_options(tmp_path, fmt, kw):
   checkpoints.save(str(tmp_path / "b.npz"), model, params)
   model2, params2 = checkpoints.load_model(str(tmp_path / "b.npz"), resolution=32, pool=kw["pool"])
   assert model2 == model
-  for k, v in common.flatten(params).items():
-    np.testing.assert_array_equal(np.asarray(v), np.asarray(common.flatten(params2)[k]))
+  for k, v in param_trees.flatten(params).items():
+    np.testing.assert_array_equal(np.asarray(v), np.asarray(param_trees.flatten(params2)[k]))
 
 
 def test_a_headless_image_tower_runs_through_the_cka_job(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 
 from vitcnn_jax import checkpoints
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common
+from vitcnn_jax.models import param_trees
 from vitcnn_jax.models import representations
 from vitcnn_jax.run import driver
 from vitcnn_jax.run import loading
@@ -38,7 +38,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "policy": policy,
       "preprocessing": preprocess.describe(policy),
       "policy from": policy_from,
-      "num_params": int(sum(np.size(v) for v in common.flatten(params).values())),
+      "num_params": int(sum(np.size(v) for v in param_trees.flatten(params).values())),
       "points": [{"name": k, "shape": list(v.shape[1:])} for k, v in points.items()],
   }
   summary["sources"] = sources(c.evidence, summary["assumed"])

@@ -25,7 +25,10 @@ from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax.inputs import data
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common, get_model
+from vitcnn_jax.models import get_model
+from vitcnn_jax.models import memo
+from vitcnn_jax.models import param_trees
+from vitcnn_jax.models import sizes
 from vitcnn_jax.run import accuracy
 from vitcnn_jax.run import driver
 from vitcnn_jax.run import loading
@@ -92,7 +95,7 @@ def evaluate(model, params, source: data.Source, policy: str, mesh, batch: int =
   return accuracy.Accuracy.of(sums, "model")
 
 
-@common.per_architecture
+@memo.per_architecture
 def _accuracy_step(model, policy: str, mesh) -> tuple[dict, Callable]:
   """The accuracy pass of `model`'s architecture (its models, its compiled step):
   made once a process, as a data-scale sweep evaluates several such models."""
@@ -147,15 +150,15 @@ def _initial_params(config: ml_collections.ConfigDict, model, params, workdir: s
   if not init:
     return params
   _, start = checkpoints.load_model(init, resolution=model.image_size)
-  start, ours = common.flatten(start), common.flatten(params)
+  start, ours = param_trees.flatten(start), param_trees.flatten(params)
   head = [k for k in ours if k.split("/")[0] == "head"]
   wrong = [f"{k} {start[k].shape if k in start else 'missing'} vs {v.shape}"
            for k, v in ours.items() if k not in head and (k not in start or start[k].shape != v.shape)]
   if wrong:
     raise ValueError(f"config.init={init!r} does not fit config.model: {wrong[:3]}"
                      f"{' ...' if len(wrong) > 3 else ''} (file vs model).")
-  return common.unflatten({k: np.zeros_like(v) if k in head else np.asarray(start[k], v.dtype)
-                           for k, v in ours.items()})
+  return param_trees.unflatten({k: np.zeros_like(v) if k in head else np.asarray(start[k], v.dtype)
+                                for k, v in ours.items()})
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -172,7 +175,7 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if not train_src.num_classes:
     raise ValueError(f"{train_src.name} has no class labels to train on.")
   model = build_model(config, train_src.num_classes)
-  size = common.to_pair(model.image_size)[0]
+  size = sizes.to_pair(model.image_size)[0]
   policy = config.get("policy") or model.default_policy
   mesh = parallel.mesh()
   b = config.batch_size
@@ -275,14 +278,14 @@ def _gated(model) -> tuple[Any, np.ndarray | None]:
   return model.clone(no_skip=()), np.array([b not in skipless for b in range(model.depth)], np.float32)
 
 
-@common.per_architecture
+@memo.per_architecture
 def _compiled_init(model) -> Callable:
   """`model.init` jit-compiled once a process: a sweep draws many models of one
   architecture (each from its seed), and each new jit would trace it again."""
   return jax.jit(model.init)
 
 
-@common.per_architecture
+@memo.per_architecture
 def _compiled_step(model, policy: str, *optimizer):
   """(state, images, labels, gates) -> (state, loss): the jit-compiled step of
   cross-entropy for `model` with `_optimizer(*optimizer)`, made once a process."""

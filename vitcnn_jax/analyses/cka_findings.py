@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
 from vitcnn_jax.run import declaration
 from vitcnn_jax.similarity import measures
 
@@ -56,7 +56,7 @@ def block_outputs(m) -> np.ndarray:
   "blocks" preset), or of all of them where fewer than two are: the findings'
   other layer set."""
   patterns = m.model.layer_presets.get("blocks", ())
-  found = [i for i, n in enumerate(m.names) if common.matches(n, patterns)]
+  found = [i for i, n in enumerate(m.names) if capturing.matches(n, patterns)]
   return np.asarray(found) if len(found) > 1 else np.arange(len(m.names))
 
 

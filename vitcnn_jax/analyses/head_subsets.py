@@ -27,7 +27,7 @@ from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import linear_cka
 
 DEFAULTS = {
     "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)
@@ -89,7 +89,7 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
       heads = self.spatial_heads(out)
       res = forward("resnet")
       reps = [heads[:, :, h] for h in range(self.heads)] + [res[n] for n in self.res_names]
-      sums.update(forward.minibatch_sums(reps, mask))
+      sums.update(forward.activation_sums(reps, mask))
     return sums
 
   def subsets(self, distance_sums: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
@@ -108,8 +108,8 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
       moments = a @ sums[0][0]["moments"]  # a subset's: the sum of its heads'
     else:
       pairs, moments = sums[1][0]["hsic"], sums[1][0]["moments"]
-    full = hsic.cka_from_hsic(pairs, [f"heads{g}" for g in groups] + self.res_names,
-                             moments / self.config.num_examples)
+    full = linear_cka.cka_from_hsic(pairs, [f"heads{g}" for g in groups] + self.res_names,
+                                    moments / self.config.num_examples)
     sub_cka = full[:len(groups), len(groups):]
     sub_dist = [float(head_dist[g].mean()) for g in groups]
     summary = {"analysis": "head_subsets", "block": self.config.block, "tap": self.config.tap,
@@ -143,7 +143,7 @@ class _Projected(protocol.HsicPass):
     reps = [jnp.einsum("bnhd,hdo->bno", heads[:, :, g], kernel[jnp.asarray(g)]) for g in self.groups]
     res = forward("resnet")
     reps += [res[n] for n in self.a.res_names]
-    return forward.minibatch_sums(reps, mask)
+    return forward.activation_sums(reps, mask)
 
 
 def _local_more_similar(s: dict) -> declaration.Verdict:

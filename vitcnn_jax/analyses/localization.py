@@ -19,7 +19,7 @@ from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import linear_cka
 
 DEFAULTS = {
     "num_examples": 10240,  # the CKA protocol of the paper (Appendix A)
@@ -85,7 +85,7 @@ class Localization(protocol.HsicPass, protocol.Analysis):
   def finalize(self, sums):
     names = [f"token{i}" for i in range(self.n)] + [f"patch{j}" for j in range(self.n)]
     s = sums[0][0]
-    tok_patch = hsic.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
+    tok_patch = linear_cka.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
     tok_patch = tok_patch[:self.n, self.n:]
     summary = {"analysis": "localization", "checkpoint": self.m.path, "label": self.m.label,
                "layer": self.layer, "grid": list(self.grid), "num_examples": self.config.num_examples,

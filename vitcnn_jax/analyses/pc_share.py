@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vitcnn_jax import similarity
 from vitcnn_jax.analyses import cka
 from vitcnn_jax.analyses import cka_findings
 from vitcnn_jax.inputs import data
@@ -34,7 +35,11 @@ from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import layer_checks
+from vitcnn_jax.similarity import linear_cka
+from vitcnn_jax.similarity import scales
 
 DEFAULTS = {
     "num_examples": 10240,  # as minibatch CKA (Appendix A): 10 minibatches ...
@@ -49,9 +54,9 @@ def share(a: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Arra
   """(top eigenvalue / trace of the centred Gram of one minibatch's valid rows,
   1 if the layer varies over them beyond float32 rounding else 0, (n,) each
   example's share of the layer's variance on that component)."""
-  gram, mean, _ = hsic.scaled_gram(a, mask)  # scaled by a power of two: the ratio is exact
+  gram, mean, _ = grams.scaled_gram(a, mask)  # scaled by a power of two: the ratio is exact
   trace = jnp.trace(gram)
-  floor = mask.sum() * jnp.sum(jnp.square(mean)) * (hsic.NOISE * hsic.U32) ** 2
+  floor = mask.sum() * jnp.sum(jnp.square(mean)) * (layer_checks.NOISE * layer_checks.U32) ** 2
   varies = (trace > floor) & (mask.sum() >= 2)
   values, vectors = jnp.linalg.eigh(gram)
   top = jnp.where(varies, values[-1] / jnp.where(varies, trace, 1.0), 0.0)
@@ -78,9 +83,9 @@ class PcShare(protocol.Analysis):
     self.drop = config.get("drop_fraction", 0.0)
     self.sample = np.zeros(0, int)
     smallest = min(config.batch_size, config.num_examples % config.batch_size or config.batch_size)
-    if self.drop and smallest - np.ceil(self.drop * smallest) < hsic.MIN_BATCH:
+    if self.drop and smallest - np.ceil(self.drop * smallest) < similarity.MIN_BATCH:
       raise ValueError(f"config.drop_fraction={self.drop} leaves the smallest minibatch ({smallest} "
-                       f"examples) fewer than {hsic.MIN_BATCH}, too few for the unbiased HSIC; lower "
+                       f"examples) fewer than {similarity.MIN_BATCH}, too few for the unbiased HSIC; lower "
                        "it or choose num_examples and batch_size with larger minibatches.")
 
   def examples(self, repeat: int, sources) -> tuple[str, np.ndarray]:
@@ -104,15 +109,16 @@ class PcShare(protocol.Analysis):
     sums["rows/score"] = score
     if self.drop:
       keep = without_dominant(score, mask, self.drop)
-      sums.update(forward.minibatch_sums(acts, mask))
-      sums.update({f"without/{k}": v for k, v in forward.minibatch_sums(acts, keep).items()})
+      sums.update(forward.activation_sums(acts, mask))
+      sums.update({f"without/{k}": v for k, v in forward.activation_sums(acts, keep).items()})
       sums["without/kept"] = keep.sum()
     return sums
 
   def host_sums(self, got: protocol.Sums) -> protocol.Sums:
     """Each set of HSIC sums unscaled by its own exponents."""
-    plain = hsic.unscale({k: v for k, v in got.items() if not k.startswith("without/")})
-    without = hsic.unscale({k[len("without/"):]: v for k, v in got.items() if k.startswith("without/")})
+    plain = {k: v for k, v in got.items() if not k.startswith("without/")}
+    without = {k[len("without/"):]: v for k, v in got.items() if k.startswith("without/")}
+    plain, without = (scales.unscale(s, hsic.SCALES) for s in (plain, without))
     return {**plain, **{f"without/{k}": v for k, v in without.items()}}
 
   def finalize(self, sums):
@@ -145,8 +151,8 @@ class PcShare(protocol.Analysis):
     """CKA of every pair of layers with and without the dominant examples."""
     models = list(self.models.values())
     names = [n for m in models for n in m.names]
-    full = hsic.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
-    kept = hsic.cka_from_hsic(s["without/hsic"], names, s["without/moments"] / s["without/kept"])
+    full = linear_cka.cka_from_hsic(s["hsic"], names, s["moments"] / self.config.num_examples)
+    kept = linear_cka.cka_from_hsic(s["without/hsic"], names, s["without/moments"] / s["without/kept"])
     for t, _, _, r, c in cka.blocks(models):
       arrays[f"cka_{t}"], arrays[f"without_cka_{t}"] = full[r, c], kept[r, c]
     within = lambda m: {a.name: cka_findings.off_diagonal(m[r, c]) for _, a, b, r, c in cka.blocks(models) if a is b}

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax.models import common
 from vitcnn_jax.models import representations
+from vitcnn_jax.models import sizes
 from vitcnn_jax.plotting import receptive_field
 from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
@@ -95,7 +95,7 @@ class ReceptiveField(protocol.Analysis):
       arrays[f"{key}_grid"] = self._grids(m)
       radius, offset = zip(*map(extent, arrays[f"{key}_maps"]))
       summary["models"][key] = {"checkpoint": m.path, "label": m.label, "layers": self.points[key],
-                                "input_size": common.to_pair(m.model.image_size)[0],
+                                "input_size": sizes.to_pair(m.model.image_size)[0],
                                 "stem": m.model.stem, "tokens": m.model.grid is not None,
                                 "token_pixels": m.model.token_pixels and max(m.model.token_pixels),
                                 "half_mass_radius_px": list(radius), "peak_offset_px": list(offset)}

@@ -11,7 +11,7 @@ import dataclasses
 import ml_collections
 
 from vitcnn_jax import fileio
-from vitcnn_jax.inputs import data as data_lib
+from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import packaged
 
 
@@ -171,12 +171,12 @@ def data_spec(source: str = "tfds", **kw) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(fields)
 
 
-def fashion_mnist(split: str, path: str = data_lib.FASHION_MNIST_DIR) -> ml_collections.ConfigDict:
+def fashion_mnist(split: str, path: str = datasets.FASHION_MNIST_DIR) -> ml_collections.ConfigDict:
   return data_spec("idx", path=path, split=split)
 
 
 def demo_training(variant: str, steps: int = 0, batch: int = 128,
-                  data: str = data_lib.FASHION_MNIST_DIR) -> ml_collections.ConfigDict:
+                  data: str = datasets.FASHION_MNIST_DIR) -> ml_collections.ConfigDict:
   """The training config of a demo model (`DEMO_ARCHITECTURES`) on Fashion-MNIST."""
   if variant not in DEMO_ARCHITECTURES:
     raise ValueError(f"Unknown training variant {variant!r}; expected one of "

@@ -12,7 +12,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from vitcnn_jax.models import common
+from vitcnn_jax.models import sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +107,11 @@ class PatchTokens:
 
   @property
   def grid(self) -> tuple[int, int]:
-    return common.patch_grid(self.patch_size, self.image_size)
+    return sizes.patch_grid(self.patch_size, self.image_size)
 
   @property
   def token_pixels(self) -> tuple[int, int]:
-    return common.to_pair(self.patch_size)
+    return sizes.to_pair(self.patch_size)
 
   def residuals(self) -> list[Residual]:
     skipless = tuple(getattr(self, "no_skip", ()))  # ablation models (Fig 8)

@@ -16,7 +16,9 @@ import numpy as np
 
 from vitcnn_jax import fileio
 from vitcnn_jax import models as models_lib
-from vitcnn_jax.models import common
+from vitcnn_jax.models import memo
+from vitcnn_jax.models import param_trees
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.models.formats import hf_folder
 from vitcnn_jax.models.formats import memory
@@ -147,14 +149,14 @@ def _file_key(model, key: str, value, fmt: str | None) -> str:
 
 def _param_shapes(model) -> dict[str, tuple[int, ...]]:
   """The shape of each parameter `model` needs: its init traced (the whole forward)."""
-  size = common.to_pair(model.image_size)
+  size = sizes.to_pair(model.image_size)
   images = jax.ShapeDtypeStruct((1, *size, 3), np.float32)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
-  return {k: tuple(v.shape) for k, v in common.flatten(shapes).items()}
+  return {k: tuple(v.shape) for k, v in param_trees.flatten(shapes).items()}
 
 
 # Traced once per architecture: a sweep or a notebook loads many files of one.
-_needed_shapes = common.per_architecture(_param_shapes)
+_needed_shapes = memo.per_architecture(_param_shapes)
 
 
 def check_params(model, params: Params, path: str = "<params>",
@@ -163,7 +165,7 @@ def check_params(model, params: Params, path: str = "<params>",
   Given the `reading` of a file, errors name the file's keys and say which
   tensors the architecture was read from."""
   want = _needed_shapes(model)
-  flat = common.flatten(params)
+  flat = param_trees.flatten(params)
   have = {k: tuple(np.shape(v)) for k, v in flat.items()}
   fmt = reading.fmt if reading else None
   read_as = f" {_read_as(reading)}" if reading else ""
@@ -300,7 +302,7 @@ def load(path: str, overrides: dict[str, Any] | None = None,
   reader.adapt_to(cfg, r, native, path)
   try:
     model = family.module(**cfg)
-    params = common.unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
+    params = param_trees.unflatten({k: np.asarray(v, np.float32) for k, v in r.params.items()})
     check_params(model, params, path, r)
   except CheckpointError:
     raise
@@ -318,7 +320,7 @@ def to_upstream(model, params: Params, format: str | None = None) -> dict[str, n
   check_params(model, params)
   family = models_lib.family_of(model)
   format = format or family.readers[0].format_for(model)
-  flat = {k: np.asarray(v, np.float32) for k, v in common.flatten(params).items()}
+  flat = {k: np.asarray(v, np.float32) for k, v in param_trees.flatten(params).items()}
   return family.write(model, flat, format)
 
 

@@ -7,7 +7,9 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from vitcnn_jax.models import common
+from vitcnn_jax.models import memo
+from vitcnn_jax.models import param_trees
+from vitcnn_jax.models import sizes
 
 
 def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
@@ -19,18 +21,18 @@ def point_shapes(model, params: Any, capture: str | Sequence[str] | None = None,
   call all ask again (a model with a list field, unhashable, is traced each time).
   """
   signature = tuple((k, tuple(np.shape(v)), np.dtype(v.dtype).str)
-                    for k, v in common.flatten(params).items())
+                    for k, v in param_trees.flatten(params).items())
   selection = capture if capture is None or isinstance(capture, str) else tuple(capture)
   return dict(_traced(model, signature, selection, batch))  # the caller's own copy
 
 
-@common.per_architecture
+@memo.per_architecture
 def _traced(model, signature: tuple, capture, batch: int) -> dict[str, jax.ShapeDtypeStruct]:
   """jit and eval_shape sort dict keys, so the order is read from the Python dict
   while it is traced."""
-  params = common.unflatten({k: jax.ShapeDtypeStruct(shape, np.dtype(dtype))
-                             for k, shape, dtype in signature})
-  size = common.to_pair(model.image_size)
+  params = param_trees.unflatten({k: jax.ShapeDtypeStruct(shape, np.dtype(dtype))
+                                  for k, shape, dtype in signature})
+  size = sizes.to_pair(model.image_size)
   images = jax.ShapeDtypeStruct((batch, *size, 3), np.float32)
   order: list[str] = []
 

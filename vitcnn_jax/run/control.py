@@ -14,9 +14,6 @@ from vitcnn_jax import similarity
 from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration as declaration_lib
 
-# The fields of the models before they were a mapping, and their names now.
-LEGACY_FIELDS = {"model_x": "vit", "model_y": "resnet", "model": "vit"}
-
 # The driver's fields, the same for every analysis, and their defaults.
 CONTROL = dict(
     save_every_seconds=60,  # resumable state written at most this often
@@ -76,11 +73,6 @@ def check_config(config: Any, declared: declaration_lib.Declaration) -> None:
   plot_options(config)
   if declared.hsic_minibatches:
     check_batching(config.num_examples, config.batch_size)
-  for old, new in LEGACY_FIELDS.items():
-    if old in config:
-      raise ValueError(f"config.{old}: models are now the mapping config.models (name -> spec); "
-                       f"move this spec to config.models.{new} (configs/*.py show the names "
-                       "each analysis reads).")
   declared.models.check(list(config.get("models") or {}), declared.hint)
 
 

@@ -34,7 +34,7 @@ from vitcnn_jax.run import progress
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
 from vitcnn_jax.run import runstate
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import grams
 
 
 
@@ -50,7 +50,7 @@ def random_of(seed: int, pass_: int, repeat: int, first: int, abstract=None) -> 
 
 
 def _program_key(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
-                 precision: hsic.Precision) -> tuple | None:
+                 precision: grams.Precision) -> tuple | None:
   """What decides the program of pass `p`'s step, beyond its inputs' signature;
   None where the pass does not say (`Pass.program`) or a part does not hash."""
   what = p.program()
@@ -66,7 +66,7 @@ def _program_key(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
 
 
 def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
-                 precision: hsic.Precision = hsic.HIGHEST) -> programs.Step:
+                 precision: grams.Precision = grams.HIGHEST) -> programs.Step:
   names = list(p.points)
   grouped = mesh.shape[parallel.GROUP] > 1
   # The step reads each model's architecture and preprocessing, never the parameters
@@ -102,7 +102,7 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
 
 
 def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: dict[str, loading.Loaded],
-                 precision: hsic.Precision) -> tuple[memory.Plan, dict[tuple[int, int], programs.Step]]:
+                 precision: grams.Precision) -> tuple[memory.Plan, dict[tuple[int, int], programs.Step]]:
   """How many devices share a minibatch (`config.devices_per_minibatch`, 0 to
   choose), checked against device memory where it is known (GPU, TPU, or
   `config.device_memory_gib`) by compiling the step of pass `p`; and the steps
@@ -142,7 +142,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
                          runstate.identity(config, models, sources), jax.process_index() == 0)
   passes = list(analysis.passes())
   try:
-    precision = hsic.gram_precision(config.get("gram_precision", "auto"))
+    precision = grams.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
   layout, compiled = plan_devices(config, passes[0], models, precision)

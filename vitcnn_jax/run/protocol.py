@@ -14,11 +14,13 @@ import jax
 import numpy as np
 
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
 from vitcnn_jax.plotting import style
 from vitcnn_jax.run import parallel
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import scales
 
 Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
 ROWS = "rows/"  # step results that are rows, gathered rather than summed
@@ -29,31 +31,31 @@ BOOT = "boot/"  # step results per minibatch: summed, and into bootstrap replica
 class Forward:
   """What a step sees of the models: their captured points on this device's rows,
   `constants`, the arrays its pass's `setup` made (e.g. fitted probes), `key`, a
-  random key of this device's minibatch, and `minibatch_sums`/`measure_sums`, the
+  random key of this device's minibatch, and `activation_sums`/`measure_sums`, the
   sums of this device's share of its minibatch."""
 
   def __init__(self, models: dict, params: dict, images: dict,
                points: dict[str, Sequence[str]], constants: Any = None,
-               grouped: bool = False, precision: hsic.Precision = hsic.HIGHEST,
+               grouped: bool = False, precision: grams.Precision = grams.HIGHEST,
                key: jax.Array | None = None):
     self.models, self._params, self._images, self._points = models, params, images, points
     self.constants, self.key = constants, key
     self.grouped, self._precision = grouped, precision
     self._group = parallel.GROUP if grouped else None  # the mesh axis a minibatch spans
 
-  def minibatch_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
-    """`hsic.minibatch_sums` of these rows' activations (one per layer), for a
+  def activation_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
+    """`hsic.activation_sums` of these rows' activations (one per layer), for a
     minibatch held by this device or spread over its group of devices."""
-    return hsic.minibatch_sums(acts, mask, parallel.AXES, self._group, self._precision)
+    return hsic.activation_sums(acts, mask, parallel.AXES, self._group, self._precision)
 
   def stacked_sums(self, stacks: Sequence[jax.Array], mask: jax.Array) -> Sums:
-    """`minibatch_sums` of the layers stacked in each of `stacks` (`hsic.stacked_sums`:
+    """`activation_sums` of the layers stacked in each of `stacks` (`hsic.stacked_sums`:
     one batched program for any number of same-shaped layers)."""
     return hsic.stacked_sums(stacks, mask, parallel.AXES, self._group, self._precision)
 
   def measure_sums(self, points: dict[str, Sequence[str]], mask: jax.Array, spec: measures.Spec
                    ) -> Sums:
-    """`minibatch_sums` and the sums of `spec`'s other measures of the points of
+    """`activation_sums` and the sums of `spec`'s other measures of the points of
     each model (`measures.layer_sums`), each point's Gram made where the forward
     makes it (`layers`)."""
     if self.grouped:
@@ -63,11 +65,11 @@ class Forward:
     layers = [lay for name, names in points.items() for lay in self.layers(name, names, mask)]
     return measures.layer_sums(layers, mask, spec, parallel.AXES, self.key, self._precision)
 
-  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[hsic.Layer]:
-    """`hsic.scaled_layer` of each of `points` of model `name`, made inside the
-    forward as each is computed (`common.Capture.reduce`): in a scan over
+  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Layer]:
+    """`grams.scaled_layer` of each of `points` of model `name`, made inside the
+    forward as each is computed (`capturing.Capture.reduce`): in a scan over
     identical blocks its activation dies in its block and its code is compiled once."""
-    capture = common.Capture(tuple(points), reduce=lambda a: hsic.scaled_layer(a, mask, self._precision))
+    capture = capturing.Capture(tuple(points), reduce=lambda a: grams.scaled_layer(a, mask, self._precision))
     out = self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
                                         capture=capture)[1]
     return [out[p] for p in points]
@@ -107,7 +109,7 @@ class Pass:
     raise NotImplementedError
 
   def host_sums(self, got: Sums) -> Sums:
-    """A step's result as float64 sums on the host (e.g. `hsic.unscale`)."""
+    """A step's result as float64 sums on the host (e.g. `scales.unscale`)."""
     return got
 
   def program(self) -> Hashable | None:
@@ -128,10 +130,10 @@ class Pass:
 
 
 class HsicPass(Pass):
-  """A pass whose steps return `Forward.minibatch_sums`."""
+  """A pass whose steps return `Forward.activation_sums` (or other HSIC sums)."""
 
   def host_sums(self, got: Sums) -> Sums:
-    return hsic.unscale(got)
+    return scales.unscale(got, measures.SCALES)
 
 
 class Analysis(Pass):

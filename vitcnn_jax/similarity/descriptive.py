@@ -22,6 +22,7 @@ import numpy as np
 
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import registry
+from vitcnn_jax.similarity.scales import Scale
 
 
 def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax.Array,
@@ -29,7 +30,7 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
   """One minibatch's (L,) sums of each layer's statistics from its (L, n, n)
   uncentred Grams `raw` and cosines `cos`, each centred row's projection on the
   mean `proj` (L, n) and the mean's squared norm (L,) (raw and its sums carry the
-  layers' scales, declared below); `pair_count` n (n - 1)."""
+  layers' scales, declared in `FAMILY.scales`); `pair_count` n (n - 1)."""
   m = mask.astype(jnp.float32)
   n = m.sum()
   pairs = hsic.pair_mask(mask)
@@ -45,9 +46,6 @@ def statistic_sums(raw: jax.Array, cos: jax.Array, proj: jax.Array, mean_sq: jax
   if "uniformity_difference" in names:
     out["uniformity"] = jnp.einsum("lij,ij->l", jnp.exp(-t * (2 - 2 * cos)), pairs)
   return out
-
-
-hsic.declare_scale("magnitude", 2, per_pair=False)
 
 
 def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -105,4 +103,5 @@ FAMILY = registry.Family((
              "over every example of its cosine to its minibatch's mean", lambda spec: "minibatch means"),
     _measure("uniformity_difference", "uniformity difference", "|a - b| of each layer's log of the "
              "mean over pairs within minibatches of exp(-t ||x_i - x_j||^2), features l2-normalised",
-             lambda spec: f"t {spec.uniformity_t}")), _sums, _check)
+             lambda spec: f"t {spec.uniformity_t}")), _sums, _check,
+    scales={"magnitude": Scale(2, per_pair=False)})

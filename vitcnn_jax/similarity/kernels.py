@@ -2,7 +2,7 @@
 
 - `linear_cka` with `estimator="biased"`: HSIC_0(K, L) = tr(K H L H) / (n-1)^2
   per minibatch, summed, then CKA = sum HSIC_0(K, L) / sqrt(sum HSIC_0(K, K)
-  sum HSIC_0(L, L)). (`"unbiased"`, the paper's HSIC_1, is `hsic.minibatch_sums`.)
+  sum HSIC_0(L, L)). (`"unbiased"`, the paper's HSIC_1, is `hsic.linear_sums`.)
 - `rbf_cka`: the same sums (HSIC_1, or HSIC_0 if biased) of Gaussian kernels
   exp(-d^2 / (2 sigma^2 median(d^2))) with d^2 the squared distances within the
   minibatch and sigma `rbf_sigma` (Kornblith et al. 2019: the median over all
@@ -32,10 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import layerpairs
+from vitcnn_jax.similarity import linear_cka
+from vitcnn_jax.similarity import MIN_BATCH
 from vitcnn_jax.similarity import neighbours
 from vitcnn_jax.similarity import registry
+from vitcnn_jax.similarity.scales import Scale
 
 RSA_METHODS = ("pearson", "spearman")
 
@@ -116,7 +119,7 @@ def knn_masks(idx: jax.Array, ok: jax.Array) -> jax.Array:
 
 
 def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Array, n: jax.Array,
-               precision: hsic.Precision) -> jax.Array:
+               precision: grams.Precision) -> jax.Array:
   """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b, for stacked (L, n, n)
   cosine kernels and k-NN masks, as sums over flattened matrices: with P = M K,
   tr(A B^T) = <M M^T K, M M^T K'>, 1^T A 1 = <P_a, M_b>, 1^T A B 1 = sum_k
@@ -131,7 +134,7 @@ def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Arra
   cols = jnp.einsum("aik,bik->kab", p, knn_b, precision=precision)
   rows = jnp.einsum("aki,bki->kab", knn, p_b, precision=precision)
   hs = trace + a_b * b_a / jnp.maximum((n - 1) * (n - 2), 1.0) - 2 * (cols * rows).sum(0) / jnp.maximum(n - 2, 1.0)
-  return jnp.where(n >= hsic.MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
+  return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 
 
 def _ranks(u: jax.Array, valid: jax.Array) -> jax.Array:
@@ -165,10 +168,6 @@ def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, preci
     out[f"null/{name}"] = layerpairs.mirror(scale * jnp.matmul(flat, moved.T, precision=precision))
 
 
-hsic.declare_scale("hsic_biased", 2, per_pair=True)
-hsic.declare_scale("dcov", 1, per_pair=True)
-hsic.declare_scale("rsm", 1, per_pair=True)
-hsic.declare_scale("rsm_diff", 1, per_pair=True)
 RSM_SPAN = 64  # pairs of layers at most 2^RSM_SPAN apart in scale sum (D_a - D_b)² on the device
 
 
@@ -184,8 +183,8 @@ def _rsm_differences(dist: jax.Array, other: jax.Array, e: jax.Array) -> dict[st
   near = jnp.abs(delta) <= RSM_SPAN
   delta = jnp.where(near, delta, 0)
   up = (delta + 1) // 2  # a's exponent; b's is up - delta, and their sum 2 up - delta is 0 or 1
-  total = layerpairs.squared_differences(dist, other, hsic.pow2(up), hsic.pow2(up - delta))
-  total = total * hsic.pow2(delta - 2 * up)
+  total = layerpairs.squared_differences(dist, other, grams.pow2(up), grams.pow2(up - delta))
+  total = total * grams.pow2(delta - 2 * up)
   return {"rsm_diff": layerpairs.mirror(jnp.where(near, total, 0.0)),
           "rsm_far": layerpairs.mirror((~near).astype(jnp.float32))}
 
@@ -211,7 +210,7 @@ def _rsm_squares(t: registry.Totals) -> np.ndarray:
 
 
 def _distances(mb: registry.Minibatch) -> jax.Array:
-  """(L, n, n) the layers' distance matrices, at their scales 2^-e (declared above);
+  """(L, n, n) the layers' distance matrices, at their scales 2^-e (the sums made of them declare theirs);
   read through `mb.shared`."""
   return jax.vmap(distances, (0, None))(mb.stack.gram, mb.mask)
 
@@ -226,7 +225,7 @@ def _centred_pairs(mb: registry.Minibatch, name: str, kernels, biased_scale) -> 
   `spec.estimator`: HSIC_1 if unbiased, else H K H times `biased_scale(n)`."""
   n, out = valid_count(mb.mask), {}
   if mb.spec.estimator == "unbiased":
-    centre, scale = hsic.center_unbiased, jnp.where(n >= hsic.MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0)
+    centre, scale = grams.center_unbiased, jnp.where(n >= MIN_BATCH, 1 / jnp.maximum(n * (n - 3), 1.0), 0.0)
   else:
     centre, scale = center_biased, biased_scale(n)
   _pairs(out, name, jax.vmap(centre, (0, None))(kernels(mb), mb.mask), mb.order, mb.precision, scale)
@@ -246,7 +245,7 @@ def _linear_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, j
 
 def _linear_value(t: registry.Totals) -> np.ndarray:
   key = "hsic" if t.spec.estimator == "unbiased" else "hsic_biased"
-  own = hsic.cka_from_hsic(t.sums[key], t.names, t.sums["moments"] / t.num_examples)  # checks the layers
+  own = linear_cka.cka_from_hsic(t.sums[key], t.names, t.sums["moments"] / t.num_examples)  # checks the layers
   return own if not t.null else t.normalised(key, "linear_cka")
 
 
@@ -260,7 +259,8 @@ LINEAR_CKA = registry.Family((registry.Measure(
     "linear_cka", "linear CKA",
     "sum over minibatches of HSIC(K, L), normalised by the sums of HSIC(K, K) and HSIC(L, L) "
     "(HSIC_1 of Song et al. unbiased, or HSIC_0 biased)",
-    lambda spec: f"estimator {spec.estimator}", _linear_value),), _linear_sums, _check_estimator)
+    lambda spec: f"estimator {spec.estimator}", _linear_value),), _linear_sums, _check_estimator,
+    scales={"hsic_biased": Scale(2, per_pair=True)})
 
 
 def _rbf_kernels(mb: registry.Minibatch) -> jax.Array:
@@ -305,7 +305,7 @@ DISTANCE_CORRELATION = registry.Family((registry.Measure(
     clip=registry.Clip(
         "layer pairs whose dCor² (the ratio of the dCov² sums; the unbiased U-statistic can be "
         "negative) was negative, reported as dCor 0", lambda t: int(np.sum(_dcor_squared(t) < 0)))),),
-    _dcov_sums)
+    _dcov_sums, scales={"dcov": Scale(1, per_pair=True)})
 
 
 def _mutual_knn_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -385,4 +385,4 @@ RSM_DIFFERENCE = registry.Family((registry.Measure(
     "distances between examples, over the number of pairs",
     lambda spec: "Euclidean",
     lambda t: np.sqrt(_rsm_squares(t) / np.maximum(t.sums["pair_count"], 1.0)), distance=True),),
-    _rsm_difference_sums)
+    _rsm_difference_sums, scales={"rsm": Scale(1, per_pair=True), "rsm_diff": Scale(1, per_pair=True)})

@@ -1,7 +1,7 @@
 """Similarity measures beyond linear CKA, from the Grams minibatch CKA forms.
 
 Every measure is computed within each minibatch from the layers' Grams
-(`hsic.Layer`), for every pair of layers at once, and summed over minibatches
+(`grams.Layer`), for every pair of layers at once, and summed over minibatches
 (each device holds whole minibatches). Each belongs to a family registered in
 `FAMILIES` (a `registry.Family`: its measures' names, labels, how their
 minibatches combine, parameters and their checks, sums and values):
@@ -36,10 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.similarity import descriptive
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import kernels
+from vitcnn_jax.similarity import layer_checks
 from vitcnn_jax.similarity import neighbours
 from vitcnn_jax.similarity import registry
+from vitcnn_jax.similarity import scales
 from vitcnn_jax.similarity import subspaces
 
 # Every measure's family, in the order of `NAMES` (and of the demo's figure panels).
@@ -48,6 +51,8 @@ FAMILIES = (kernels.LINEAR_CKA, kernels.RBF_CKA, kernels.DISTANCE_CORRELATION, k
             descriptive.FAMILY)
 REGISTRY: dict[str, registry.Measure] = {m.name: m for f in FAMILIES for m in f.measures}
 NAMES = tuple(REGISTRY)
+# Every sum that carries the layers' scales, by key: the linear HSIC's and each family's.
+SCALES: dict[str, scales.Scale] = {**hsic.SCALES, **{k: v for f in FAMILIES for k, v in f.scales.items()}}
 # The most principal components of a layer a decomposition per pair of layers reads
 # by default (`subspace_dims`; the CCA family's `cca_dims` too): its cost grows as
 # their cube, and every pair (and its null) takes one. 0 reads them all.
@@ -61,14 +66,15 @@ def permutation(key: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.argsort(jnp.where(mask > 0, u, 2.0 + jnp.arange(mask.shape[0])))
 
 
-def measure_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
+def measure_sums(layers: Sequence[grams.Layer], mask: jax.Array, spec: Spec,
                  order: jax.Array | None = None,
-                 precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+                 precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
   """One minibatch's sums of every measure of `spec` but unbiased linear CKA
   (`hsic.linear_sums`), for every pair of `layers`, family by family (each
   family's `sums`); with `order`, each again with one layer's examples
   re-indexed (prefix "null/", see `layerpairs`). Some carry the layers' scales
-  (`hsic.declare_scale`, undone by `hsic.unscale`); the others are scale-free."""
+  (each family's `scales`, gathered in `SCALES` and undone by `scales.unscale`);
+  the others are scale-free."""
   mb = registry.Minibatch(registry.Stack.of(layers), mask, spec, order, precision)
   out = {}
   for family in FAMILIES:
@@ -86,24 +92,24 @@ def only_linear(spec: Spec) -> bool:
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                    axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
                    key: jax.Array | None = None,
-                   precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
+                   precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
   """`layer_sums` of the layers' activations; a minibatch spread over a `group` of
-  devices has unbiased linear CKA alone (`hsic.minibatch_sums`)."""
+  devices has unbiased linear CKA alone (`hsic.activation_sums`)."""
   if group is not None:
     if not only_linear(spec):
       raise ValueError(f"config.measures={spec.names} (estimator {spec.estimator!r}, null "
                        f"{spec.null}) need each minibatch on one device: set "
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
-    return hsic.minibatch_sums(acts, mask, axis_name, group, precision)
-  return layer_sums([hsic.scaled_layer(a, mask, precision) for a in acts], mask, spec, axis_name,
+    return hsic.activation_sums(acts, mask, axis_name, group, precision)
+  return layer_sums([grams.scaled_layer(a, mask, precision) for a in acts], mask, spec, axis_name,
                     key, precision)
 
 
-def layer_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
+def layer_sums(layers: Sequence[grams.Layer], mask: jax.Array, spec: Spec,
                axis_name: str | tuple[str, ...] | None = None, key: jax.Array | None = None,
-               precision: hsic.Precision = hsic.HIGHEST) -> dict[str, jax.Array]:
-  """`hsic.linear_sums` of one minibatch's layers (`hsic.scaled_layer`, made where
+               precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
+  """`hsic.linear_sums` of one minibatch's layers (`grams.scaled_layer`, made where
   the forward made each activation) and, from the same Grams, the sums of
   `spec`'s other measures (and nulls, permuted by `key`), at the exponents shared
   along `axis_name`."""
@@ -111,7 +117,7 @@ def layer_sums(layers: Sequence[hsic.Layer], mask: jax.Array, spec: Spec,
   out = hsic.linear_sums(layers, mask, precision, order)
   if not only_linear(spec):
     out.update(measure_sums(layers, mask, spec, order, precision))
-  return hsic.shared_scale(out, axis_name)
+  return scales.shared_scale(out, axis_name, SCALES)
 
 
 def spec_of(config) -> Spec:
@@ -146,7 +152,7 @@ def values(sums: dict, names: Sequence[str], spec: Spec, num_examples: int,
   layers) whose negative estimate was clipped to 0, as "clipped/M" (for the json).
   Layers that overflowed or are constant over the examples are refused for every
   measure, as linear CKA refuses them; a cell no layer explains is named too."""
-  hsic.check_layers(np.diag(sums["hsic"]), sums["moments"] / num_examples, names, ", ".join(spec.names))
+  layer_checks.check_layers(np.diag(sums["hsic"]), sums["moments"] / num_examples, names, ", ".join(spec.names))
   totals = registry.Totals(sums, null, spec, names, num_examples)
   out, clipped = {}, {}
   for m in spec.names:
@@ -173,7 +179,7 @@ def clip_counts(measure: str, per_repeat: Sequence[dict], null: Sequence[dict] |
 
 def _check_finite(v: np.ndarray, names: Sequence[str], measure: str) -> None:
   """A measure's matrix is finite, or an error naming its cells: its layers passed
-  `hsic.check_layers`, so what is left is a step's own arithmetic failing (e.g. a
+  `layer_checks.check_layers`, so what is left is a step's own arithmetic failing (e.g. a
   decomposition that did not converge)."""
   bad = np.argwhere(~np.isfinite(v))
   if len(bad):

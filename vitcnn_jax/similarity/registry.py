@@ -13,13 +13,14 @@ there.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax.similarity import hsic
+from vitcnn_jax.similarity import grams
+from vitcnn_jax.similarity.scales import Scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Spec:
 
 
 class Stack(NamedTuple):
-  """The layers of one minibatch (`hsic.Layer`s, each at its own scale) stacked:
+  """The layers of one minibatch (`grams.Layer`s, each at its own scale) stacked:
   what every measure reads, as (L, ...) arrays."""
   gram: jax.Array  # (L, n, n) Grams of the centred rows
   proj: jax.Array  # (L, n) each centred row's projection on the mean
@@ -50,7 +51,7 @@ class Stack(NamedTuple):
   e: jax.Array  # (L,) int32: each layer's arrays are at the scale 2^-e
 
   @classmethod
-  def of(cls, layers: Sequence[hsic.Layer]) -> "Stack":
+  def of(cls, layers: Sequence[grams.Layer]) -> "Stack":
     return cls(jnp.stack([lay.gram for lay in layers]), jnp.stack([lay.proj for lay in layers]),
                jnp.stack([lay.rowmean for lay in layers]),
                jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
@@ -73,7 +74,7 @@ class Minibatch:
   mask: jax.Array
   spec: Spec
   order: jax.Array | None  # the null's re-indexing of the examples (None: no null)
-  precision: hsic.Precision
+  precision: grams.Precision
   _once: dict = dataclasses.field(default_factory=dict, repr=False)
 
   def shared(self, fn: Callable[["Minibatch"], Any]) -> Any:
@@ -157,10 +158,12 @@ class Family:
   devices) of the `chosen` of its measures, and with `mb.order` their nulls'
   (keys "null/..."). `check(spec, smallest, chosen)` raises a ValueError for
   a parameter out of its range (chosen or not: a mistake in the config is one)
-  and for what a chosen measure needs of the smallest minibatch."""
+  and for what a chosen measure needs of the smallest minibatch. `scales`: the
+  sums that carry the layers' power-of-two scales, by key (see `scales`)."""
   measures: tuple[Measure, ...]
   sums: Callable[[Minibatch, tuple[str, ...]], dict[str, jax.Array]]
   check: Callable[[Spec, int, tuple[str, ...]], None] = _no_check
+  scales: Mapping[str, Scale] = dataclasses.field(default_factory=dict)
 
   @property
   def names(self) -> tuple[str, ...]:

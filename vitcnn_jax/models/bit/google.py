@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import common
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models.bit import model as bit
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
@@ -81,7 +81,7 @@ def read(keys: Keys) -> Reading:
       if keys.has(proj):
         p[f"{src}/conv_proj/kernel"] = keys.take(proj)
   depth = tuple(depth)
-  named = [d for d, sizes in bit.DEPTHS.items() if sizes == depth]
+  named = [d for d, units in bit.DEPTHS.items() if units == depth]
   cfg["depth"], ev["depth"] = named[0] if named else depth, f"units per block {depth}"
   for leaf in _LN:
     p[f"norm-pre-head/{leaf}"] = keys.take(f"resnet/group_norm/{_TF_GN[leaf]}" if bt
@@ -102,7 +102,7 @@ def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   del r, native
   if cfg.get("image_size") is None:
     cfg.pop("image_size", None)
-  elif min(common.to_pair(cfg["image_size"])) < 32:
+  elif min(sizes.to_pair(cfg["image_size"])) < 32:
     raise ValueError(f"{path}: resolution={cfg['image_size']!r}; a BiT ResNet downsamples by 32, "
                      "so it needs at least 32 px.")
 

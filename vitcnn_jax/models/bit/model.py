@@ -28,7 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import blocks
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 # Capture presets. "paper": every ResNet-v2 sublayer (the projection shortcut
 # duplicates nothing, identity shortcuts would duplicate the previous unit's output,
@@ -56,7 +59,7 @@ def block_sizes(depth: int | Sequence[int]) -> tuple[int, ...]:
 class StdConv(nn.Module):
   """Bias-free conv whose kernel is standardised per output channel (unless
   `standardized`: the kernel given is standardised already, see `BiT.for_inference`).
-  Computed as `common.conv` (dots where XLA's CPU convolution is slow)."""
+  Computed as `layers.conv` (dots where XLA's CPU convolution is slow)."""
   features: int
   kernel: int
   stride: int = 1
@@ -68,7 +71,7 @@ class StdConv(nn.Module):
                    (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
     if not self.standardized:
       w = standardize_kernel(w)
-    return common.conv(x, w.astype(x.dtype), self.stride)
+    return layers.conv(x, w.astype(x.dtype), self.stride)
 
 
 def standardize_kernel(w: jax.Array) -> jax.Array:
@@ -125,7 +128,7 @@ class Unit(nn.Module):
   standardized: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     nout = 4 * self.nmid
     conv = functools.partial(StdConv, standardized=self.standardized)
     p = capture.put(out, "preact", nn.relu(GroupNorm(name="gn1")(x)))
@@ -157,7 +160,7 @@ class Root(nn.Module):
   standardized: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     x = capture.put(out, "conv", StdConv(self.features, 7, 2, self.standardized, name="conv_root")(x))
     y = nn.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
     if self.pad == "zero":
@@ -173,16 +176,16 @@ class Stage(nn.Module):
   nmid: int
   stride: int
   standardized: bool = False
-  scan: bool = True  # identical units as one scan (`common.apply_blocks`)
+  scan: bool = True  # identical units as one scan (`blocks.apply_blocks`)
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     names = [f"unit{u:02d}" for u in range(1, self.units + 1)]
     x = Unit(self.nmid, self.stride, self.standardized, name=names[0])(x, capture.child(names[0]), out)
     if len(names) == 1:
       return x
     # The units after the first are identical.
-    return common.apply_blocks(self, functools.partial(Unit, self.nmid, 1, self.standardized), names[1:],
+    return blocks.apply_blocks(self, functools.partial(Unit, self.nmid, 1, self.standardized), names[1:],
                                x, [capture.child(n) for n in names[1:]], out, scan=self.scan)
 
 
@@ -223,12 +226,12 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    common.check_image(images, None, "BiT")  # any size runs
+    sizes.check_image(images, None, "BiT")  # any size runs
     if self.root_pool_pad not in ROOT_POOL_PADS:
       raise ValueError(f"root_pool_pad={self.root_pool_pad!r} is not one of {sorted(ROOT_POOL_PADS)}.")
-    capture = common.Capture.of(capture)
+    capture = capturing.Capture.of(capture)
     out: dict = {}
     root = int(64 * self.width)
     x = Root(root, self.root_pool_pad, self.standardized, name="root_block")(images, capture.child("root"), out)
@@ -240,5 +243,5 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
     x = capture.put(out, "head/preact", nn.relu(GroupNorm(name="norm-pre-head")(x)))
     x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))
     if self.num_classes:
-      x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))
+      x = capture.put(out, "logits", layers.dense_head(self.num_classes)(x))
     return x, out

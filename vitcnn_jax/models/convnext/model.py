@@ -21,9 +21,13 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
+from vitcnn_jax.models.formats.base import Reading
 
 # (depths, widths) of timm's names; v2 adds `grn=True, layer_scale=False`.
 VARIANTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
@@ -65,7 +69,7 @@ class Block(nn.Module):
   kernel: int = 7
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     c, k = x.shape[-1], self.kernel
     capture.put(out, "in", x)
     y = nn.Conv(c, (k, k), padding=[(k // 2, k // 2)] * 2, feature_group_count=c,
@@ -73,7 +77,7 @@ class Block(nn.Module):
     y = capture.put(out, "dwconv", y)
     y = capture.put(out, "norm", _norm("norm")(y))
     y = nn.Dense(4 * c, name="fc1")(y)
-    y = common.get_gelu("exact")(y)
+    y = layers.get_gelu("exact")(y)
     if self.grn:
       y = GRN(name="grn")(y)
     y = capture.put(out, "mlp/hidden", y)
@@ -110,14 +114,14 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.Stages, anatomy.NoAttention, anatomy
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     del train
-    common.check_image(images, None, "ConvNeXt")  # any size runs
+    sizes.check_image(images, None, "ConvNeXt")  # any size runs
     if len(self.depths) != len(self.widths):
       raise ValueError(f"depths {tuple(self.depths)} and widths {tuple(self.widths)} differ in "
                        "length: one width per stage.")
-    capture = common.Capture.of(capture)
+    capture = capturing.Capture.of(capture)
     out: dict = {}
     p = self.patch_size
     x = nn.Conv(self.widths[0], (p, p), strides=(p, p), padding="VALID", name="stem_conv")(images)
@@ -136,3 +140,13 @@ class ConvNeXt(anatomy.FeatureMaps, anatomy.Stages, anatomy.NoAttention, anatomy
     if self.num_classes:
       x = capture.put(out, "logits", nn.Dense(self.num_classes, name="head")(x))
     return x, out
+
+
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
+  """Every reader's adaptation: any resolution runs (a conv net), but the input
+  must tile into the strides."""
+  del r, native
+  size, stride = cfg.get("image_size") or 224, cfg["patch_size"] * 2 ** (len(cfg["depths"]) - 1)
+  if any(s % stride for s in np.atleast_1d(size)):
+    raise ValueError(f"{path}: resolution {size} is not a multiple of {stride}, the stem's "
+                     "patch times the downsamplings.")

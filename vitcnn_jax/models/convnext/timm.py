@@ -68,18 +68,9 @@ def read(keys: Keys) -> Reading:
   ev["layer_scale"] = "stages.0.blocks.0.gamma" + ("" if cfg["layer_scale"] else ": absent")
   torch_layout.take_torch_norm(keys, p, "head.norm", "head_norm")
   torch_layout.take_head_torch(keys, p, cfg, ev, "head.fc")
-  s = timm_config.Settings(keys, "timm's ConvNeXt")  # a hub folder's config.json, if any
+  s = timm_config.TimmConfig(keys, "timm's ConvNeXt")  # a hub folder's config.json, if any
   s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")
   return Reading(keys.fmt, cfg, ev, p, tuple(s.assumed), policy=s.policy())
-
-
-def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
-  """Any resolution runs (a conv net); the input must tile into the strides."""
-  del r, native
-  size, stride = cfg.get("image_size") or 224, cfg["patch_size"] * 2 ** (len(cfg["depths"]) - 1)
-  if any(s % stride for s in np.atleast_1d(size)):
-    raise ValueError(f"{path}: resolution {size} is not a multiple of {stride}, the stem's "
-                     "patch times the downsamplings.")
 
 
 _NAMES = {"stem_conv": "stem.0", "stem_norm": "stem.1", "head_norm": "head.norm",
@@ -120,7 +111,7 @@ READER = Reader(
     policy=convnext.ConvNeXt.default_policy,  # timm's ConvNeXt evaluation
     detect=detect,
     read=read,
-    adapt=adapt,
+    adapt=convnext.adapt,
     write=write,
     suffix=".safetensors",
 )

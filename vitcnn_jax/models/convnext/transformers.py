@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from vitcnn_jax.models.convnext import model as convnext
-from vitcnn_jax.models.convnext import timm
 from vitcnn_jax.models.formats import hf_folder
 from vitcnn_jax.models.formats import torch_layout
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
@@ -140,5 +139,5 @@ READER = Reader(
     policy=POLICY,
     detect=detect,
     read=read,
-    adapt=timm.adapt,
+    adapt=convnext.adapt,
 )

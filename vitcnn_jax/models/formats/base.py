@@ -1,4 +1,5 @@
-"""What every reader shares: the error, what a reader found (`Reading`), the key
+"""What every reader shares: the error, what a reader found (`Reading`), what a
+config.json beside the file states or leaves assumed (`Settings`), the key
 ledger (`Keys`) that refuses a file's leftover tensors, and `Reader`, the
 declaration each reader module ends with."""
 
@@ -32,6 +33,22 @@ class Reading:
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # ours -> file key, where
   # no writer maps it back (a block of a scan-stacked tree), for messages
   policy: tuple[str, str] | None = None  # (policy, where it is stated): the preprocessing
+
+
+class Settings:
+  """What a file's config.json says beyond its tensors, field by field: each value
+  with where it was stated, or a default, recorded as assumed (an override may
+  change it). A reader's config.json is read by a subclass for its upstream."""
+
+  def __init__(self):
+    self.assumed: list[str] = []
+
+  def state(self, field: str, cfg: dict, ev: dict, value: Any, why: str) -> None:
+    cfg[field], ev[field] = value, why
+
+  def assume(self, field: str, cfg: dict, ev: dict, value: Any, why: str) -> None:
+    self.state(field, cfg, ev, value, why)
+    self.assumed.append(field)
 
 
 class Keys:

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models.common import flatten
 from vitcnn_jax.models.formats.base import CheckpointError, Params
+from vitcnn_jax.models.param_trees import flatten
 
 IN_MEMORY = "memory:"  # the "path" of parameters handed over in memory: memory:DIGEST
 

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models.formats.base import Keys
+from vitcnn_jax.models.formats.base import Keys, Settings
 
 # Heads of timm's ViT model functions by their size word (vit_<size>_patch...).
 _HEADS = {"tiny": 3, "small": 6, "small_plus": 6, "medium": 8, "base": 12, "large": 16,
@@ -55,17 +55,16 @@ def architecture(name: str) -> dict[str, Any]:
   return out
 
 
-class Settings:
-  """A timm file's settings: its config.json's, else assumed (and recorded so)."""
+class TimmConfig(Settings):
+  """A timm file's settings: its hub config.json's (the architecture's name,
+  model_args, pretrained_cfg), else assumed (and recorded so)."""
 
   def __init__(self, keys: Keys, what: str):
+    super().__init__()
     config = keys.meta.config if keys.meta and "architecture" in keys.meta.config else None
-    self.config, self.what, self.assumed = config, what, []
+    self.config, self.what = config, what
     self.known = architecture(config["architecture"]) if config else {}
     self.args = config.get("model_args") or {} if config else {}
-
-  def _stated(self, field: str, cfg: dict, ev: dict, value: Any, why: str) -> None:
-    cfg[field], ev[field] = value, why
 
   def get(self, field: str, cfg: dict, ev: dict, default: Any, why: str) -> None:
     """cfg[field] from config.json (its architecture, model_args or pretrained_cfg)."""
@@ -73,20 +72,19 @@ class Settings:
       size = self.args.get("img_size") or (self.config.get("pretrained_cfg") or {}).get("input_size")
       if isinstance(size, (int, list, tuple)) and size:
         size = size[-1] if isinstance(size, (list, tuple)) else size
-        return self._stated(field, cfg, ev, int(size), f"config.json (timm) input size {size}")
+        return self.state(field, cfg, ev, int(size), f"config.json (timm) input size {size}")
     if field in self.known:
-      return self._stated(field, cfg, ev, self.known[field],
-                          f"config.json architecture {self.config['architecture']!r}")
-    cfg[field], ev[field] = default, f"not in the weights{' or config.json' * bool(self.config)}; {why}"
-    self.assumed.append(field)
-    return None
+      return self.state(field, cfg, ev, self.known[field],
+                        f"config.json architecture {self.config['architecture']!r}")
+    return self.assume(field, cfg, ev, default,
+                       f"not in the weights{' or config.json' * bool(self.config)}; {why}")
 
   def heads(self, cfg: dict, ev: dict, usual: int) -> None:
     """num_heads: model_args, else the architecture's size where the width agrees
     (64-wide heads, or `usual`, the width's published count), else `usual`, assumed."""
     if "num_heads" in self.args:
-      return self._stated("num_heads", cfg, ev, int(self.args["num_heads"]),
-                          f"config.json model_args num_heads={self.args['num_heads']}")
+      return self.state("num_heads", cfg, ev, int(self.args["num_heads"]),
+                        f"config.json model_args num_heads={self.args['num_heads']}")
     h = self.known.get("num_heads")
     if h and h != usual and cfg["width"] != 64 * h:  # a size word of another width (giant, plus)
       self.known = {k: v for k, v in self.known.items() if k != "num_heads"}
@@ -96,7 +94,7 @@ class Settings:
   def pool(self, cfg: dict, ev: dict, default: str, why: str) -> None:
     pool = self.args.get("global_pool", self.config.get("global_pool")) if self.config else None
     if pool in _POOLS:
-      return self._stated("pool", cfg, ev, _POOLS[pool], f"config.json global_pool={pool!r}")
+      return self.state("pool", cfg, ev, _POOLS[pool], f"config.json global_pool={pool!r}")
     return self.get("pool", cfg, ev, default, why)
 
   def policy(self) -> tuple[str, str] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from vitcnn_jax.models import common
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
 
 FORMATS = {"mixer": "vision_transformer / big_vision MLP-Mixer: stem, MixerBlock_i/"
@@ -60,7 +60,7 @@ def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
     raise CheckpointError(
         f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
         "resolution=(height, width).")
-  if native is not None and common.to_pair(cfg["image_size"]) != (native, native):
+  if native is not None and sizes.to_pair(cfg["image_size"]) != (native, native):
     raise CheckpointError(
         f"{path}: a Mixer's token-mixing MLP fixes its input to {native}x{native} "
         f"({r.evidence['image_size']}); resolution={cfg['image_size']!r} is not possible.")

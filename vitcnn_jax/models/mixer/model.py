@@ -19,7 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import blocks
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 # Capture presets (as ViT's): about six points per block; block outputs; every point.
 LAYER_PRESETS = {
@@ -36,15 +39,15 @@ class MixerBlock(nn.Module):
   gelu: str = "tanh"
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     capture.put(out, "in", x)
-    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0")(x))
-    y = common.MlpBlock(self.tokens_mlp_dim, self.gelu, name="token_mixing")(
+    y = capture.put(out, "ln1", layers.layer_norm("LayerNorm_0")(x))
+    y = layers.MlpBlock(self.tokens_mlp_dim, self.gelu, name="token_mixing")(
         jnp.swapaxes(y, 1, 2), capture.child("token_mlp"), out)
     y = capture.put(out, "token_mlp/out", jnp.swapaxes(y, 1, 2))
     x = capture.put(out, "token_mlp/residual", x + y)
-    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1")(x))
-    y = common.MlpBlock(self.channels_mlp_dim, self.gelu, name="channel_mixing")(
+    y = capture.put(out, "ln2", layers.layer_norm("LayerNorm_1")(x))
+    y = layers.MlpBlock(self.channels_mlp_dim, self.gelu, name="channel_mixing")(
         y, capture.child("channel_mlp"), out)
     capture.put(out, "channel_mlp/out", y)
     return capture.put(out, "out", x + y)
@@ -72,21 +75,21 @@ class Mixer(anatomy.PatchTokens, anatomy.NoAttention, anatomy.ParamsAsRead, nn.M
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    capture = common.Capture.of(capture)
-    common.check_image(images, common.to_pair(self.image_size), "Mixer")
+    capture = capturing.Capture.of(capture)
+    sizes.check_image(images, sizes.to_pair(self.image_size), "Mixer")
     out: dict = {}
-    p = common.to_pair(self.patch_size)
+    p = sizes.to_pair(self.patch_size)
     x = nn.Conv(self.hidden_dim, p, strides=p, padding="VALID", name="stem")(images)
     capture.put(out, "stem", x)
     x = x.reshape(x.shape[0], -1, x.shape[-1])
-    x = common.apply_blocks(
+    x = blocks.apply_blocks(
         self, functools.partial(MixerBlock, self.tokens_mlp_dim, self.channels_mlp_dim, self.gelu),
         [f"MixerBlock_{i}" for i in range(self.num_blocks)], x,
         [capture.child(f"block{i:02d}") for i in range(self.num_blocks)], out, scan=not train)
-    x = capture.put(out, "encoded", common.layer_norm("pre_head_layer_norm")(x))
+    x = capture.put(out, "encoded", layers.layer_norm("pre_head_layer_norm")(x))
     x = capture.put(out, "pre_logits", x.mean(axis=1))
     if self.num_classes:
-      x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))
+      x = capture.put(out, "logits", layers.dense_head(self.num_classes)(x))
     return x, out

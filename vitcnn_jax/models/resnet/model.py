@@ -28,7 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import blocks
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 LAYER_PRESETS = {
     "paper": ("root/*", "block*/unit*/conv1", "block*/unit*/act1", "block*/unit*/conv2",
@@ -44,7 +47,7 @@ NOT_V1 = "; deep stems and pooled shortcuts (timm's resnet*d) are not ResNet v1"
 
 
 class Conv(nn.Module):
-  """A conv with symmetric padding (kernel - 1) // 2 (`common.conv`)."""
+  """A conv with symmetric padding (kernel - 1) // 2 (`layers.conv`)."""
   features: int
   kernel: int
   stride: int = 1
@@ -54,7 +57,7 @@ class Conv(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.param("kernel", nn.initializers.he_normal(),
                    (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
-    y = common.conv(x, w, self.stride)
+    y = layers.conv(x, w, self.stride)
     if self.bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
     return y
@@ -93,7 +96,7 @@ class Unit(nn.Module):
   eps: float = 1e-5
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     cn = lambda y, i, features, kernel, stride: _conv_norm(
         y, f"conv{i}", f"bn{i}", features, kernel, stride, self.batchnorm, self.eps)
     shortcut = x
@@ -160,11 +163,11 @@ class ResNet(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
-    common.check_image(images, None, "ResNet")  # any size runs
+    sizes.check_image(images, None, "ResNet")  # any size runs
     self._check()
-    capture = common.Capture.of(capture)
+    capture = capturing.Capture.of(capture)
     out: dict = {}
     x = images[..., ::-1] if self.input_order == "bgr" else images
     root = capture.child("root")
@@ -177,11 +180,11 @@ class ResNet(anatomy.FeatureMaps, anatomy.NoAttention, anatomy.ParamsAsRead, nn.
                                stride_in=self.stride_in, batchnorm=self.batchnorm, eps=self.bn_eps)
       x = unit(2 if b > 1 else 1, name=f"block{b}_unit01")(x, capture.child(f"block{b}/unit01"), out)
       if units > 1:  # the units after the first are identical
-        x = common.apply_blocks(self, functools.partial(unit, 1),
+        x = blocks.apply_blocks(self, functools.partial(unit, 1),
                                 [f"block{b}_unit{u:02d}" for u in range(2, int(units) + 1)], x,
                                 [capture.child(f"block{b}/unit{u:02d}") for u in range(2, int(units) + 1)], out,
                                 scan=not train)
     x = capture.put(out, "pre_logits", x.mean(axis=(1, 2)))
     if self.num_classes:
-      x = capture.put(out, "logits", common.dense_head(self.num_classes)(x))
+      x = capture.put(out, "logits", layers.dense_head(self.num_classes)(x))
     return x, out

@@ -63,7 +63,7 @@ def read(keys: Keys) -> Reading:
   torch_layout.take_head_torch(keys, p, cfg, ev, "fc")
   cfg.update(batchnorm=True, pool_pad=(1, 1))
   ev.update(batchnorm="bn1.running_var", pool_pad="torch's MaxPool2d(3, 2, padding=1)")
-  s = timm_config.Settings(keys, "timm's ResNet")  # a hub folder's config.json, if any
+  s = timm_config.TimmConfig(keys, "timm's ResNet")  # a hub folder's config.json, if any
   s.get("stride_in", cfg, ev, "3x3", "timm's and torchvision's 3x3 (v1.5)")
   s.get("bn_eps", cfg, ev, 1e-5, "torch's BatchNorm2d default 1e-5")
   s.get("image_size", cfg, ev, 224, "a conv net runs at any size; 224")

@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 LAYER_PRESETS = {
     "paper": ("stem", "stage*/block*/ln1", "stage*/block*/attn/out", "stage*/block*/ln2",
@@ -119,7 +121,7 @@ class WindowAttention(nn.Module):
   shift: int
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     b, h, w, c = x.shape
     ws, s, heads = self.window, self.shift, self.num_heads
     check_tiles((h, w), ws)
@@ -150,7 +152,7 @@ class Block(nn.Module):
   eps: float
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     ws, s = window_geometry(x.shape[1:3], self.window, self.shifted)
     capture.put(out, "in", x)
     y = capture.put(out, "ln1", nn.LayerNorm(epsilon=self.eps, name="LayerNorm_0")(x))
@@ -158,7 +160,7 @@ class Block(nn.Module):
         y, capture.child("attn"), out))
     x = capture.put(out, "attn/residual", x + y)
     y = capture.put(out, "ln2", nn.LayerNorm(epsilon=self.eps, name="LayerNorm_1")(x))
-    y = capture.put(out, "mlp/out", common.MlpBlock(self.mlp_dim, "exact", name="MlpBlock_0")(
+    y = capture.put(out, "mlp/out", layers.MlpBlock(self.mlp_dim, "exact", name="MlpBlock_0")(
         y, capture.child("mlp"), out))
     return capture.put(out, "out", x + y)
 
@@ -193,8 +195,8 @@ class Swin(anatomy.FeatureMaps, anatomy.Stages, anatomy.ParamsAsRead, nn.Module)
                                  ("mlp", "attn/residual", "mlp/out", "out"))]
 
   def attention(self) -> list[anatomy.AttentionLayer]:
-    layers = []
-    (rows, cols), p = common.to_pair(self.image_size), self.patch_size  # as the patch conv: floor
+    found = []
+    (rows, cols), p = sizes.to_pair(self.image_size), self.patch_size  # as the patch conv: floor
     rows, cols = rows // p, cols // p
     for s, (heads, depth) in enumerate(zip(self.heads, self.depths)):
       size = (rows // 2 ** s, cols // 2 ** s)
@@ -202,9 +204,9 @@ class Swin(anatomy.FeatureMaps, anatomy.Stages, anatomy.ParamsAsRead, nn.Module)
         ws, shift = window_geometry(size, self.window, b % 2 == 1)
         centres, allowed = window_layout(size, ws, shift, self.patch_size * 2 ** s)
         name = f"stage{s}/block{b:02d}"
-        layers.append(anatomy.AttentionLayer(len(layers), f"{name}/attn/weights", f"{name}/attn/heads",
-                                             heads, centres, allowed=allowed))
-    return layers
+        found.append(anatomy.AttentionLayer(len(found), f"{name}/attn/weights", f"{name}/attn/heads",
+                                            heads, centres, allowed=allowed))
+    return found
 
   def head_projection(self, params: dict, block: int) -> jax.Array:
     stage, name = self.block_names()[block].split("/")
@@ -214,14 +216,14 @@ class Swin(anatomy.FeatureMaps, anatomy.Stages, anatomy.ParamsAsRead, nn.Module)
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     del train
-    common.check_image(images, None, "Swin")
+    sizes.check_image(images, None, "Swin")
     if len(self.depths) != len(self.heads):
       raise ValueError(f"Swin: depths {tuple(self.depths)} and heads {tuple(self.heads)} need one "
                        "entry per stage.")
-    capture = common.Capture.of(capture)
+    capture = capturing.Capture.of(capture)
     out: dict = {}
     p = self.patch_size
     x = nn.Conv(self.embed_dim, (p, p), strides=(p, p), padding="VALID", name="patch_embed")(images)

@@ -147,7 +147,7 @@ def _settings(keys: Keys, cfg: dict, ev: dict, fmt: str) -> list[str]:
         if "image_size" in config else (224, "config.json without image_size: SwinConfig's default 224"))
     return []
   if fmt == "timm_swin" and config and "architecture" in config:
-    timm_config.Settings(keys, "timm's Swin").get("image_size", cfg, ev, 224, "")
+    timm_config.TimmConfig(keys, "timm's Swin").get("image_size", cfg, ev, 224, "")
     if "image_size" in ev and ev["image_size"].startswith("config.json"):
       return []
   cfg["image_size"], ev["image_size"] = 224, "not in the weights; 224, Swin's usual input"
@@ -157,7 +157,7 @@ def _settings(keys: Keys, cfg: dict, ev: dict, fmt: str) -> list[str]:
 def _policy(keys: Keys, fmt: str) -> tuple[str, str] | None:
   if fmt == "hf_swin":
     return hf_folder.policy(keys.meta, "hf_bicubic_squash_imagenet", "that of microsoft/swin-*")
-  return timm_config.Settings(keys, "timm's Swin").policy()
+  return timm_config.TimmConfig(keys, "timm's Swin").policy()
 
 
 READER = Reader(

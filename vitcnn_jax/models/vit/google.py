@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Any
 
-import jax
 import numpy as np
 
-from vitcnn_jax.inputs import preprocess
-from vitcnn_jax.models import common
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, take_head
+from vitcnn_jax.models.vit import resize
+from vitcnn_jax.models.vit.model import ATTN
 
 # tanh GELU like every upstream; `no_skip` for ablation models; `patch_size` as FlexiViT.
 FORMATS = {
@@ -30,18 +29,16 @@ FORMATS = {
 }
 _BLOCK = {  # our name -> names in files (linen, pre-linen)
     "LayerNorm_0": ("LayerNorm_0",),
-    "MultiHeadDotProductAttention_0": ("MultiHeadDotProductAttention_0",
-                                       "MultiHeadDotProductAttention_1"),
+    ATTN: (ATTN, "MultiHeadDotProductAttention_1"),
     "LayerNorm_1": ("LayerNorm_1", "LayerNorm_2"),
     "MlpBlock_0": ("MlpBlock_0", "MlpBlock_3"),
 }
 _PRELINEN = {ours: names[-1] for ours, names in _BLOCK.items()}
-LN = ("scale", "bias")
+_LN = ("scale", "bias")
 _DENSE = ("kernel", "bias")
-ATTN = tuple(f"{p}/{l}" for p in ("query", "key", "value", "out") for l in _DENSE)
-MLP = tuple(f"Dense_{i}/{l}" for i in (0, 1) for l in _DENSE)
-_LEAVES = {"LayerNorm_0": LN, "MultiHeadDotProductAttention_0": ATTN,
-           "LayerNorm_1": LN, "MlpBlock_0": MLP}
+_ATTN_LEAVES = tuple(f"{p}/{l}" for p in ("query", "key", "value", "out") for l in _DENSE)
+_MLP = tuple(f"Dense_{i}/{l}" for i in (0, 1) for l in _DENSE)
+_LEAVES = {"LayerNorm_0": _LN, ATTN: _ATTN_LEAVES, "LayerNorm_1": _LN, "MlpBlock_0": _MLP}
 _POSEMB_KEYS = ("Transformer/posembed_input/pos_embedding", "Transformer/pos_embedding",
                 "pos_embedding")
 
@@ -53,40 +50,6 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
       or any("MultiHeadDotProductAttention_1" in k for k in flat)):
     return "vit"
   return "big_vision"
-
-
-def resample_posemb(pe: np.ndarray, old_grid: tuple[int, int],
-                    new_grid: tuple[int, int]) -> np.ndarray:
-  """Linear resampling of the grid, as both upstreams (scipy.ndimage.zoom, order=1)."""
-  if tuple(old_grid) == tuple(new_grid):
-    return pe
-  import scipy.ndimage  # pylint: disable=g-import-not-at-top  (only here: kept off every start)
-  grid = pe.reshape(old_grid[0], old_grid[1], -1)
-  zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
-  grid = scipy.ndimage.zoom(grid, zoom, order=1)
-  return grid.reshape(1, new_grid[0] * new_grid[1], -1).astype(pe.dtype)
-
-
-def resize_patch_embedding(kernel: np.ndarray, new: tuple[int, int]) -> np.ndarray:
-  """FlexiViT's patch-embedding resize: the kernel whose response to a patch
-  equals the old kernel's response to that patch bilinearly resized to the old
-  size, in the least-squares sense (pseudo-inverse of the resize matrix)."""
-  old = kernel.shape[:2]
-  if tuple(old) == tuple(new):
-    return kernel
-  resize = np.kron(preprocess.bilinear_weights(old[0], new[0]),
-                   preprocess.bilinear_weights(old[1], new[1]))  # (new pixels, old pixels)
-  flat = np.linalg.pinv(resize.T) @ kernel.reshape(old[0] * old[1], -1).astype(np.float64)
-  return flat.reshape(*new, *kernel.shape[2:]).astype(kernel.dtype)
-
-
-def resample_posemb_flexi(pe: np.ndarray, old_grid: tuple[int, int],
-                          new_grid: tuple[int, int]) -> np.ndarray:
-  """FlexiViT's resampling of the embedding grid: jax.image.resize, linear."""
-  d = pe.shape[-1]
-  grid = jax.image.resize(np.asarray(pe, np.float32).reshape(1, *old_grid, d),
-                          (1, *new_grid, d), "linear")
-  return np.asarray(grid).reshape(1, new_grid[0] * new_grid[1], d).astype(pe.dtype)
 
 
 def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -> None:
@@ -116,11 +79,11 @@ def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, sources: dict[str, str]) -
           sources[f"Transformer/encoderblock_{i}/{ours}/{leaf}"] = (
               f"{keys.prefix}{src}/{name}/{leaf} (entry {i} of its leading, per-block axis)")
         p[f"Transformer/encoderblock_{i}/{ours}/{leaf}"] = arr
-  q = p["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  q = p[f"Transformer/encoderblock_0/{ATTN}/query/kernel"]
   cfg["num_heads"], ev["num_heads"] = q.shape[1], f"block 0 query/kernel {q.shape}"
   cfg["mlp_dim"] = p["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1]
   ev["mlp_dim"] = "block 0 MlpBlock Dense_0/kernel"
-  for leaf in LN:
+  for leaf in _LN:
     p[f"Transformer/encoder_norm/{leaf}"] = keys.take(f"Transformer/encoder_norm/{leaf}")
 
 
@@ -146,8 +109,7 @@ def _pool(keys: Keys, p: dict, cfg: dict, ev: dict, assumed: list[str],
   elif keys.has("MAPHead_0/probe"):
     cfg["pool"], ev["pool"] = "map", "MAPHead_0/probe"
     p["MAPHead_0/probe"] = keys.take("MAPHead_0/probe")
-    for sub, leaves in (("MultiHeadDotProductAttention_0", ATTN), ("LayerNorm_0", LN),
-                        ("MlpBlock_0", MLP)):
+    for sub, leaves in ((ATTN, _ATTN_LEAVES), ("LayerNorm_0", _LN), ("MlpBlock_0", _MLP)):
       for leaf in leaves:
         p[f"MAPHead_0/{sub}/{leaf}"] = keys.take(f"MAPHead_0/{sub}/{leaf}")
   elif keys.fmt == "vit":
@@ -215,35 +177,9 @@ def read(keys: Keys) -> Reading:
   return Reading(keys.fmt, cfg, ev, p, tuple(assumed), sources)
 
 
-def adapt(cfg: dict, r: Reading, native: int | None, path: str,
-          resample: Callable[..., np.ndarray] = resample_posemb) -> None:
-  """Checks the resolution; a learned embedding is resampled to the new grid
-  (with `resample`, the file's upstream's method)."""
-  if cfg.get("image_size") is None:
-    raise CheckpointError(
-        f"{path}: cannot infer a square input size from {r.evidence['image_size']}; pass "
-        "resolution=(height, width).")
-  bad = [b for b in cfg.get("no_skip") or () if not 0 <= b < cfg["depth"]]
-  if bad:
-    raise ValueError(f"{path}: no_skip={tuple(cfg['no_skip'])} names blocks {bad}, but the "
-                     f"model has blocks 0..{cfg['depth'] - 1}.")
-  patch, new = common.to_pair(cfg["patch_size"]), common.to_pair(cfg["image_size"])
-  if new[0] % patch[0] or new[1] % patch[1]:
-    raise ValueError(f"resolution {new} is not a multiple of the patch size {patch}.")
-  kernel = r.params["embedding/kernel"]
-  flexi = tuple(kernel.shape[:2]) != patch
-  if flexi:  # another patch size, as FlexiViT: both embeddings resampled its way
-    r.params["embedding/kernel"] = resize_patch_embedding(kernel, patch)
-    resample = resample_posemb_flexi
-  if "pos_embedding" not in r.params:
-    return
-  rows, grid = r.params["pos_embedding"].shape[1], (new[0] // patch[0], new[1] // patch[1])
-  if grid[0] * grid[1] != rows:
-    if native is None:
-      raise CheckpointError(f"{path}: cannot resample a non-square position "
-                                        f"embedding ({r.evidence['image_size']}) to {new}.")
-    old = native // kernel.shape[0]
-    r.params["pos_embedding"] = resample(r.params["pos_embedding"], (old, old), grid)
+def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
+  """The resolution checked; a learned embedding resampled as both upstreams do."""
+  resize.adapt(cfg, r, native, path, resize.SCIPY_LINEAR)
 
 
 def default_format(model) -> str:

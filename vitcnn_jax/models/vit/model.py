@@ -32,11 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.models import anatomy
-from vitcnn_jax.models import common
+from vitcnn_jax.models import blocks
+from vitcnn_jax.models import capturing
+from vitcnn_jax.models import layers
+from vitcnn_jax.models import sizes
 
 POOLS = ("token", "gap", "map", "0", "token_gap")
 POSEMBS = ("learn", "sincos2d", "none")
 ROPES = ("", "dinov3", "eva02", "pe")
+ATTN = "MultiHeadDotProductAttention_0"  # the attention's sub-tree in a block and the MAP head
 
 # (width, depth, mlp_dim, num_heads); Ti/S from the AugReg paper, B/L/H from ViT.
 VARIANTS: dict[str, tuple[int, int, int, int]] = {
@@ -142,7 +146,7 @@ class Attention(nn.Module):
   norm_eps: float | None = None
 
   @nn.compact
-  def __call__(self, q_in: jax.Array, kv_in: jax.Array, capture: common.Capture, out: dict,
+  def __call__(self, q_in: jax.Array, kv_in: jax.Array, capture: capturing.Capture, out: dict,
                rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     d = q_in.shape[-1]
     if d % self.num_heads:
@@ -200,19 +204,19 @@ class EncoderBlock(nn.Module):
     return x * self.skip.astype(x.dtype) + y  # x * 1 + y = x + y, x * 0 + y = y (finite x)
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict,
                rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     o = self.options
     capture.put(out, "in", x)
-    y = capture.put(out, "ln1", common.layer_norm("LayerNorm_0", o.ln_eps)(x))
+    y = capture.put(out, "ln1", layers.layer_norm("LayerNorm_0", o.ln_eps)(x))
     y = Attention(self.num_heads, o.ln_eps if o.attn_norm else None,
-                  name="MultiHeadDotProductAttention_0")(y, y, capture.child("attn"), out, rope)
+                  name=ATTN)(y, y, capture.child("attn"), out, rope)
     if o.layer_scale:
       y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
     x = capture.put(out, "attn/residual", self._residual(x, y))
-    y = capture.put(out, "ln2", common.layer_norm("LayerNorm_1", o.ln_eps)(x))
-    y = common.MlpBlock(self.mlp_dim, o.gelu, o.mlp, o.mlp_norm_eps, name="MlpBlock_0")(
+    y = capture.put(out, "ln2", layers.layer_norm("LayerNorm_1", o.ln_eps)(x))
+    y = layers.MlpBlock(self.mlp_dim, o.gelu, o.mlp, o.mlp_norm_eps, name="MlpBlock_0")(
         y, capture.child("mlp"), out)
     if o.layer_scale:
       y = y * self.param("ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
@@ -228,10 +232,10 @@ class Encoder(nn.Module):
   no_skip: tuple[int, ...] = ()
   final_norm: bool = True  # False: the pooled features are normed instead (`fc_norm`)
   skip_gates: jax.Array | None = None  # see ViT
-  scan: bool = True  # identical blocks as one scan (`common.apply_blocks`)
+  scan: bool = True  # identical blocks as one scan (`blocks.apply_blocks`)
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict,
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict,
                rope: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
     captures = [capture.child(f"block{i:02d}") for i in range(self.depth)]
     names = [f"encoderblock_{i}" for i in range(self.depth)]
@@ -241,10 +245,10 @@ class Encoder(nn.Module):
                          skip=i not in self.no_skip if self.skip_gates is None else self.skip_gates[i],
                          name=names[i])(x, captures[i], out, rope)
     else:
-      x = common.apply_blocks(self, functools.partial(EncoderBlock, self.mlp_dim, self.num_heads,
+      x = blocks.apply_blocks(self, functools.partial(EncoderBlock, self.mlp_dim, self.num_heads,
                                                       self.options), names, x, captures, out, rope,
                               scan=self.scan)
-    return common.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
+    return layers.layer_norm("encoder_norm", self.options.ln_eps)(x) if self.final_norm else x
 
 
 class MAPHead(nn.Module):
@@ -255,14 +259,14 @@ class MAPHead(nn.Module):
   options: BlockOptions = BlockOptions()
 
   @nn.compact
-  def __call__(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     n, _, d = x.shape
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, (n, 1, 1))
-    x = Attention(self.num_heads, name="MultiHeadDotProductAttention_0")(
+    x = Attention(self.num_heads, name=ATTN)(
         probe, x, capture.child("attn"), out)
-    y = common.layer_norm("LayerNorm_0", self.options.ln_eps)(x)
-    x = x + common.MlpBlock(self.mlp_dim, self.options.gelu, self.options.mlp, name="MlpBlock_0")(
+    y = layers.layer_norm("LayerNorm_0", self.options.ln_eps)(x)
+    x = x + layers.MlpBlock(self.mlp_dim, self.options.gelu, self.options.mlp, name="MlpBlock_0")(
         y, capture.child("mlp"), out)
     return x[:, 0]
 
@@ -344,15 +348,14 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     if self.attn_norm:
       raise ValueError("this ViT norms its heads' joined outputs before projecting them (EVA-02's "
                        "CLIP towers): a head's own contribution to the output is not defined.")
-    return params["Transformer"][f"encoderblock_{block}"]["MultiHeadDotProductAttention_0"][
-        "out"]["kernel"]
+    return params["Transformer"][f"encoderblock_{block}"][ATTN]["out"]["kernel"]
 
   @nn.compact
   def __call__(self, images: jax.Array, *,
-               capture: common.Capture | str | Sequence[str] | None = None,
+               capture: capturing.Capture | str | Sequence[str] | None = None,
                train: bool = False) -> tuple[jax.Array, dict]:
     # No dropout: these models are for analysis and light training; a model being
-    # trained applies its blocks one by one (`common.apply_blocks`).
+    # trained applies its blocks one by one (`blocks.apply_blocks`).
     if self.pool not in POOLS:
       raise ValueError(f"pool={self.pool!r} is not one of {POOLS}.")
     if self.posemb not in POSEMBS:
@@ -364,15 +367,15 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     if self.distilled and (self.pool != "token" or self.representation_size or self.fc_norm):
       raise ValueError("distilled=True (DeiT) reads the class and distillation tokens: "
                        "pool='token', without pre_logits or fc_norm.")
-    capture = common.Capture.of(capture)
-    common.patch_grid(self.patch_size, self.image_size)  # validates the sizes
+    capture = capturing.Capture.of(capture)
+    sizes.patch_grid(self.patch_size, self.image_size)  # validates the sizes
     if self.posemb == "learn":
-      common.check_image(images, common.to_pair(self.image_size), "ViT")
+      sizes.check_image(images, sizes.to_pair(self.image_size), "ViT")
     else:  # the embedding is computed for the grid of the images given, as upstream does
-      common.check_image(images, None, "ViT")
-      common.patch_grid(self.patch_size, images.shape[1:3])
+      sizes.check_image(images, None, "ViT")
+      sizes.patch_grid(self.patch_size, images.shape[1:3])
     out: dict = {}
-    p = common.to_pair(self.patch_size)
+    p = sizes.to_pair(self.patch_size)
     x = nn.Conv(self.width, p, strides=p, padding="VALID", use_bias=self.patch_bias,
                 name="embedding")(images)
     capture.put(out, "stem", x)
@@ -395,7 +398,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     if prefix:
       x = jnp.concatenate([jnp.tile(t, (n, 1, 1)) for t in prefix] + [x], axis=1)
     if self.pre_norm:
-      x = common.layer_norm("norm_pre", self.ln_eps)(x)
+      x = layers.layer_norm("norm_pre", self.ln_eps)(x)
     capture.put(out, "embedded", x)
 
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.options, tuple(self.no_skip),
@@ -405,7 +408,7 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     capture.put(out, "encoded", x)
     return self._head(x, capture, out), out
 
-  def _head(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def _head(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     """Pooling, fc_norm, pre_logits and the classifier; DeiT's distilled models
     average two heads, on the class and the distillation token (as timm)."""
     if self.distilled:
@@ -413,22 +416,22 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
       capture.put(out, "pre_logits", (x[:, 0] + x[:, 1]) / 2)
       if not self.num_classes:
         return (x[:, 0] + x[:, 1]) / 2
-      x = (common.dense_head(self.num_classes, use_bias=self.head_bias)(x[:, 0]) + common.dense_head(
+      x = (layers.dense_head(self.num_classes, use_bias=self.head_bias)(x[:, 0]) + layers.dense_head(
           self.num_classes, "head_dist", self.head_bias)(x[:, 1])) / 2
       return capture.put(out, "logits", x)
     x = self._pool(x, capture, out)
     if self.fc_norm:
-      x = common.layer_norm("fc_norm", self.ln_eps)(x)
+      x = layers.layer_norm("fc_norm", self.ln_eps)(x)
     capture.put(out, "head_input", x)
     if self.representation_size:
       x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
     capture.put(out, "pre_logits", x)
     if self.num_classes:
-      x = common.dense_head(self.num_classes, use_bias=self.head_bias)(x)
+      x = layers.dense_head(self.num_classes, use_bias=self.head_bias)(x)
       capture.put(out, "logits", x)
     return x
 
-  def _pool(self, x: jax.Array, capture: common.Capture, out: dict) -> jax.Array:
+  def _pool(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     """The class token (`token`), the first token (`0`), the spatial tokens' mean
     (`gap`), both side by side (`token_gap`), or attention pooling over them (`map`;
     over every token with `map_prefix`)."""

@@ -22,16 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import timm_config
 from vitcnn_jax.models.formats import torch_layout
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading
-from vitcnn_jax.models.vit import google
-from vitcnn_jax.models.vit import timm
+from vitcnn_jax.models.vit import resize
+from vitcnn_jax.models.vit import torch_pieces
+from vitcnn_jax.models.vit.model import ATTN
 
 FORMATS = {"timm_eva": "timm's Eva state dict (.safetensors) of a RoPE ViT (DINOv3, EVA-02, "
                        "Perception Encoder): q_bias/v_bias or q/k/v_proj, gamma_1/gamma_2, "
                        "SwiGLU fc1_g/fc1_x, rotary embeddings"}
-_ATTN = "MultiHeadDotProductAttention_0"
 _EVA_ONLY = ("blocks.0.gamma_1", "blocks.0.attn.q_bias", "blocks.0.mlp.fc1_g.weight",
              "blocks.0.attn.q_proj.weight")
 # Without a config.json: (rope, theta, ref, offset, eps, why), told by what the file has.
@@ -81,8 +82,9 @@ def _attention(keys: Keys, p: dict, src: str, ours: str, d: int) -> None:
 def _mlp(keys: Keys, p: dict, src: str, ours: str) -> tuple[int, str, bool]:
   """(hidden width, kind, inner norm): timm's SwiGLU (silu(fc1_g) * fc1_x) as our packed one."""
   if not keys.has(f"{src}.mlp.fc1_g.weight"):
-    return (*timm.mlp(keys, p, f"{src}.mlp", ours), False)
-  hidden = timm.gated_mlp(keys, p, f"{src}.mlp.fc1_g", f"{src}.mlp.fc1_x", f"{src}.mlp.fc2", ours)
+    return (*torch_pieces.mlp(keys, p, f"{src}.mlp.fc1", f"{src}.mlp.fc2", ours), False)
+  hidden = torch_pieces.gated_mlp(keys, p, f"{src}.mlp.fc1_g", f"{src}.mlp.fc1_x", f"{src}.mlp.fc2",
+                                  ours)
   norm = keys.has(f"{src}.mlp.norm.weight")
   if norm:
     torch_layout.take_torch_norm(keys, p, f"{src}.mlp.norm", f"{ours}/norm")
@@ -102,9 +104,9 @@ def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict) -> None:
   for i in idx:
     src, ours = f"blocks.{i}", f"Transformer/encoderblock_{i}"
     torch_layout.take_torch_norm(keys, p, f"{src}.norm1", f"{ours}/LayerNorm_0")
-    _attention(keys, p, src, f"{ours}/{_ATTN}", d)
+    _attention(keys, p, src, f"{ours}/{ATTN}", d)
     if cfg["attn_norm"]:
-      torch_layout.take_torch_norm(keys, p, f"{src}.attn.norm", f"{ours}/{_ATTN}/norm")
+      torch_layout.take_torch_norm(keys, p, f"{src}.attn.norm", f"{ours}/{ATTN}/norm")
     torch_layout.take_torch_norm(keys, p, f"{src}.norm2", f"{ours}/LayerNorm_1")
     kinds.add(_mlp(keys, p, src, f"{ours}/MlpBlock_0"))
     if cfg["layer_scale"]:
@@ -115,7 +117,7 @@ def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict) -> None:
   ev["mlp_dim"] = ev["mlp"] = ev["mlp_norm"] = keys.shape("blocks.0.mlp.fc2.weight")
 
 
-def _rope(keys: Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
+def _rope(keys: Keys, s: timm_config.TimmConfig, cfg: dict, ev: dict) -> None:
   """Which rotary embedding: config.json's architecture, else told by the file."""
   if s.config and "rope" not in s.known:
     raise CheckpointError(
@@ -131,7 +133,7 @@ def _rope(keys: Keys, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
   s.get("ln_eps", cfg, ev, eps, f"{why} LayerNorm eps")
 
 
-def _pool(keys: Keys, p: dict, s: timm_config.Settings, cfg: dict, ev: dict) -> None:
+def _pool(keys: Keys, p: dict, s: timm_config.TimmConfig, cfg: dict, ev: dict) -> None:
   """PE's attention pool (its own heads, over every token), else timm's pooling."""
   if not keys.has("attn_pool.latent"):
     s.pool(cfg, ev, "gap", "timm's Eva default global_pool 'avg': the patch tokens' mean")
@@ -141,11 +143,11 @@ def _pool(keys: Keys, p: dict, s: timm_config.Settings, cfg: dict, ev: dict) -> 
   ev["map_prefix"] = "timm's attn_pool reads every token"
   s.get("map_heads", cfg, ev, 8, "the Perception Encoder's 8")
   p["MAPHead_0/probe"] = keys.take("attn_pool.latent")
-  timm.attention(keys, p, f"MAPHead_0/{_ATTN}", 1,
-                        [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
-                         ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
+  torch_pieces.attention(keys, p, f"MAPHead_0/{ATTN}", 1,
+                         [("attn_pool.q", slice(0, d)), ("attn_pool.kv", slice(0, d)),
+                          ("attn_pool.kv", slice(d, 2 * d))], "attn_pool.proj")
   torch_layout.take_torch_norm(keys, p, "attn_pool.norm", "MAPHead_0/LayerNorm_0")
-  timm.mlp(keys, p, "attn_pool.mlp", "MAPHead_0/MlpBlock_0")
+  torch_pieces.mlp(keys, p, "attn_pool.mlp.fc1", "attn_pool.mlp.fc2", "MAPHead_0/MlpBlock_0")
 
 
 def _embedding(keys: Keys, p: dict, cfg: dict, ev: dict) -> None:
@@ -168,14 +170,14 @@ def read(keys: Keys) -> Reading:
   ev: dict[str, str] = {}
   assumed: list[str] = []
   _embedding(keys, p, cfg, ev)
-  s = timm_config.Settings(keys, "timm's Eva")
-  s.heads(cfg, ev, timm.HEADS.get(cfg["width"], max(cfg["width"] // 64, 1)))
+  s = timm_config.TimmConfig(keys, "timm's Eva")
+  s.heads(cfg, ev, torch_pieces.usual_heads(cfg["width"]))
   cfg["fc_norm"] = keys.has("fc_norm.weight")
   torch_layout.take_torch_norm(keys, p, "fc_norm" if cfg["fc_norm"] else "norm",
                      "fc_norm" if cfg["fc_norm"] else "Transformer/encoder_norm")
   ev["fc_norm"] = "fc_norm.weight" + ("" if cfg["fc_norm"] else ": absent")
   if keys.has("pos_embed"):  # the prefix tokens' rows folded into them, as timm's ViTs
-    timm.tokens(keys, p, cfg, ev, assumed)
+    torch_pieces.tokens(keys, p, cfg, ev, assumed)
     cfg.pop("pool")  # `_pool`'s
     assumed.clear()
   else:
@@ -199,19 +201,19 @@ def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   ours rotates dims i and i + hd/2, and a query-key dot product is the same in
   either order. A learned position embedding resampled as timm does."""
   pool = {k: r.params.pop(k) for k in list(r.params) if k.startswith("MAPHead_0/")}
-  timm.split_heads(cfg, r, path)
+  torch_pieces.split_heads(cfg, r, path)
   if pool:
-    timm.split_heads({**cfg, "num_heads": cfg.get("map_heads") or cfg["num_heads"]},
-                            Reading(r.fmt, {}, {}, pool), path)
+    torch_pieces.split_heads({**cfg, "num_heads": cfg.get("map_heads") or cfg["num_heads"]},
+                             Reading(r.fmt, {}, {}, pool), path)
     r.params.update(pool)
   if cfg.get("rope") in ("eva02", "pe"):
     hd = cfg["width"] // cfg["num_heads"]
     order = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
     for k in r.params:
-      if k.startswith("Transformer/") and (f"{_ATTN}/query/" in k or f"{_ATTN}/key/" in k):
+      if k.startswith("Transformer/") and (f"{ATTN}/query/" in k or f"{ATTN}/key/" in k):
         r.params[k] = r.params[k][..., order]
-  google.adapt(cfg, r, native if "pos_embedding" in r.params else None, path,
-               resample=timm.resample_posemb)
+  resize.adapt(cfg, r, native if "pos_embedding" in r.params else None, path,
+               preprocess.bicubic_weights)
 
 
 READER = Reader(

@@ -1,39 +1,7 @@
 """ViTs in Hugging Face transformers' layouts, as `save_pretrained` writes them
 and the hub holds them: a folder's `model.safetensors` (or shards) with its
 `config.json`, a bare state dict, or a torch ONNX export (weights named by
-`formats/onnx.py`).
-
-Layouts (each also under its classification wrapper's prefix, `vit.` or `dinov2.`):
-  hf_vit     ViTModel (google/vit-*): embeddings.{cls_token, position_embeddings,
-             patch_embeddings.projection}, encoder.layer.N.{layernorm_before,
-             attention.attention.{query,key,value}, attention.output.dense,
-             layernorm_after, intermediate.dense, output.dense}, layernorm,
-             pooler.dense (tanh: our pre_logits) or classifier.
-  hf_dinov2  Dinov2Model and Dinov2WithRegistersModel: as hf_vit with norm1/norm2,
-             mlp.fc1/fc2 or SwiGLU mlp.weights_in/weights_out, layer_scale{1,2}.lambda1,
-             embeddings.register_tokens; their classifier reads the class token and
-             the patch tokens' mean (our pool "token_gap"). Torch ONNX exports name
-             weights by module path: transformers 5's are attention.{q,k,v,o}_proj and
-             SwiGLU mlp.{gate,up,down}_proj, older ones' as save_pretrained writes.
-  hf_clip    the vision tower of CLIPModel / CLIPVisionModel[WithProjection]:
-             [vision_model.]{embeddings.{class_embedding, patch_embedding,
-             position_embedding}, pre_layrnorm, encoder.layers.N.{layer_norm1,
-             self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1/fc2}, post_layernorm},
-             visual_projection (our bias-free head). transformers 5 saves a tower
-             alone (CLIPVisionModel, SiglipVisionModel, ...) without `vision_model.`.
-  hf_siglip  the vision tower of SiglipModel / SiglipVisionModel (SigLIP, and SigLIP 2
-             at a fixed resolution): as hf_clip without class token, pre-norm or
-             projection, with the attention-pooling head [vision_model.]head.*.
-  hf_siglip2 the vision tower of Siglip2Model / Siglip2VisionModel (SigLIP 2 NaFlex):
-             as hf_siglip with a Linear patch embedding over patches flattened (row,
-             column, channel), our conv's kernel reshaped. NaFlex runs any grid and
-             aspect ratio; here one square grid (an analysis needs one), its position
-             embedding resized as transformers does (bilinear, antialiased).
-  hf_dinov3  DINOv3ViTModel (facebook/dinov3-vit*): embeddings.{cls_token,
-             register_tokens, patch_embeddings}, layer.N.{norm1, attention.{q,k,v,o}_proj
-             (k without bias), layer_scale1.lambda1, norm2, mlp.{up,down}_proj or the
-             gated mlp.{gate,up,down}_proj, layer_scale2.lambda1}, norm; no position
-             embedding: DINOv3's rotary embedding of the patch tokens (our rope="dinov3").
+`formats/onnx.py`). Where each model keeps each piece: `transformers_layouts.py`.
 
 The architecture's numbers come from the tensors; what tensors cannot say
 (heads, activation, LayerNorm eps, the evaluation resolution) from config.json,
@@ -46,10 +14,9 @@ bicubic; antialiased for DINOv2 with registers), once at load time here.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -57,8 +24,11 @@ from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import hf_folder
 from vitcnn_jax.models.formats import torch_layout
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Reader, Reading, log
-from vitcnn_jax.models.vit import google
-from vitcnn_jax.models.vit import timm
+from vitcnn_jax.models.formats.hf_config import HfConfig
+from vitcnn_jax.models.vit import resize
+from vitcnn_jax.models.vit import torch_pieces
+from vitcnn_jax.models.vit.model import ATTN
+from vitcnn_jax.models.vit.transformers_layouts import LAYOUTS, MODEL_TYPES, Layout
 
 FORMATS = {
     "hf_vit": "Hugging Face transformers' ViTModel / ViTForImageClassification (google/vit-*)",
@@ -72,91 +42,11 @@ FORMATS = {
     "hf_dinov3": "Hugging Face transformers' DINOv3ViTModel (facebook/dinov3-vit*: rotary "
                  "embeddings, registers, layer scale)",
 }
-_ATTN = "MultiHeadDotProductAttention_0"
 _GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh",
           "quick_gelu": "quick"}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-  """Where one transformers model keeps each piece, and its config class's defaults."""
-  upstream: str  # its config class, for evidence
-  wrappers: tuple[str, ...]  # prefixes of the models that hold it ("" first)
-  patch: str
-  pos: str | None  # the position embedding: (1, T, D) parameter or (T, D) `.weight`
-  layer: str  # "{}": the layer index
-  names: dict[str, str]  # ours (in a block) -> theirs (after the layer prefix)
-  final: str
-  defaults: dict[str, Any]  # config.json keys we read -> the config class's default
-  cls: str | None = None
-  pre_norm: str | None = None
-  resample: Callable[[int, int], np.ndarray] = preprocess.torch_bicubic_weights
-  dropped: tuple[str, ...] = ()  # other towers' prefixes: left out, said so
-  policy: str = "hf_bicubic_crop0.875_imagenet"  # the published models' image processor (DINOv2's)
-  rope: str = ""  # its rotary embedding (our ViT's `rope`)
-  modules: dict[str, str] | None = None  # `names` as transformers 5's modules (ONNX exports) hold them
-
-
-_TOWER = dict(wrappers=("", "vision_model."), patch="embeddings.patch_embedding",
-              pos="embeddings.position_embedding.weight", layer="encoder.layers.{}.",
-              names={"LayerNorm_0": "layer_norm1", f"{_ATTN}/query": "self_attn.q_proj",
-                     f"{_ATTN}/key": "self_attn.k_proj", f"{_ATTN}/value": "self_attn.v_proj",
-                     f"{_ATTN}/out": "self_attn.out_proj", "LayerNorm_1": "layer_norm2",
-                     "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"},
-              final="post_layernorm")
-_ENCODER = {"LayerNorm_0": "layernorm_before", f"{_ATTN}/query": "attention.attention.query",
-            f"{_ATTN}/key": "attention.attention.key", f"{_ATTN}/value": "attention.attention.value",
-            f"{_ATTN}/out": "attention.output.dense", "LayerNorm_1": "layernorm_after",
-            "MlpBlock_0/Dense_0": "intermediate.dense", "MlpBlock_0/Dense_1": "output.dense"}
-_DINOV2 = {**_ENCODER, "LayerNorm_0": "norm1", "LayerNorm_1": "norm2",
-           "MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"}
-_LAYOUTS = {
-    "hf_vit": _Layout(
-        "ViTConfig", ("", "vit."), "embeddings.patch_embeddings.projection",
-        "embeddings.position_embeddings", "encoder.layer.{}.", _ENCODER, "layernorm",
-        dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-12, image_size=224,
-             pooler_act="tanh"), cls="embeddings.cls_token", policy="hf_bilinear_squash_half"),
-    "hf_dinov2": _Layout(
-        "Dinov2Config", ("", "dinov2.", "dinov2_with_registers."),
-        "embeddings.patch_embeddings.projection", "embeddings.position_embeddings",
-        "encoder.layer.{}.", _DINOV2,
-        "layernorm", dict(num_attention_heads=12, hidden_act="gelu", layer_norm_eps=1e-6,
-                          image_size=224), cls="embeddings.cls_token",
-        modules={**_DINOV2, **{f"{_ATTN}/{q}": f"attention.{p}_proj"
-                               for q, p in (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))}}),
-    "hf_clip": _Layout(
-        "CLIPVisionConfig", **_TOWER, cls="embeddings.class_embedding", pre_norm="pre_layrnorm",
-        defaults=dict(num_attention_heads=12, hidden_act="quick_gelu", layer_norm_eps=1e-5,
-                      image_size=224),
-        dropped=("text_model.", "text_projection.", "logit_scale"), policy="hf_bicubic_crop1_clip"),
-    "hf_siglip": _Layout(
-        "SiglipVisionConfig", **_TOWER,
-        defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh",
-                      layer_norm_eps=1e-6, image_size=224),
-        dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bicubic_squash_half"),
-    "hf_siglip2": _Layout(
-        "Siglip2VisionConfig", **_TOWER,
-        defaults=dict(num_attention_heads=12, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6),
-        dropped=("text_model.", "logit_scale", "logit_bias"), policy="hf_bilinear_squash_half",
-        resample=preprocess.pil_bilinear_weights),
-}
-_LAYOUTS["hf_dinov3"] = _Layout(
-    "DINOv3ViTConfig", ("",), "embeddings.patch_embeddings", None, "layer.{}.",
-    {"LayerNorm_0": "norm1", f"{_ATTN}/query": "attention.q_proj", f"{_ATTN}/key": "attention.k_proj",
-     f"{_ATTN}/value": "attention.v_proj", f"{_ATTN}/out": "attention.o_proj", "LayerNorm_1": "norm2",
-     "MlpBlock_0/Dense_0": "mlp.up_proj", "MlpBlock_0/Dense_1": "mlp.down_proj"},
-    "norm", dict(num_attention_heads=6, hidden_act="gelu", layer_norm_eps=1e-5, image_size=224,
-                 rope_theta=100.0),
-    cls="embeddings.cls_token", policy="hf_bilinear_squash_imagenet", rope="dinov3")
-# config.json's model_type -> (layout, the section holding the vision settings)
-MODEL_TYPES = {"vit": ("hf_vit", None), "dinov2": ("hf_dinov2", None),
-               "dinov2_with_registers": ("hf_dinov2", None), "clip": ("hf_clip", "vision_config"),
-               "clip_vision_model": ("hf_clip", None), "siglip": ("hf_siglip", "vision_config"),
-               "siglip_vision_model": ("hf_siglip", None), "siglip2": ("hf_siglip2", "vision_config"),
-               "siglip2_vision_model": ("hf_siglip2", None), "dinov3_vit": ("hf_dinov3", None)}
-
-
-def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
+def _wrapper(flat: dict[str, np.ndarray], layout: Layout) -> str | None:
   """The prefix under which `layout`'s model sits in `flat`, if it does."""
   norm = layout.layer.format(0) + layout.names["LayerNorm_0"]
   for w in layout.wrappers:
@@ -166,7 +56,7 @@ def _wrapper(flat: dict[str, np.ndarray], layout: _Layout) -> str | None:
 
 
 def detect(flat: dict[str, np.ndarray]) -> str | None:
-  for fmt, layout in _LAYOUTS.items():
+  for fmt, layout in LAYOUTS.items():
     w = _wrapper(flat, layout)
     if w is None:
       continue
@@ -179,13 +69,13 @@ def detect(flat: dict[str, np.ndarray]) -> str | None:
   return None
 
 
-def _model_type(meta: hf_folder.Meta, layout: _Layout) -> str | None:
+def _model_type(meta: hf_folder.Meta, layout: Layout) -> str | None:
   """config.json's model_type, refused where it names a model we do not read: its
   settings (heads, activation, eps) would be read under keys that mean other things."""
   model_type = meta.config.get("model_type")
   if model_type is None or model_type in MODEL_TYPES:
     return model_type
-  fits = [t for t, (fmt, _) in MODEL_TYPES.items() if _LAYOUTS[fmt] is layout]
+  fits = [t for t, (fmt, _) in MODEL_TYPES.items() if LAYOUTS[fmt] is layout]
   raise CheckpointError(
       f"{os.path.join(meta.folder, hf_folder.CONFIG)}: model_type={model_type!r} is not a ViT of "
       f"transformers we read (we read model_type {', '.join(sorted(MODEL_TYPES))}). The "
@@ -194,42 +84,11 @@ def _model_type(meta: hf_folder.Meta, layout: _Layout) -> str | None:
       "the model to one of those types first.")
 
 
-class _Settings:
-  """The vision settings of config.json, with the config class's defaults for
-  keys it leaves out; without a config.json, those defaults, reported as assumed."""
-
-  def __init__(self, keys: Keys, layout: _Layout):
-    self.layout, self.meta, self.section, self.path = layout, keys.meta, None, keys.path
-    if keys.meta:
-      config = keys.meta.config
-      _, sub = MODEL_TYPES.get(_model_type(keys.meta, layout), (None, None))
-      self.section = config.get(sub, {}) if sub else config
-      self.where = f"config.json{f' {sub}.' if sub else ' '}"
-    self.assumed: list[str] = []
-
-  def agrees(self, read: dict[str, int], path: str) -> None:
-    """config.json describes these weights: each key it has equals what they show."""
-    for key, value in read.items():
-      if self.section and key in self.section and self.section[key] != value:
-        raise CheckpointError(f"{path}: config.json {key}={self.section[key]!r}, but the weights "
-                                 f"show {value}: the config.json belongs to another model.")
-
-  def get(self, field: str, key: str, cfg: dict, ev: dict, convert: Callable[[Any], Any] = lambda v: v,
-          default: Any = None) -> Any:
-    """cfg[field] from config.json's `key`, with its evidence."""
-    default = self.layout.defaults[key] if default is None else default
-    if self.section is None:
-      value, why = default, f"not in the weights and no config.json; {self.layout.upstream}'s default {key}={default!r}"
-      self.assumed.append(field)
-    elif key in self.section:
-      value, why = self.section[key], f"{self.where}{key}={self.section[key]!r}"
-    else:
-      value, why = default, f"{self.where}without {key}: {self.layout.upstream}'s default {default!r}"
-    try:
-      cfg[field], ev[field] = convert(value), why
-    except CheckpointError as e:  # a value it cannot take: name the file
-      raise CheckpointError(f"{self.path}: {e}") from None
-    return cfg[field]
+def _config(keys: Keys, layout: Layout) -> HfConfig:
+  """The vision settings of config.json (its section of a two-tower model's), with
+  `layout`'s config class's defaults."""
+  section = MODEL_TYPES.get(_model_type(keys.meta, layout), (None, None))[1] if keys.meta else None
+  return HfConfig(keys, layout.upstream, layout.defaults, section)
 
 
 def _gelu(name: str) -> str:
@@ -262,7 +121,7 @@ def _position_embedding(keys: Keys, name: str) -> tuple[np.ndarray, str]:
   return pe, f"{keys.shape('embeddings.Concat')} + {keys.shape('embeddings.Reshape')}"
 
 
-def _input_size(keys: Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> None:
+def _input_size(keys: Keys, s: HfConfig, cfg: dict, ev: dict, grid: int) -> None:
   """The resolution the model is evaluated at: an ONNX graph's input, the image
   processor's output size, else config.json's image_size (the embedding's grid
   without one)."""
@@ -272,23 +131,23 @@ def _input_size(keys: Keys, s: _Settings, cfg: dict, ev: dict, grid: int) -> Non
     cfg["image_size"], ev["image_size"] = shape[2], f"the ONNX graph's input {shape}"
   elif crop:
     cfg["image_size"], ev["image_size"] = crop
-  elif (s.section is not None and "image_size" in s.layout.defaults) or not grid:  # rotary: no grid
+  elif (s.section is not None and "image_size" in s.defaults) or not grid:  # rotary: no grid
     s.get("image_size", "image_size", cfg, ev)
   else:
     cfg["image_size"] = grid * cfg["patch_size"]
     ev["image_size"] = f"the position embedding's {grid}x{grid} grid"
 
 
-def _names(keys: Keys, first: str, layout: _Layout) -> dict[str, str]:
+def _names(keys: Keys, first: str, layout: Layout) -> dict[str, str]:
   """The block's names in this file (`first`: layer 0's prefix): those
   save_pretrained writes, or transformers 5's module paths, which its ONNX exports
   name weights by."""
-  if layout.modules and keys.has(f"{first}{layout.modules[f'{_ATTN}/query']}.weight"):
+  if layout.modules and keys.has(f"{first}{layout.modules[f'{ATTN}/query']}.weight"):
     return layout.modules
   return layout.names
 
 
-def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout) -> None:
+def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, layout: Layout) -> None:
   layer = base + layout.layer
   idx = keys.indices("^" + layer.replace(".", r"\.").format(r"(\d+)"))
   if not idx or idx[0] != 0:
@@ -301,29 +160,22 @@ def _blocks(keys: Keys, p: dict, cfg: dict, ev: dict, base: str, layout: _Layout
   for i in idx:
     src, ours = layer.format(i), f"Transformer/encoderblock_{i}"
     for q in ("query", "key", "value", "out"):
-      lin = f"{src}{n[f'{_ATTN}/{q}']}.weight"
+      lin = f"{src}{n[f'{ATTN}/{q}']}.weight"
       if keys.has(lin) and keys.flat[lin].shape != (d, d):
         raise CheckpointError(f"{keys.path}: {keys.shape(lin)} should be ({d}, {d}), the "
                                  "width read from the patch embedding.")
     torch_layout.take_torch_norm(keys, p, src + n["LayerNorm_0"], f"{ours}/LayerNorm_0")
-    timm.attention(keys, p, f"{ours}/{_ATTN}", h,
-                          [(src + n[f"{_ATTN}/{q}"], slice(None)) for q in ("query", "key", "value")],
-                          src + n[f"{_ATTN}/out"])
+    torch_pieces.attention(keys, p, f"{ours}/{ATTN}", h,
+                           [(src + n[f"{ATTN}/{q}"], slice(None)) for q in ("query", "key", "value")],
+                           src + n[f"{ATTN}/out"])
     torch_layout.take_torch_norm(keys, p, src + n["LayerNorm_1"], f"{ours}/LayerNorm_1")
     if keys.has(f"{src}mlp.gate_proj.weight"):  # DINOv3's gated MLP: silu(gate) * up
-      kinds.add((timm.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
-                                       f"{src}mlp.down_proj", f"{ours}/MlpBlock_0"), "swiglu"))
-    elif keys.has(f"{src}mlp.weights_in.weight"):  # transformers' SwiGLU: silu(x1) * x2, as ours
-      w1, b1 = torch_layout.take_torch_linear(keys, f"{src}mlp.weights_in")
-      w2, b2 = torch_layout.take_torch_linear(keys, f"{src}mlp.weights_out")
-      p[f"{ours}/MlpBlock_0/Dense_0/kernel"], p[f"{ours}/MlpBlock_0/Dense_0/bias"] = w1, b1
-      p[f"{ours}/MlpBlock_0/Dense_1/kernel"], p[f"{ours}/MlpBlock_0/Dense_1/bias"] = w2, b2
-      kinds.add((w2.shape[0], "swiglu"))
-    else:
-      for j in (0, 1):
-        w, b = torch_layout.take_torch_linear(keys, src + n[f"MlpBlock_0/Dense_{j}"])
-        p[f"{ours}/MlpBlock_0/Dense_{j}/kernel"], p[f"{ours}/MlpBlock_0/Dense_{j}/bias"] = w, b
-      kinds.add((p[f"{ours}/MlpBlock_0/Dense_1/kernel"].shape[0], "gelu"))
+      kinds.add((torch_pieces.gated_mlp(keys, p, f"{src}mlp.gate_proj", f"{src}mlp.up_proj",
+                                        f"{src}mlp.down_proj", f"{ours}/MlpBlock_0"), "swiglu"))
+    else:  # DINOv2's SwiGLU, weights_in twice as wide (silu(x1) * x2, as ours), or a plain MLP
+      fc = (("mlp.weights_in", "mlp.weights_out") if keys.has(f"{src}mlp.weights_in.weight")
+            else (n["MlpBlock_0/Dense_0"], n["MlpBlock_0/Dense_1"]))
+      kinds.add(torch_pieces.mlp(keys, p, src + fc[0], src + fc[1], f"{ours}/MlpBlock_0"))
     if scaled:
       p[f"{ours}/ls1"] = keys.take(f"{src}layer_scale1.lambda1")
       p[f"{ours}/ls2"] = keys.take(f"{src}layer_scale2.lambda1")
@@ -346,7 +198,7 @@ def _map_head(keys: Keys, p: dict, cfg: dict, head: str) -> None:
   if w.shape != (3 * d, d):
     raise CheckpointError(f"{keys.path}: {keys.shape(head + '.attention.in_proj_weight')} "
                              f"should be ({3 * d}, {d}).")
-  ours = f"MAPHead_0/{_ATTN}"
+  ours = f"MAPHead_0/{ATTN}"
   for j, q in enumerate(("query", "key", "value")):
     rows = slice(j * d, (j + 1) * d)
     p[f"{ours}/{q}/kernel"] = w[rows].T.reshape(d, h, d // h)
@@ -354,12 +206,13 @@ def _map_head(keys: Keys, p: dict, cfg: dict, head: str) -> None:
   w, b = torch_layout.take_torch_linear(keys, f"{head}.attention.out_proj")
   p[f"{ours}/out/kernel"], p[f"{ours}/out/bias"] = w.reshape(h, d // h, d), b
   torch_layout.take_torch_norm(keys, p, f"{head}.layernorm", "MAPHead_0/LayerNorm_0")
-  if timm.mlp(keys, p, f"{head}.mlp", "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], "gelu"):
+  if torch_pieces.mlp(keys, p, f"{head}.mlp.fc1", f"{head}.mlp.fc2",
+                      "MAPHead_0/MlpBlock_0") != (cfg["mlp_dim"], "gelu"):
     raise CheckpointError(f"{keys.path}: {keys.shape(head + '.mlp.fc1.weight')} differs "
                              "from the layers' MLP; our MAP head shares their width.")
 
 
-def _head(keys: Keys, p: dict, cfg: dict, ev: dict, s: _Settings, fmt: str, base: str) -> None:
+def _head(keys: Keys, p: dict, cfg: dict, ev: dict, s: HfConfig, fmt: str, base: str) -> None:
   """Pooling and the classifier (or projection) of each layout's models."""
   cfg.update(fc_norm=False, representation_size=None, num_classes=None, head_bias=True)
   ev["num_classes"] = "no classifier in the file"
@@ -413,8 +266,8 @@ def _patch_embedding(keys: Keys, p: dict, cfg: dict, ev: dict, name: str) -> Non
   ev["width"] = ev["patch_size"] = keys.shape(f"{name}.weight")
 
 
-def _tokens(keys: Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str,
-            layout: _Layout) -> None:
+def _tokens(keys: Keys, p: dict, cfg: dict, ev: dict, s: HfConfig, base: str,
+            layout: Layout) -> None:
   """The class and register tokens, the position embedding (the class token's row
   folded into the token, as ours keeps it) or the rotary one, and the resolution."""
   d = cfg["width"]
@@ -452,12 +305,12 @@ def _tokens(keys: Keys, p: dict, cfg: dict, ev: dict, s: _Settings, base: str,
 
 def read(keys: Keys) -> Reading:
   fmt = keys.fmt
-  layout = _LAYOUTS[fmt]
+  layout = LAYOUTS[fmt]
   base = _wrapper(keys.flat, layout) or ""
   p: dict[str, np.ndarray] = {}
   cfg: dict[str, Any] = {}
   ev: dict[str, str] = {}
-  s = _Settings(keys, layout)
+  s = _config(keys, layout)
   for prefix in layout.dropped:
     left = [k for k in keys.flat if k.startswith(prefix)]
     keys.used.update(left)
@@ -466,9 +319,9 @@ def read(keys: Keys) -> Reading:
   _patch_embedding(keys, p, cfg, ev, base + layout.patch)
   d = cfg["width"]
   if s.section is None:
-    h = cfg["num_heads"] = timm.HEADS.get(d, max(d // 64, 1))
-    ev["num_heads"] = f"not in the weights and no config.json; {h} for width {d} (published models)"
-    s.assumed.append("num_heads")
+    h = torch_pieces.usual_heads(d)
+    s.assume("num_heads", cfg, ev, h, f"not in the weights and no config.json; {h} for width {d} "
+             "(published models)")
   else:
     s.get("num_heads", "num_attention_heads", cfg, ev)
   # DINOv3's gated MLP applies hidden_act; DINOv2's SwiGLU (gate_proj in transformers 5) SiLU always
@@ -497,23 +350,19 @@ def adapt(cfg: dict, r: Reading, native: int | None, path: str) -> None:
   """Heads split; the embedding's grid resized from its own square to the
   input's, as transformers does on each forward."""
   del native
-  timm.split_heads(cfg, r, path)
-  if "pos_embedding" not in r.params:  # rotary: computed for any grid
-    google.adapt(cfg, r, None, path)
-    return
-  grid = math.isqrt(r.params["pos_embedding"].shape[1])
-  layout = _LAYOUTS[r.fmt]
+  torch_pieces.split_heads(cfg, r, path)
+  pe = r.params.get("pos_embedding")  # None: rotary, computed for any grid
+  own = None if pe is None else math.isqrt(pe.shape[1]) * cfg["patch_size"]
   if r.config.get("num_registers") and r.fmt == "hf_dinov2":
     weights = preprocess.bicubic_weights  # Dinov2WithRegisters interpolates with antialias
   else:
-    weights = layout.resample
-  resample = lambda pe, old, new: timm.resample_posemb(pe, old, new, weights=weights)  # noqa: E731
-  google.adapt(cfg, r, grid * cfg["patch_size"], path, resample=resample)
+    weights = LAYOUTS[r.fmt].resample
+  resize.adapt(cfg, r, own, path, weights)
 
 
 READER = Reader(
     formats=FORMATS,
-    policy="hf_bicubic_crop0.875_imagenet",  # each layout states its own (`_Layout.policy`)
+    policy="hf_bicubic_crop0.875_imagenet",  # each layout states its own (`Layout.policy`)
     detect=detect,
     read=read,
     overridable=("gelu", "ln_eps", "num_heads"),

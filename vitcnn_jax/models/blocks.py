@@ -1,0 +1,92 @@
+"""Identical blocks applied in turn, each run of them one `lax.scan`: a network of
+identical blocks is traced and compiled once, not once per block."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vitcnn_jax.models.capturing import Capture
+
+Array = jax.Array
+
+
+def apply_blocks(parent: nn.Module, make: Callable[..., nn.Module], names: Sequence[str], x: Array,
+                 captures: Sequence[Capture], out: dict, *args, scan: bool = True) -> Array:
+  """Identical blocks `make(name=names[i])` of `parent` applied in turn as
+  `block(x, captures[i], out, *args) -> x`: made one by one when `parent` is
+  initialised (their parameters as they are stored) or not `scan` (training:
+  differentiated, a scan of the demo ViT compiled in 3.1 s against 1.3 s and
+  stepped in 179 ms against 124), scanned otherwise (`run_blocks`)."""
+  if parent.is_initializing() or not scan:
+    for name, capture in zip(names, captures):
+      x = make(name=name)(x, capture, out, *args)
+    return x
+  params = parent.variables["params"]
+  return run_blocks(make(parent=None), [params[n] for n in names], x, captures, out, *args)
+
+
+# Runs of fewer blocks are applied one by one: for one or two blocks a scan's loop
+# and stacked parameters cost more to trace and compile than they save (the tiny
+# test models: 19% more suite time on two analysis test files).
+MIN_SCAN = 3
+
+
+def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
+               out: dict, *args) -> Array:
+  """`block` (unbound: `parent=None`) applied in turn with `params[i]`, capturing
+  with `captures[i]`, as `block(x, capture, out, *args) -> x`: each run of at
+  least `MIN_SCAN` consecutive blocks that keep the same points is one
+  `lax.scan` (its points stacked by the scan, then handed out per block), so a
+  network of identical blocks is traced and compiled once, not once per block.
+  Parameters are stacked for each run: a copy of those blocks' weights per call."""
+  # Too few blocks to scan: no points asked for, so one run, applied block by block.
+  names = _block_points(block, params[0], x, args) if len(params) >= MIN_SCAN else []
+  wanted = [tuple(c.wants(n) for n in names) for c in captures]
+  start = 0
+  while start < len(params):
+    stop = start + 1
+    while stop < len(params) and wanted[stop] == wanted[start]:
+      stop += 1
+    if stop - start < MIN_SCAN:
+      for i in range(start, stop):
+        x = block.apply({"params": params[i]}, x, captures[i], out, *args)
+    else:
+      x = _scan(block, params[start:stop], x, captures[start:stop], out, args)
+    start = stop
+  return x
+
+
+def _block_points(block: nn.Module, params: Any, x: Array, args: tuple) -> list[str]:
+  """Every point `block` can capture (abstract evaluation: nothing runs)."""
+  abstract = lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
+
+  def points(p, x):
+    local: dict = {}
+    block.apply({"params": p}, x, Capture(None), local, *args)
+    return local
+  return list(jax.eval_shape(points, jax.tree.map(abstract, params), abstract(x)))
+
+
+def _scan(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[Capture],
+          out: dict, args: tuple) -> Array:
+  """One `lax.scan` over the blocks. (Eager, a scan is compiled and a run applied
+  block by block is not: their roundings differ, so points that split a scan into
+  short runs can move the logits by a rounding there; under jit they do not.)"""
+  first, order = captures[0], []
+
+  def body(x, p):
+    local: dict = {}
+    x = block.apply({"params": p}, x, first, local, *args)
+    order[:] = local  # the network's order (the scan returns its dict sorted)
+    return x, local
+
+  x, stacked = jax.lax.scan(body, x, jax.tree.map(lambda *a: jnp.stack(a), *params))
+  for i, c in enumerate(captures):
+    for name in order:
+      out[c.prefix + name[len(first.prefix):]] = jax.tree.map(lambda a, i=i: a[i], stacked[name])
+  return x

@@ -1,0 +1,69 @@
+"""Which named representation points a forward pass keeps (`Capture`), by glob."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+
+Array = jax.Array
+
+
+@functools.lru_cache(maxsize=None)
+def _glob_regex(pattern: str) -> re.Pattern:
+  parts = re.split(r"(\*\*/?|\*|\?|\[[^\]]+\])", pattern)
+  table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+  return re.compile("".join(
+      table.get(p, p if p.startswith("[") and len(p) > 2 else re.escape(p)) for p in parts))
+
+
+def matches(name: str, patterns: Sequence[str]) -> bool:
+  """Whether a representation name matches any of the Capture globs."""
+  return any(_glob_regex(p).fullmatch(name) for p in patterns)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capture:
+  """Which named representation points a forward pass keeps.
+
+  Names read like paths (`block03/attn/out`); `patterns` are globs matched
+  against the full name, where `*` stays within one path segment and `**`
+  crosses segments: `block*/out` is every block output, `block03/**` all of
+  block 3, `**/attn/weights` every attention map. `None` keeps every point.
+  Filtering where each tensor is made (not at the end) keeps eager callers from
+  holding every activation of the network at once.
+  """
+  patterns: tuple[str, ...] | None = None
+  prefix: str = ""
+  # Applied to each kept point where it is made (e.g. its Gram, `grams.scaled_layer`):
+  # inside a scan over identical blocks (`blocks.run_blocks`) the activation then dies
+  # within its block, and the reduction is compiled once for the run.
+  reduce: Callable[[Array], Any] | None = None
+
+  @classmethod
+  def of(cls, spec: "Capture | str | Sequence[str] | None") -> "Capture":
+    if isinstance(spec, Capture):
+      return spec
+    if spec is None:
+      return cls(None)
+    if isinstance(spec, str):
+      spec = (spec,)
+    return cls(tuple(spec))
+
+  def child(self, name: str) -> "Capture":
+    return dataclasses.replace(self, prefix=f"{self.prefix}{name}/")
+
+  def wants(self, name: str) -> bool:
+    if self.patterns is None:
+      return True
+    full = self.prefix + name
+    return matches(full, self.patterns)
+
+  def put(self, out: dict[str, Any], name: str, value: Array) -> Array:
+    """Records `value` under its full name if wanted; returns it unchanged."""
+    if self.wants(name):
+      out[self.prefix + name] = value if self.reduce is None else self.reduce(value)
+    return value
