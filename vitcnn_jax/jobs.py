@@ -60,8 +60,8 @@ class Result:
 
   def plot(self, format: str = "png", vmin: float = 0.0, vmax: float = 1.0):
     """The analysis's figures (also written to the workdir): one Figure, or a list."""
-    figures = self._plot(self.arrays, self.summary, self.workdir, style.Figures(format, vmin, vmax))
-    return figures[0] if len(figures) == 1 else figures
+    drawn = self._plot(self.arrays, self.summary, self.workdir, style.Figures(format, vmin, vmax))
+    return drawn[0] if len(drawn) == 1 else drawn
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,

@@ -5,6 +5,7 @@ replacement, minibatches of `batch_size`, HSIC accumulated over minibatches;
 repeated `repeats` times with a new sample each time; mean and standard
 deviation over repeats. Each device processes whole minibatches and the HSIC
 matrices are summed with a psum, so 1 and N devices give the same result.
+Its findings and key numbers are in `cka_findings`, its figures in `plotting/cka.py`.
 """
 
 from __future__ import annotations
