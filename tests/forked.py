@@ -19,7 +19,7 @@ import tempfile
 
 # What main.py's runs import; each server imports them once.
 PRELOAD = ("jax", "jax.numpy", "flax.linen", "optax", "ml_collections", "scipy.stats", "main",
-           "vitcnn_jax.jobs", "vitcnn_jax.analyses", "vitcnn_jax.plotting")
+           "vitcnn_jax.jobs", "vitcnn_jax.analyses", "vitcnn_jax.plotting.cka")
 _context = None
 
 

@@ -145,15 +145,34 @@ def test_no_family_test_outside_the_models():
   assert FAMILY_TEST.search('if m.model.family == "vit":') and FAMILY_TEST.search("X[model.family]")
 
 
-@pytest.mark.parametrize("name", sorted(n.split(".")[-1] for n in MODULES
-                                        if n.startswith("vitcnn_jax.analyses.")))
+ANALYSIS_MODULES = sorted(n.split(".")[-1] for n in MODULES if n.startswith("vitcnn_jax.analyses."))
+
+
+def _declared() -> list[str]:
+  from vitcnn_jax.run import declaration  # pylint: disable=g-import-not-at-top
+  return declaration.names()
+
+
+@pytest.mark.parametrize("name", _declared())
 def test_every_analysis_declares_itself(name):
   from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
   from vitcnn_jax.run import declaration  # pylint: disable=g-import-not-at-top
   declared = analyses.get(name)
-  assert declared.name == name and name in declaration.names()
+  assert declared.name == name
   assert declaration.defaults(name) == declared.defaults  # what configs read is what it uses
   assert declared.findings and declared.figures and callable(declared.key_numbers)
+
+
+def test_every_other_module_of_the_analyses_serves_one_by_name():
+  """A module of analyses/ without a DECLARATION is a part of one analysis (its
+  findings, say), named for it (`cka_findings` of `cka`), and imported by it: never
+  an analysis that forgot to declare itself."""
+  declared = _declared()
+  parts = [m for m in ANALYSIS_MODULES if m not in declared]
+  orphans = [m for m in parts if not any(m.startswith(f"{a}_") and f"vitcnn_jax.analyses.{m}" in
+                                         _imports(f"vitcnn_jax.analyses.{a}").values() for a in declared)]
+  assert not orphans
+  assert set(declared) <= set(ANALYSIS_MODULES) and "cka_findings" in parts
 
 
 # The README's architecture table: what each folder (or top-level module) may import

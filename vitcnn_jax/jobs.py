@@ -21,10 +21,10 @@ import numpy as np
 from vitcnn_jax import analyses
 from vitcnn_jax import demos
 from vitcnn_jax import describe
-from vitcnn_jax import plotting
 from vitcnn_jax import report
 from vitcnn_jax import train
 from vitcnn_jax.inputs import data
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import control
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import driver
@@ -58,11 +58,10 @@ class Result:
     """Layer names by model (the rows and columns of the CKA matrices)."""
     return {k[len("names_"):]: list(v) for k, v in self.arrays.items() if k.startswith("names_")}
 
-  def plot(self, format: str = "png", vmin: float = 0.0, vmax: float = 1.0):  # pylint: disable=redefined-builtin
+  def plot(self, format: str = "png", vmin: float = 0.0, vmax: float = 1.0):
     """The analysis's figures (also written to the workdir): one Figure, or a list."""
-    with plotting.options(format, vmin, vmax, keep=True) as figures:
-      self._plot(self.arrays, self.summary, self.workdir)
-    return figures[0] if len(figures) == 1 else figures
+    drawn = self._plot(self.arrays, self.summary, self.workdir, style.Figures(format, vmin, vmax))
+    return drawn[0] if len(drawn) == 1 else drawn
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,

@@ -1,7 +1,8 @@
 """The analyses, one module each, found by name: every module here that ends
 with a `DECLARATION` (`vitcnn_jax/run/declaration.py`) is one, and nothing else
 needs to know of it (`main.py`, the notebook API, the configs and the report
-read its declaration)."""
+read its declaration). Any other module here is a part of one analysis, named
+for it (`cka_findings`: the findings `cka` declares)."""
 
 from __future__ import annotations
 

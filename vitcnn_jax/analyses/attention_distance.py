@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
 from vitcnn_jax.models import anatomy
+from vitcnn_jax.plotting import attention
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -178,17 +179,19 @@ class AttentionDistance(protocol.Analysis):
                      for k in ("mean_distance", "prefix_attention", "blocks", "uniform_distance")})
     return arrays, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
     plot_blocks = list(self.config.plot_blocks) or None
+    out = []
     for i, a in enumerate(self.models):
       s = summary["models"][a.name] if i else summary
       name = "attention_distance" + (f"_{a.name}" if i else "")
-      plotting.attention_distance(rows(s), s["blocks"], plot_blocks, a.m.label, ceilings(s),
-                                  results.workdir_path(workdir, f"{name}.png"))
+      out.append(attention.distances(rows(s), s["blocks"], plot_blocks, a.m.label, ceilings(s),
+                                     results.workdir_path(workdir, f"{name}.png"), figures))
     if len(self.models) > 1:
-      plotting.attention_distance_compare(
+      out.append(attention.distances_compared(
           [(rows(s), s["blocks"], s["label"], ceilings(s)) for s in summary["models"].values()],
-          results.workdir_path(workdir, "attention_distance_compare.png"))
+          results.workdir_path(workdir, "attention_distance_compare.png"), figures))
+    return out
 
 
 def _px(values: np.ndarray) -> str:

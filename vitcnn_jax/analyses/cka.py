@@ -5,6 +5,7 @@ replacement, minibatches of `batch_size`, HSIC accumulated over minibatches;
 repeated `repeats` times with a new sample each time; mean and standard
 deviation over repeats. Each device processes whole minibatches and the HSIC
 matrices are summed with a psum, so 1 and N devices give the same result.
+Its findings and key numbers are in `cka_findings`, its figures in `plotting/cka.py`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
-from vitcnn_jax.models import capturing
+from vitcnn_jax.analyses import cka_findings
+from vitcnn_jax.plotting import axes
+from vitcnn_jax.plotting import cka as cka_figures
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
-from vitcnn_jax.run import results
 from vitcnn_jax.similarity import comparison
 from vitcnn_jax.similarity import measures
 from vitcnn_jax.similarity import subspaces
@@ -84,21 +86,7 @@ class CKA(protocol.HsicPass, protocol.Analysis):
     null = [measures.values(s, self.names, spec, n, null=True) for s in sums[0]] if spec.null else None
     stack = lambda reps: {m: np.asarray([r[m] for r in reps]) for m in spec.names if m in reps[0]}
     arrays, summary = arrays_and_summary(self.config, self.models, stack(per), spec, null and stack(null))
-    reduced = set(subspaces.KEPT) & set(spec.names)
-    if reduced:  # the components each read, and the share of each layer's variance they kept
-      total = lambda key: sum(np.asarray(s[key], np.float64) for s in sums[0])  # noqa: E731
-      count = max(float(total("subspace_count")), 1.0)
-      seen = total("subspace_reduced")  # the layers whose rank exceeded cca_dims in some minibatch
-      kept = {key: total(key) / count for key in {subspaces.KEPT[m] for m in reduced}}
-      for m in reduced:
-        entry = summary["measures"][m]
-        entry["variance_kept"] = _shares(self.names, kept[subspaces.KEPT[m]])
-        if m in subspaces.WIDE:
-          entry["components"] = spec.subspace_dims or "all"
-        else:
-          entry.update(components=spec.cca_dims,
-                       reduced_layers=[k for k, c in zip(self.names, seen) if c > 0])
-      _say_reduced(self.names, spec, sorted(reduced), kept)
+    subspace_report(summary["measures"], sums[0], self.names, spec)
     for m in spec.names:
       if measures.REGISTRY[m].clip:  # how often a negative estimate became 0
         summary["measures"][m]["clipped"] = measures.clip_counts(m, per, null)
@@ -107,11 +95,45 @@ class CKA(protocol.HsicPass, protocol.Analysis):
                           self.models)
     return arrays, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
+    pairs, subtitle = blocks(self.models), axes.protocol(self.config.num_examples, self.config.repeats)
+    out = []
     if "linear_cka" in self.spec.names:
-      plot_heatmaps(self.config, self.models, arrays, workdir)
+      out += cka_figures.heatmaps(pairs, arrays, subtitle, workdir, figures)
     if not measures.only_linear(self.spec) or self.config.get("bootstrap", 0):
-      plot_measures(self.config, self.models, arrays, summary, self.spec, workdir)
+      out += cka_figures.measures(pairs, arrays, shown_measures(self.spec, summary), subtitle, workdir,
+                                  figures)
+    return out
+
+
+def shown_measures(spec: measures.Spec, summary: dict) -> list[cka_figures.Measure]:
+  """Each measure of `spec` as its figures show it: its arrays' prefix, its label,
+  whether it is a distance, and its layer matching's score of each pair (`summary`)."""
+  return [cka_figures.Measure(comparison.prefix(m), measures.REGISTRY[m].label, measures.REGISTRY[m].distance,
+                              {t: cka_findings.score_text(e)
+                               for t, e in summary["measures"][m].get("matching", {}).get("score", {}).items()})
+          for m in spec.names]
+
+
+def subspace_report(entries: dict, sums: list, names: list[str], spec: measures.Spec) -> None:
+  """For the measures that read each layer's top principal components (`subspaces.KEPT`),
+  the components they read and the share of each layer's variance those kept, in
+  their summary `entries` (by measure), from the sums of every repeat; said once."""
+  reduced = set(subspaces.KEPT) & set(spec.names)
+  if not reduced:
+    return
+  total = lambda key: sum(np.asarray(s[key], np.float64) for s in sums)
+  count = max(float(total("subspace_count")), 1.0)
+  seen = total("subspace_reduced")  # the layers whose rank exceeded cca_dims in some minibatch
+  kept = {key: total(key) / count for key in {subspaces.KEPT[m] for m in reduced}}
+  for m in reduced:
+    entry = entries[m]
+    entry["variance_kept"] = _shares(names, kept[subspaces.KEPT[m]])
+    if m in subspaces.WIDE:
+      entry["components"] = spec.subspace_dims or "all"
+    else:
+      entry.update(components=spec.cca_dims, reduced_layers=[k for k, c in zip(names, seen) if c > 0])
+  _say_reduced(names, spec, sorted(reduced), kept)
 
 
 def _say_reduced(names: list[str], spec: measures.Spec, chosen: list[str],
@@ -148,64 +170,6 @@ def blocks(models: list) -> list[tuple[str, object, object, slice, slice]]:
           for i, a in enumerate(models) for j, b in enumerate(models[i:], i)]
 
 
-def off_diagonal(m: np.ndarray) -> float:
-  return float(m[~np.eye(len(m), dtype=bool)].mean()) if len(m) > 1 else float("nan")
-
-
-def _lower_half_match(cross: np.ndarray) -> float:
-  """Mean relative depth (0 first layer, 1 last) of the column layer most similar
-  to each layer of the lower half of the rows."""
-  best = cross[:max(1, len(cross) // 2)].argmax(axis=1)
-  return float(np.mean(best / max(1, cross.shape[1] - 1)))
-
-
-def _is_vit(m) -> bool:
-  """Attention over one token grid (Fig 2's ViT); a Swin (maps) and a Mixer (no attention) are not."""
-  return m.model.grid is not None and bool(m.model.attention())
-
-
-def _is_cnn(m) -> bool:
-  return m.model.grid is None and not m.model.attention()
-
-
-def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray] | None = None) -> dict:
-  """What the findings read from a (layers x layers) CKA matrix of every model's
-  layers, each model's rows `keep[name]` (indices into its layers; default all)
-  alone: the mean off-diagonal CKA within each model and, for each CNN and ViT,
-  the lower-half best match."""
-  index, start = {}, 0
-  for m in models:
-    index[m.name] = start + (np.arange(len(m.names)) if keep is None else keep[m.name])
-    start += len(m.names)
-  block = lambda a, b: cka[np.ix_(index[a.name], index[b.name])]  # noqa: E731
-  return {"mean_off_diagonal_cka": {m.name: off_diagonal(block(m, m)) for m in models},
-          "lower_half_best_match": {f"{c.name}_in_{v.name}": _lower_half_match(block(c, v))
-                                    for c in models for v in models if _is_cnn(c) and _is_vit(v)}}
-
-
-def block_outputs(m) -> np.ndarray:
-  """The indices of a model's captured layers that are its block outputs (its
-  "blocks" preset), or of all of them where fewer than two are: the findings'
-  other layer set."""
-  patterns = m.model.layer_presets.get("blocks", ())
-  found = [i for i, n in enumerate(m.names) if capturing.matches(n, patterns)]
-  return np.asarray(found) if len(found) > 1 else np.arange(len(m.names))
-
-
-def _block_outputs(models: list) -> dict[str, np.ndarray] | None:
-  """`block_outputs` of every model; None where that is every captured layer of
-  every model (the run has no other layer set to compare with)."""
-  out = {m.name: block_outputs(m) for m in models}
-  return None if all(len(out[m.name]) == len(m.names) for m in models) else out
-
-
-def _layer_set(models: list) -> str:
-  """The name of the layers every model captured: their preset where it is one for all."""
-  one = lambda c: c if isinstance(c, str) else c[0] if len(c) == 1 else ""  # noqa: E731
-  captures = {one(m.capture) if one(m.capture) in m.model.layer_presets else "" for m in models}
-  return captures.pop() if len(captures) == 1 and "" not in captures else "as captured"
-
-
 def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: measures.Spec,
                        null: dict[str, np.ndarray] | None = None):
   """Arrays and summary of every measure (repeats x layers x layers each): linear
@@ -237,14 +201,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
     mean = per_repeat["linear_cka"].mean(axis=0)
     summary["files"].update({f"heatmap_{t}": f"cka_{t}.png" for t, *_ in pairs})
     summary["mean_cka"] = {t: float(mean[r, c].mean()) for t, _, _, r, c in pairs}
-    # Figs 1 and 2's statistics on the captured layers and, for the findings' check
-    # of the layer set, on each model's block outputs alone.
-    summary.update(finding_statistics(mean, models))
-    summary["layer_set"] = _layer_set(models)
-    outputs = _block_outputs(models)
-    if outputs is not None:
-      summary["block_outputs"] = {**finding_statistics(mean, models, outputs),
-                                  "layers": {k: len(v) for k, v in outputs.items()}}
+    summary.update(cka_findings.summary_statistics(mean, models))
     summary["max_std_over_repeats"] = float(per_repeat["linear_cka"].std(axis=0).max())
   if not measures.only_linear(spec) or config.get("bootstrap", 0):
     summary["files"].update({f"measures_{t}": f"measures_{t}.png" for t, *_ in pairs})
@@ -276,126 +233,13 @@ def bootstrap_intervals(arrays: dict, summary: dict, pooled: dict, names: list[s
       "percentiles of the measure of the sums over every repeat's minibatches, each minibatch "
       "weighted by Poisson(1) draws (seeded by seed, pass, repeat and minibatch)")}
   if "linear_cka" in spec.names:
-    stats = [finding_statistics(r["linear_cka"], models) for r in reps]
+    stats = [cka_findings.finding_statistics(r["linear_cka"], models) for r in reps]
     summary["bootstrap"]["findings"] = {key: {k: [s[key][k] for s in stats] for k in stats[0][key]}
                                         for key in stats[0]}
   comparison.bootstrap_intervals(arrays, summary["measures"], reps, nulls, spec.names, pairs)
 
 
-def plot_heatmaps(config, models, arrays, workdir: str, only: list[str] | None = None) -> None:
-  for t, a, b, _, _ in blocks(models):
-    if only is not None and t not in only:
-      continue
-    title = f"CKA: {a.label} vs {b.label}" if a is not b else f"CKA within {a.label}"
-    plotting.cka_heatmap(arrays[f"cka_{t}"], a.names, b.names, row_label=a.label, col_label=b.label,
-                         title=f"{title}\n{plotting.protocol(config.num_examples, config.repeats)}",
-                         path=results.workdir_path(workdir, f"cka_{t}.png"))
-
-
-def _score_text(entry: dict) -> str:
-  """A pair's score and its interval, e.g. "0.829 [0.826, 0.832]"."""
-  interval = entry["interval"]
-  return f"{entry['value']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
-
-
-def plot_measures(config, models, arrays, summary: dict, spec: measures.Spec, workdir: str) -> None:
-  """Every measure of each pair of models side by side (the nulls below them), with
-  each layer's matches and the pair's score where the models differ."""
-  label = {m: measures.REGISTRY[m].label for m in spec.names}
-  for t, a, b, _, _ in blocks(models):
-    key = {kind: {m: f"{kind.format(comparison.prefix(m))}_{t}" for m in spec.names}
-           for kind in ("{}", "{}_like_null", "null_{}", "{}_ci_low", "{}_ci_high", "best_{}", "monotone_{}")}
-    have = {kind: {label[m]: arrays[k] for m, k in keys.items() if k in arrays} for kind, keys in key.items()}
-    maps, flat = have["{}"], have["{}_like_null"]
-    nulls = have["null_{}"] if spec.null else None
-    low, high, best, monotone = (key[k] for k in ("{}_ci_low", "{}_ci_high", "best_{}", "monotone_{}"))
-    widths = {label[m]: arrays[high[m]] - arrays[low[m]] for m in spec.names if high[m] in arrays}
-    matches = {label[m]: (arrays[best[m]], arrays[monotone[m]],
-                          "score " + _score_text(summary["measures"][m]["matching"]["score"][t]))
-               for m in spec.names if best[m] in arrays}
-    title = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
-    plotting.measure_maps(maps, a.names, b.names, row_label=a.label, col_label=b.label,
-                          title=f"Similarity {title}\n{plotting.protocol(config.num_examples, config.repeats)}",
-                          path=results.workdir_path(workdir, f"measures_{t}.png"), nulls=nulls,
-                          flat=flat or None, widths=widths or None,
-                          distances=[label[m] for m in spec.names if measures.REGISTRY[m].distance],
-                          matches=matches or None)
-
-
-# A finding holds over the images where it holds in at least this share of the
-# bootstrap replicates (resampled minibatches).
-SHOWN_IN = 0.95
-
-
-def _variants(s: dict, check) -> declaration.Verdict | declaration.Variants:
-  """`check` (a verdict on the findings' statistics) on the captured layers, on
-  each model's block outputs alone, and on every bootstrap replicate."""
-  own = f"layers={s.get('layer_set', 'as captured')}"
-  out = {f"{own}, sample=as drawn": check(s)}
-  if "block_outputs" in s:
-    out["layers=blocks, sample=as drawn"] = check({**s, **s["block_outputs"]})
-  reps = s.get("bootstrap", {}).get("findings")
-  if reps:
-    count = len(next(iter(reps["mean_off_diagonal_cka"].values())))
-    each = [check({**s, **{key: {k: v[i] for k, v in per.items()} for key, per in reps.items()}})
-            for i in range(count)]
-    if all(v is not None for v in each):
-      holds = sum(bool(v[0]) for v in each)
-      out[f"{own}, sample=bootstrap"] = (holds >= SHOWN_IN * count,
-                                         f"shown in {holds} of {count} replicates")
-  return out if len(out) > 1 else out[f"{own}, sample=as drawn"]
-
-
-def _uniform(s: dict) -> declaration.Verdict:
-  """Every ViT (attention over one token grid) against every CNN (neither): a
-  Swin, with attention over maps, and a Mixer, with tokens but no attention, are neither."""
-  within = {k: (m, s["mean_off_diagonal_cka"][k]) for k, m in s["models"].items()}
-  return declaration.above(
-      {m["label"]: v for m, v in within.values() if m["attention"] and m["tokens"]},
-      {m["label"]: v for m, v in within.values() if not m["attention"] and not m["tokens"]})
-
-
-def _uniformity(s: dict) -> declaration.Verdict | declaration.Variants:
-  return _variants(s, _uniform)
-
-
-def _lower(s: dict) -> declaration.Verdict:
-  match = s["lower_half_best_match"]
-  if not match:
-    return None
-  return (all(v <= 1 / 3 for v in match.values()),
-          ", ".join(f"{k.replace('_in_', ' in ')}: best matches at relative depth {v:.2f}"
-                    for k, v in match.items()))
-
-
-def _lower_half(s: dict) -> declaration.Verdict | declaration.Variants:
-  return _variants(s, _lower)
-
-
-def key_numbers(s: dict) -> list[tuple[str, str]]:
-  label = lambda m: measures.REGISTRY[m].label  # noqa: E731
-  others = [(f"mean {label(m)} {t} (null {e['null']['mean'][t]:.3f})" if "null" in e
-             else f"mean {label(m)} {t}", f"{v:.3f}")
-            for m, e in s.get("measures", {}).items() if m != "linear_cka" for t, v in e["mean"].items()]
-  scores = [(f"{label(m)} score {t} (monotone layer matching)", _score_text(e))
-            for m, e in s.get("measures", {}).items() for t, e in e.get("matching", {}).get("score", {}).items()]
-  return ([(f"mean CKA {k}", f"{v:.3f}") for k, v in s["mean_cka"].items()] + others + scores
-          + [(f"mean off-diagonal CKA within {k}", f"{v:.3f}")
-             for k, v in s["mean_off_diagonal_cka"].items()]
-          + [("largest std over repeats", f"{s['max_std_over_repeats']:.4f}")])
-
-
 DECLARATION = declaration.Declaration(
     name="cka", build=CKA, models=declaration.Models(any_names=True), defaults=DEFAULTS,
-    figures="Figs 1, 2, B.1", hsic_minibatches=True, hint=DEMO_HINT, key_numbers=key_numbers,
-    findings=(
-        declaration.Finding(
-            "ViT representations are more uniform across depth than a ResNet's: CKA between "
-            "ViT layers stays high over most of the network, while the ResNet shows a "
-            "stage-wise block structure (here: the mean off-diagonal CKA within every model "
-            "with attention over one token grid is above that within every model with "
-            "neither attention nor tokens).", _uniformity),
-        declaration.Finding(
-            "Across models, the lower half of the ResNet matches about the lowest quarter of "
-            "the ViT (here: the ViT layer most similar to each layer of the ResNet's lower "
-            "half lies, on average, in the ViT's lowest third).", _lower_half)))
+    figures="Figs 1, 2, B.1", hsic_minibatches=True, hint=DEMO_HINT, key_numbers=cka_findings.key_numbers,
+    findings=cka_findings.FINDINGS)

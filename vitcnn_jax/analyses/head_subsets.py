@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
 from vitcnn_jax.analyses import attention_distance as ad
+from vitcnn_jax.plotting import attention
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -118,10 +119,10 @@ class HeadSubsets(protocol.HsicPass, protocol.Analysis):
     arrays = {"cka": sub_cka, "subset_distance": np.asarray(sub_dist), "head_distance": head_dist}
     return arrays, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.head_subsets(arrays["subset_distance"], arrays["cka"], self.res_names,
-                          f"{self.vit.label} block {self.config.block}", self.res.label,
-                          results.workdir_path(workdir, "head_subsets.png"))
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
+    return [attention.head_subsets(arrays["subset_distance"], arrays["cka"], self.res_names,
+                                   f"{self.vit.label} block {self.config.block}", self.res.label,
+                                   results.workdir_path(workdir, "head_subsets.png"), figures)]
 
 
 class _Projected(protocol.HsicPass):

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
 from vitcnn_jax.models import representations
+from vitcnn_jax.plotting import probes
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -227,22 +228,23 @@ class LinearProbe(protocol.Analysis):
                                 for k, m in self.models.items()}
     return arrays, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
     labels = {k: m.label for k, m in self.models.items()}
     shots = f"{self.config.shots}-shot" if self.config.shots else "Full-data"
     over = _over(self.config.seeds, self.config.shots)
     band = self.config.seeds > 1
     title = (f"{shots} linear probes, {summary['test_examples']} test images\n"
              f"{over}{' (band: +-1 sd)' if band else ''}")
-    plotting.probe_depth(summary["models"], labels, title,
-                         results.workdir_path(workdir, "linear_probe.png"), band)
+    out = [probes.by_depth(summary["models"], labels, title, results.workdir_path(workdir, "linear_probe.png"),
+                           figures, band)]
     for name, m in self.models.items():
       each = [g for g in self.groups if g.model == name and g.how == "each"]
       if each:
-        plotting.probe_tokens([(g.point, arrays[f"accuracy/{g.key}"].mean(axis=0), g.grid)
-                               for g in each], each[0].prefix,
-                              f"{m.label}: a probe per token, {title.splitlines()[0]}, {over}",
-                              results.workdir_path(workdir, f"linear_probe_tokens_{name}.png"))
+        out.append(probes.by_token([(g.point, arrays[f"accuracy/{g.key}"].mean(axis=0), g.grid)
+                                    for g in each], each[0].prefix,
+                                   f"{m.label}: a probe per token, {title.splitlines()[0]}, {over}",
+                                   results.workdir_path(workdir, f"linear_probe_tokens_{name}.png"), figures))
+    return out
 
 
 def _over(seeds: int, shots: int) -> str:

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
+from vitcnn_jax.plotting import localization
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -94,9 +95,9 @@ class Localization(protocol.HsicPass, protocol.Analysis):
                "own_patch_best_fraction": float(np.mean(tok_patch.argmax(axis=1) == np.arange(self.n)))}
     return {"cka": tok_patch, "grid": np.asarray(self.grid)}, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.localization(arrays["cka"], self.grid, self.tokens, f"{self.m.label} {self.layer}",
-                          results.workdir_path(workdir, "localization.png"))
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
+    return [localization.token_patches(arrays["cka"], self.grid, self.tokens, f"{self.m.label} {self.layer}",
+                                       results.workdir_path(workdir, "localization.png"), figures)]
 
 
 def _own_patch(s: dict) -> declaration.Verdict:

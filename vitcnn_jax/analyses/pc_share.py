@@ -25,10 +25,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
 from vitcnn_jax import similarity
 from vitcnn_jax.analyses import cka
+from vitcnn_jax.analyses import cka_findings
 from vitcnn_jax.inputs import data
+from vitcnn_jax.plotting import cka as cka_figures
+from vitcnn_jax.plotting import lines
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -135,7 +138,7 @@ class PcShare(protocol.Analysis):
       summary["models"][k] = {"label": m.label, "checkpoint": m.path, "layers": m.names,
                               "share": mean.tolist(), "std_over_minibatches": std.tolist(),
                               "minibatches": int(count.max()),
-                              "block_outputs": cka.block_outputs(m).tolist()}  # the other layer set
+                              "block_outputs": cka_findings.block_outputs(m).tolist()}  # the other layer set
     scores = s["rows/score"]
     top = np.argsort(-scores, kind="stable")[:SHOWN]
     arrays.update(scores=scores, sample=self.sample)
@@ -152,31 +155,31 @@ class PcShare(protocol.Analysis):
     kept = linear_cka.cka_from_hsic(s["without/hsic"], names, s["without/moments"] / s["without/kept"])
     for t, _, _, r, c in cka.blocks(models):
       arrays[f"cka_{t}"], arrays[f"without_cka_{t}"] = full[r, c], kept[r, c]
-    within = lambda m: {a.name: cka.off_diagonal(m[r, c]) for _, a, b, r, c in cka.blocks(models) if a is b}
+    within = lambda m: {a.name: cka_findings.off_diagonal(m[r, c]) for _, a, b, r, c in cka.blocks(models) if a is b}
     summary.update(drop_fraction=self.drop, kept_examples=int(s["without/kept"]),
                    mean_off_diagonal_cka=within(full), mean_off_diagonal_cka_without=within(kept))
 
-  def plot(self, arrays, summary, workdir: str) -> None:
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
     labels = {k: m.label for k, m in self.models.items()}
-    plotting.layer_lines(
+    out = [lines.layer_lines(
         {labels[k]: (list(arrays[f"names_{k}"]), arrays[f"share_{k}"]) for k in self.models},
         "share of variance in the first PC",
         f"Each layer's first principal component, minibatches of {self.config.batch_size:,}\n"
         f"{self.config.num_examples:,} examples (band: +-1 sd over minibatches)",
-        results.workdir_path(workdir, "pc_share.png"),
-        spread={labels[k]: arrays[f"std_{k}"] for k in self.models})
+        results.workdir_path(workdir, "pc_share.png"), figures,
+        spread={labels[k]: arrays[f"std_{k}"] for k in self.models})]
     if not self.drop:
-      return
+      return out
     without = f"without each minibatch's {100 * self.drop:g}% most dominant"
     for t, a, b, _, _ in cka.blocks(list(self.models.values())):
       pair = f"{a.label} vs {b.label}" if a is not b else f"within {a.label}"
-      plotting.measure_maps({"CKA, every example": arrays[f"cka_{t}"],
-                             f"CKA, {without}": arrays[f"without_cka_{t}"]},
-                            a.names, b.names, row_label=a.label, col_label=b.label,
-                            title=f"Block structure and dominant examples: {pair}\n"
-                                  f"{self.config.num_examples:,} examples, minibatches of "
-                                  f"{self.config.batch_size:,}",
-                            path=results.workdir_path(workdir, f"without_dominant_{t}.png"))
+      out.append(cka_figures.measure_maps(
+          {"CKA, every example": arrays[f"cka_{t}"], f"CKA, {without}": arrays[f"without_cka_{t}"]},
+          a.names, b.names, row_label=a.label, col_label=b.label,
+          title=f"Block structure and dominant examples: {pair}\n"
+                f"{self.config.num_examples:,} examples, minibatches of {self.config.batch_size:,}",
+          path=results.workdir_path(workdir, f"without_dominant_{t}.png"), figures=figures))
+    return out
 
 
 def _dominant(s: dict) -> declaration.Verdict | declaration.Variants:

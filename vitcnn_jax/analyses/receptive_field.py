@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
-from vitcnn_jax.models import sizes
 from vitcnn_jax.models import representations
+from vitcnn_jax.models import sizes
+from vitcnn_jax.plotting import receptive_field
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -107,10 +108,10 @@ class ReceptiveField(protocol.Analysis):
     shapes = representations.point_shapes(m.model, m.params, self.points[m.name])
     return np.asarray([shapes[n].shape[1:3] for n in self.points[m.name]])
 
-  def plot(self, arrays, summary, workdir: str) -> None:
-    plotting.receptive_fields([(m.label, self.points[k], arrays[f"{k}_maps"], arrays[f"{k}_grid"])
-                               for k, m in self.models.items()],
-                              results.workdir_path(workdir, "receptive_field.png"))
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
+    return [receptive_field.maps([(m.label, self.points[k], arrays[f"{k}_maps"], arrays[f"{k}_grid"])
+                                  for k, m in self.models.items()],
+                                 results.workdir_path(workdir, "receptive_field.png"), figures)]
 
 
 def extent(m: np.ndarray) -> tuple[float, float]:

@@ -14,8 +14,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
 from vitcnn_jax.analyses import cka
+from vitcnn_jax.plotting import axes
+from vitcnn_jax.plotting import cka as cka_figures
+from vitcnn_jax.plotting import lines
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import accuracy as accuracy_lib
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import results
@@ -87,19 +90,20 @@ class ReferenceCKA(cka.CKA):
     ref = self.reference.name
     return [t for t, a, b, _, _ in cka.blocks(self.models) if a is b or ref in (a.name, b.name)]
 
-  def plot(self, arrays, summary, workdir: str) -> None:
-    cka.plot_heatmaps(self.config, self.models, arrays, workdir, only=self._shown())
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
+    subtitle = axes.protocol(self.config.num_examples, self.config.repeats)
+    out = cka_figures.heatmaps(cka.blocks(self.models), arrays, subtitle, workdir, figures, only=self._shown())
     ref = self.reference
-    lines = {m.label: (list(arrays[f"same_layer_names_{m.name}"]), arrays[f"same_layer_{m.name}"])
-             for m in self.models if m is not ref}
-    plotting.layer_lines(
-        lines, f"CKA with {ref.label}", f"CKA of each layer with the same layer of {ref.label}\n"
-        + plotting.protocol(self.config.num_examples, self.config.repeats),
-        results.workdir_path(workdir, "reference_cka.png"))
+    same = {m.label: (list(arrays[f"same_layer_names_{m.name}"]), arrays[f"same_layer_{m.name}"])
+            for m in self.models if m is not ref}
+    out.append(lines.layer_lines(
+        same, f"CKA with {ref.label}", f"CKA of each layer with the same layer of {ref.label}\n{subtitle}",
+        results.workdir_path(workdir, "reference_cka.png"), figures))
     if self.accuracy:
-      plotting.accuracy_drop({m.label: summary["accuracy"][m.name] for m in self.models}, ref.label,
-                             summary["accuracy_examples"],
-                             results.workdir_path(workdir, "accuracy.png"))
+      out.append(lines.accuracy_drop({m.label: summary["accuracy"][m.name] for m in self.models}, ref.label,
+                                     summary["accuracy_examples"],
+                                     results.workdir_path(workdir, "accuracy.png"), figures))
+    return out
 
 
 def accuracy_table(models, acc: dict[str, float], reference: str) -> str:

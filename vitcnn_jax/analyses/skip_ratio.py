@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vitcnn_jax import plotting
+from vitcnn_jax.plotting import skip_ratio
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import results
@@ -96,13 +97,15 @@ class SkipRatio(protocol.Analysis):
       arrays[f"{k}_ratio"], arrays[f"{k}_cosine"] = ratio, cosine
     return arrays, summary
 
-  def plot(self, arrays, summary, workdir: str) -> None:
+  def plot(self, arrays, summary, workdir: str, figures: style.Figures) -> list:
     others = [(arrays[f"{k}_ratio"], m.label) for k, m in self.models.items() if k not in self.tokens]
+    out = []
     for k in self.tokens:
       m = self.models[k].model
-      plotting.skip_ratio(arrays[f"{k}_ratio"], arrays[f"{k}_cosine"], m.num_prefix_tokens,
-                          self.config.plot_tokens, self.models[k].label, others, m.sublayers,
-                          results.workdir_path(workdir, f"skip_ratio_{k}.png"))
+      out.append(skip_ratio.ratios(arrays[f"{k}_ratio"], arrays[f"{k}_cosine"], m.num_prefix_tokens,
+                                   self.config.plot_tokens, self.models[k].label, others, m.sublayers,
+                                   results.workdir_path(workdir, f"skip_ratio_{k}.png"), figures))
+    return out
 
 
 def _halves(v) -> tuple[float, float]:

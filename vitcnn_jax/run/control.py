@@ -11,6 +11,7 @@ from typing import Any
 
 from vitcnn_jax import fileio
 from vitcnn_jax import similarity
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration as declaration_lib
 
 # The driver's fields, the same for every analysis, and their defaults.
@@ -87,8 +88,9 @@ def check_batching(num_examples: int, batch_size: int) -> None:
         f">= {similarity.MIN_BATCH}.")
 
 
-def plot_options(config: Any) -> dict:
-  """`plotting.options` from `config.plot` (format, vmin, vmax), checked."""
+def plot_options(config: Any) -> style.Figures | None:
+  """How the figures are written, from `config.plot` (format, vmin, vmax), checked;
+  None for format "none" (results only)."""
   given = dict(config.get("plot") or {})
   unknown = sorted(set(given) - {"format", "vmin", "vmax"})
   if unknown:
@@ -99,4 +101,4 @@ def plot_options(config: Any) -> dict:
   if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
     raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
                      f"config.plot.vmax={given.get('vmax', 1.0)}.")
-  return given
+  return None if given.get("format") == "none" else style.Figures(**given)

@@ -22,8 +22,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from vitcnn_jax import plotting
 from vitcnn_jax.inputs import data
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import control
 from vitcnn_jax.run import loading
 from vitcnn_jax.run import memory
@@ -207,19 +207,18 @@ def _done(counts: list[list[int]], position: tuple[int, int, int]) -> int:
 
 
 def write(workdir: str, name: str, summary: dict, arrays: dict[str, np.ndarray] | None = None,
-          plot: Callable | None = None, figures: dict | None = None) -> None:
-  """NAME.json (and NAME.npz, figures drawn with `plotting.options(**figures)`
-  unless their format is "none"), atomically, from process 0 only."""
+          plot: Callable | None = None, figures: style.Figures | None = None) -> None:
+  """NAME.json (and NAME.npz, and the figures of `plot` written as `figures` says
+  where it says anything), atomically, from process 0 only."""
   if jax.process_index() != 0:
     return
-  if (figures or {}).get("format") == "none":
+  if figures is None:
     plot = None
   summary = results.flag_non_finite(name, arrays, summary)
   if arrays is not None:
     results.write_npz(results.workdir_path(workdir, f"{name}.npz"), **arrays)
   results.write_json(results.workdir_path(workdir, f"{name}.json"), summary)
   if plot is not None:
-    with plotting.options(**(figures or {})):
-      plot(arrays, summary, workdir)
+    plot(arrays, summary, workdir, figures)
   print(f"Wrote {name}.{'{npz,json}' if arrays is not None else 'json'}"
         f"{' and figures' if plot else ''} to {workdir}")

@@ -15,6 +15,7 @@ import numpy as np
 
 from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models import capturing
+from vitcnn_jax.plotting import style
 from vitcnn_jax.run import parallel
 from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
@@ -148,5 +149,8 @@ class Analysis(Pass):
     """Arrays and a JSON summary from sums[pass][repeat] (float64)."""
     raise NotImplementedError
 
-  def plot(self, arrays: dict[str, np.ndarray], summary: dict, workdir: str) -> None:
+  def plot(self, arrays: dict[str, np.ndarray], summary: dict, workdir: str,
+           figures: style.Figures) -> list:
+    """Its figures of `arrays` and `summary`, written to `workdir` as `figures` says,
+    and returned (matplotlib Figures: a notebook shows them; the driver lets them go)."""
     raise NotImplementedError
