@@ -47,7 +47,7 @@ def _overlays(ax, matrix: np.ndarray, flat: np.ndarray | None, match, first: boo
             mew=1.0, label="best match of each row")
     ax.plot(aligned, np.arange(len(aligned)), "-", color="#39ff14", lw=1.6, label="depth-monotone match")
   if flagged or (match is not None and first):
-    ax.legend(loc="upper left", fontsize=7, markerscale=1.5, frameon=True)
+    ax.legend(loc="upper left", fontsize=8, markerscale=1.5, frameon=True)
   return f"\n{match[2]}" if match is not None else ""
 
 
