@@ -15,7 +15,7 @@ from numerics import assert_close, job_runs_bound
 from test_data import write_idx
 from vitcnn_jax import api as vj_api, checkpoints
 from vitcnn_jax.inputs import folders
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.models.formats.base import CheckpointError
 import vitcnn_jax as vj
 
@@ -81,13 +81,13 @@ def test_in_memory_model_and_labels(tiny_vit_bit, images):
   grey, _ = images
   model, params = checkpoints.load_model(vit)
   from_file = vj.cka({"ViT-B/8": vit}, grey, layers="blocks", batch_size=BATCH, repeats=1)
-  in_memory = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH, repeats=1)
-  np.testing.assert_array_equal(from_file["cka_vit_b_8_vit_b_8"], in_memory["cka_vit_b_8_vit_b_8"])
-  assert in_memory.names["vit_b_8"] == ["block00/out", "block01/out"]
-  assert in_memory.summary["models"]["vit_b_8"]["checkpoint"].startswith(memory.IN_MEMORY)
-  assert in_memory.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
+  handed = vj.cka({"ViT-B/8": (model, params)}, grey, layers="blocks", batch_size=BATCH, repeats=1)
+  np.testing.assert_array_equal(from_file["cka_vit_b_8_vit_b_8"], handed["cka_vit_b_8_vit_b_8"])
+  assert handed.names["vit_b_8"] == ["block00/out", "block01/out"]
+  assert handed.summary["models"]["vit_b_8"]["checkpoint"].startswith(in_memory.IN_MEMORY)
+  assert handed.summary["models"]["vit_b_8"]["label"] == "ViT-B/8"
   with pytest.raises(CheckpointError, match="no model was handed over in memory"):  # not kept after the call
-    checkpoints.load_model(in_memory.summary["models"]["vit_b_8"]["checkpoint"])
+    checkpoints.load_model(handed.summary["models"]["vit_b_8"]["checkpoint"])
 
 
 def test_plot_returns_the_figures_it_writes(tiny_vit_bit, images, tmp_path):

@@ -37,7 +37,7 @@ from vitcnn_jax import analyses
 from vitcnn_jax import jobs
 from vitcnn_jax.inputs import data
 from vitcnn_jax.inputs import zoo
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.run import control
 from vitcnn_jax.run import declaration
 
@@ -75,7 +75,7 @@ def spec(label: str, given: ModelSpec, layers, model_fields: Sequence[str]) -> d
                     "overrides, or a (model, params) pair.")
   given = dict(given)
   if "model" in given or "params" in given:
-    given["checkpoint"] = memory.remember(given.pop("model"), given.pop("params"))
+    given["checkpoint"] = in_memory.remember(given.pop("model"), given.pop("params"))
   out = {"label": label, "capture": layers, "policy": "", **{k: given.pop(k) for k in
                                                             (*SPEC_FIELDS, *model_fields) if k in given}}
   out["capture"] = (out["capture"],) if isinstance(out["capture"], str) else tuple(out["capture"])
@@ -206,8 +206,8 @@ def function(name: str) -> Callable[..., jobs.Result]:
         return jobs.run(config, workdir, sources)
     finally:  # models handed over in memory are the caller's again
       for spec_ in config.models.values():
-        if spec_.checkpoint.startswith(memory.IN_MEMORY):
-          memory.forget(spec_.checkpoint)
+        if spec_.checkpoint.startswith(in_memory.IN_MEMORY):
+          in_memory.forget(spec_.checkpoint)
 
   run.__name__ = run.__qualname__ = name
   run.__doc__ = (f"{declared.figures} of the paper: {declared.findings[0].text if declared.findings else ''}"

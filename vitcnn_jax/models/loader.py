@@ -21,7 +21,7 @@ from vitcnn_jax.models import param_trees
 from vitcnn_jax.models import sizes
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.models.formats import hf_folder
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.models.formats import onnx as onnx_file
 from vitcnn_jax.models.formats.base import CheckpointError, Keys, Params, Reading, log
 
@@ -275,7 +275,7 @@ def load(path: str, overrides: dict[str, Any] | None = None,
 
   `path` is a file or model folder, may name a tower of a two-tower file
   ('file.npz:img') or a sub-module of an ONNX model, or a model handed over in
-  memory (`formats.memory.remember`). `overrides`: `resolution` (or
+  memory (`formats.in_memory.remember`). `overrides`: `resolution` (or
   `image_size`), the reader's `overridable` fields (numerics such as `gelu` or
   `root_pool_pad`, which default to the file's upstream), a field the file
   cannot decide (logged when assumed), or any architecture field, which must
@@ -283,11 +283,11 @@ def load(path: str, overrides: dict[str, Any] | None = None,
   preprocessing that comes before the file's own (a zoo entry's).
   """
   overrides = dict(overrides or {})
-  if str(path).startswith(memory.IN_MEMORY):
+  if str(path).startswith(in_memory.IN_MEMORY):
     if overrides:
       raise ValueError(f"{path}: a model handed over in memory takes no overrides "
                        f"({sorted(overrides)}); build it with them instead.")
-    model, params = memory.recall(path)
+    model, params = in_memory.recall(path)
     return Checkpoint(model, params, "memory", {}, model.default_policy, path,
                       f"the {model.family} model's default")
   family, r = load_params(path)

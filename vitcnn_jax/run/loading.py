@@ -17,10 +17,10 @@ from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.inputs import zoo
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import capturing
-from vitcnn_jax.models import sizes
 from vitcnn_jax.models import representations
+from vitcnn_jax.models import sizes
 from vitcnn_jax.models.formats import arrays
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.models.formats.base import CheckpointError, log
 
 
@@ -52,7 +52,7 @@ class Loaded:
 def unreachable(path: str) -> str | None:
   """Why the checkpoint `path` (a file, zoo name or hub location) cannot be read
   (None: it can)."""
-  if path.startswith(memory.IN_MEMORY):
+  if path.startswith(in_memory.IN_MEMORY):
     return None
   try:
     file, _ = checkpoints.locate(path)
@@ -129,7 +129,7 @@ def label_of(spec: ml_collections.ConfigDict, family: str) -> tuple[str, str]:
   written = tuple(spec.get("label_of") or ("", ""))
   if label and (not written[0] or written[0] == path or written[1] != label):
     return label, "config"
-  if path.startswith(memory.IN_MEMORY):
+  if path.startswith(in_memory.IN_MEMORY):
     return label or family, "config" if label else "the model's family"
   if name := zoo.name_of(path):
     return name, "the checkpoint's zoo name"

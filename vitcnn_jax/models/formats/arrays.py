@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 
 from vitcnn_jax import fileio
-from vitcnn_jax.models.formats import memory
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.models.formats.base import CheckpointError
 
 _DIGESTS: dict[str, str] = {}  # path -> hash of the bytes read_bytes last read there
@@ -31,8 +31,8 @@ def split_tower(path: str) -> tuple[str, str | None]:
 def digest(path: str) -> str:
   """Content hash of a checkpoint file (`file.npz:tower` hashes the file): the bytes
   this process loaded from it, or read now if it loaded none."""
-  if path.startswith(memory.IN_MEMORY):
-    return path[len(memory.IN_MEMORY):]
+  if path.startswith(in_memory.IN_MEMORY):
+    return path[len(in_memory.IN_MEMORY):]
   file, _ = split_tower(path)
   if file not in _DIGESTS and os.path.isdir(file):  # a model folder: its weights and settings
     names = [n for n in os.listdir(file) if n.endswith((".safetensors", ".json"))]
