@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
   verbose = "--verbose" in argv
   try:
     parse(argv)
-    from vitcnn_jax import jobs  # pylint: disable=g-import-not-at-top
-    from vitcnn_jax.run import parallel  # pylint: disable=g-import-not-at-top
+    from vitcnn_jax import jobs
+    from vitcnn_jax.run import parallel
     if _DISTRIBUTED.value:
       parallel.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                           _CPU_COLLECTIVES.value)

@@ -21,9 +21,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One compilation cache for this test session and its child processes: the same
 # models and steps recur across tests (fresh per session: nothing carries over).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  import atexit  # pylint: disable=g-import-not-at-top
-  import shutil  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
+  import atexit
+  import shutil
+  import tempfile
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="vitcnn_jax_xla_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -59,7 +59,7 @@ def run_main(*args: str, devices: int | None = None, check: bool = True, timeout
   if devices is None:
     r = _in_process(args)
   else:
-    import forked  # pylint: disable=g-import-not-at-top
+    import forked
     r = forked.run(list(args), device_env(devices), ROOT, timeout)
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
@@ -67,16 +67,16 @@ def run_main(*args: str, devices: int | None = None, check: bool = True, timeout
 
 
 def _in_process(args):
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import io  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import traceback  # pylint: disable=g-import-not-at-top
-  import main  # pylint: disable=g-import-not-at-top
+  import contextlib
+  import io
+  import subprocess
+  import traceback
+  import main
   out, err = io.StringIO(), io.StringIO()
   with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     try:
       code = main.main(["main.py", *args])
-    except Exception:  # pylint: disable=broad-except  (a bug: Python would print it, status 1)
+    except Exception:  # a bug: Python would print it, status 1
       traceback.print_exc()
       code = 1
   return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
@@ -107,7 +107,7 @@ def pytest_addoption(parser):
 def _tolerances(request):
   """Moves this test's float32 comparisons into its report, so that they reach
   the summary from pytest-xdist's worker processes too."""
-  import numerics  # pylint: disable=g-import-not-at-top
+  import numerics
   yield
   request.node.user_properties += [("tolerance", (str(t), str(w), float(e), float(b)))
                                    for t, w, e, b in numerics.RECORD]
@@ -133,7 +133,7 @@ def pytest_terminal_summary(terminalreporter, config):
 def forward(model, params, images, capture=None) -> dict:
   """{point: activation} of one compiled forward (eager Flax is many times slower),
   in the model's order (a compiled function returns dicts sorted by key)."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   kw = {} if capture is None else {"capture": capture if isinstance(capture, str) else tuple(capture)}
   order = []
 
@@ -149,7 +149,7 @@ def forward(model, params, images, capture=None) -> dict:
 def compiled(model, params, images, **kw):
   """`model.apply` as one compiled program: (logits, points). Eager Flax compiles
   each op of each shape apart, several times the time for a parity check."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   return jax.jit(lambda p, x: model.apply({"params": p}, x, **kw))(params, images)
 
 
@@ -175,7 +175,7 @@ def tiny_vit_bit(tmp_path_factory) -> tuple[str, str]:
   """A tiny ViT (vision_transformer format, 32 px, patch 8) and BiT (big_transfer
   format, two stages of one unit: the first stage's stride-1 and the second's
   stride-2 unit, half the compile of four) checkpoint: the CKA jobs' test pair."""
-  import upstream_files as uf  # pylint: disable=g-import-not-at-top
+  import upstream_files as uf
   d = tmp_path_factory.mktemp("ckpt")
   vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1)))

@@ -26,7 +26,7 @@ _context = None
 def _config_from_env(env: dict[str, str]) -> None:
   """JAX reads its JAX_* variables once, at import (in the server): the ones this run
   sets otherwise are applied to its config."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   for name, value in env.items():
     key = name.lower()
     if not name.startswith("JAX_") or not hasattr(jax.config, key):
@@ -44,13 +44,13 @@ def _execute(argv: list[str]) -> None:
   """`python ARGV` in this process, as the interpreter sets sys.argv and sys.path[0]."""
   if argv[0] == "-c":
     sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
-    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
+    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
   elif argv[0] == "-m":  # the current folder first on sys.path, the module's file as sys.argv[0]
     sys.argv, sys.path[0] = list(argv[1:]), os.getcwd()
     runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
   else:
     sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
-    import main  # pylint: disable=g-import-not-at-top  (preloaded)
+    import main  # preloaded
     if os.path.samefile(argv[0], main.__file__):  # its absl flags exist once: call, not rerun
       sys.exit(main.main(list(argv)))
     runpy.run_path(argv[0], run_name="__main__")
@@ -73,13 +73,13 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out_path: str, err_pa
     code = 0
   except SystemExit as e:
     code = e.code if isinstance(e.code, int) else int(e.code is not None)
-  except BaseException:  # pylint: disable=broad-except  (a bug: Python would print it, status 1)
-    import traceback  # pylint: disable=g-import-not-at-top
+  except BaseException:  # a bug: Python would print it, status 1
+    import traceback
     traceback.print_exc()
   finally:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access  (no clean-up the server's modules did not ask for)
+    os._exit(code)  # no clean-up the server's modules did not ask for
 
 
 class Child:

@@ -128,7 +128,7 @@ def test_attention_distance_and_skip_ratio(tiny_vit_bit, images):
 def test_mistakes_are_named(tiny_vit_bit, images, tmp_path):
   vit, _ = tiny_vit_bit
   grey = images[0]
-  from PIL import Image  # noqa: PLC0415
+  from PIL import Image
   (tmp_path / "photos").mkdir()
   Image.fromarray(np.zeros((3, 3, 3), np.uint8)).save(tmp_path / "photos" / "tiny.png")
   with pytest.raises(ValueError, match=r"tiny\.png: a photograph of 3x3 px"):
@@ -213,7 +213,7 @@ def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog)
   """A notebook's next call with the same models, layers and measures runs the step
   the first call compiled (`programs.Step`): its step is neither traced nor compiled
   again, nor read from the persistent cache. Another measure is another program."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
   vit, bit = tiny_vit_bit
   grey = images[0][:16]
   models = {"vit": vit, "resnet": {"checkpoint": bit, "resolution": 32}}

@@ -59,9 +59,9 @@ def test_vt_cls_row_is_folded_into_cls(tmp_path):
 def _toy_reader():
   """What a contributor writes for another upstream's files: one declaration. Its
   files are vision_transformer ViTs whose keys carry a `toy::` prefix."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.models.formats.base import Keys, Reader  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.models.vit import google  # pylint: disable=g-import-not-at-top
+  import dataclasses
+  from vitcnn_jax.models.formats.base import Keys, Reader
+  from vitcnn_jax.models.vit import google
 
   def read(keys: Keys):
     inner = Keys({k.removeprefix("toy::"): keys.take(k) for k in list(keys.flat)}, keys.path, "vit")
@@ -77,8 +77,8 @@ def _toy_reader():
 def test_a_new_reader_is_one_declaration_in_its_family(tmp_path, monkeypatch):
   """Registered in its family, a reader is asked of every file (no order to choose),
   named in the unknown-format error, and loads like the upstream it wraps."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import models  # pylint: disable=g-import-not-at-top
+  import dataclasses
+  from vitcnn_jax import models
   w = uf.vt_vit(0, **VIT)
   toy = uf.save(tmp_path / "toy.npz", {f"toy::{k}": v for k, v in w.items()})
   with pytest.raises(CheckpointError, match="unknown checkpoint format") as e:
@@ -98,9 +98,9 @@ def test_a_new_reader_is_one_declaration_in_its_family(tmp_path, monkeypatch):
 def test_two_readers_claiming_one_file_are_refused_unless_one_narrows_the_other(tmp_path, monkeypatch):
   """timm's Eva files carry timm ViT's keys: Eva's reader declares that it narrows
   `timm`. Without that declaration, an Eva file fits two formats and is refused."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import models  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.models import loader  # pylint: disable=g-import-not-at-top
+  import dataclasses
+  from vitcnn_jax import models
+  from vitcnn_jax.models import loader
   flat = {"patch_embed.proj.weight": np.zeros((4, 3, 2, 2), np.float32),
           "blocks.0.attn.qkv.weight": np.zeros((12, 4), np.float32)}  # no pos_embed: DINOv3's
   assert loader.detect(flat)[0] == "timm_eva"

@@ -115,7 +115,7 @@ def test_writes_results_and_figures(one_device, eight_devices):
 def test_the_findings_statistics_on_every_layer_the_block_outputs_and_each_replicate(one_device):
   """Figs 1 and 2's statistics from the job's own CKA matrix: on every captured
   (`paper`) layer, on each model's block outputs alone, and one per bootstrap replicate."""
-  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import analyses
   s = json.loads((one_device / "cka.json").read_text())
   z = np.load(one_device / "cka.npz")
   names = {"resnet": list(z["names_resnet"]), "vit": list(z["names_vit"])}
@@ -126,7 +126,7 @@ def test_the_findings_statistics_on_every_layer_the_block_outputs_and_each_repli
   assert len(outputs["resnet"]) == 2 and len(outputs["vit"]) == 2
 
   def expect(keep):
-    part = lambda a, b: cka[np.ix_(start[a] + np.asarray(keep[a]), start[b] + np.asarray(keep[b]))]  # noqa: E731
+    part = lambda a, b: cka[np.ix_(start[a] + np.asarray(keep[a]), start[b] + np.asarray(keep[b]))]
     off = {k: part(k, k)[~np.eye(len(keep[k]), dtype=bool)].mean() for k in keep}
     cross = part("resnet", "vit")
     best = cross[:max(1, len(cross) // 2)].argmax(axis=1) / (cross.shape[1] - 1)
@@ -211,9 +211,9 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
   compile, or after the memory planner's (a device memory given), whose step it
   runs: the steps' buffers do not sit on top of it (on workload W, every measure,
   the process peak fell from 2.89 to 2.43 GiB)."""
-  from vitcnn_jax.run import memory  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import programs  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import memory
+  from vitcnn_jax.run import programs
+  from vitcnn_jax.run import runstate
   released, ran = [], []
   monkeypatch.setattr(memory, "release_freed", lambda: released.append(len(ran)))
   monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())  # none compiled before
@@ -254,7 +254,7 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
   with at most `IN_FLIGHT` dispatched steps ahead of it (it sat at 28 of 30
   for minutes with every measure at batch 256): dispatched and unfinished
   steps are not counted, finished ones are."""
-  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import runstate
   bar = _Counted()
   steps = runstate.Steps(None, {}, None, (0, 0), bar)
   results = [_Result() for _ in range(5)]
@@ -279,11 +279,11 @@ def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_devic
   peak on one device and on 8 makes the planner spread each minibatch; one too
   small for any group names the largest minibatch that fits. Each block's output
   only: the planner compiles a step per group it tries, so the smallest step."""
-  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.analyses import cka as cka_job  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import driver  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import loading  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import memory  # pylint: disable=g-import-not-at-top
+  from configs import cka_vit_resnet
+  from vitcnn_jax.analyses import cka as cka_job
+  from vitcnn_jax.run import driver
+  from vitcnn_jax.run import loading
+  from vitcnn_jax.run import memory
   config = cka_vit_resnet.get_config(f"examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = tiny_vit_bit
   config.models.resnet.overrides.resolution = 32
@@ -448,9 +448,9 @@ def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one
 
 
 def test_a_reduction_of_the_layers_variance_is_said_with_the_field_that_sets_it(capsys):
-  from vitcnn_jax.analyses import cka  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.analyses import cka
   spec = measures.Spec(("procrustes", "mean_cca"), cca_dims=5, subspace_dims=32)
-  cka._say_reduced(["a", "b"], spec, ["mean_cca", "procrustes"],  # pylint: disable=protected-access
+  cka._say_reduced(["a", "b"], spec, ["mean_cca", "procrustes"],
                    {"shape_kept": np.array([1.0, 0.7]), "subspace_kept": np.array([1.0, 1.0])})
   out = capsys.readouterr().out
   assert out == ("procrustes: each layer's top 32 principal components, keeping a mean 85.0% of its "

@@ -230,7 +230,7 @@ def test_real_fashion_mnist_from_debian():
 
 
 def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path):
-  from PIL import Image  # noqa: PLC0415
+  from PIL import Image
   rng = np.random.default_rng(0)
   for i, shape in enumerate([(100, 150), (120, 90), (64, 64)]):
     Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.png")
@@ -253,7 +253,7 @@ def test_photo_crops_are_seeded_multiscale_crops_labelled_by_photograph(tmp_path
 def test_photo_crops_of_class_folders_are_labelled_by_class(tmp_path):
   """Photographs in class sub-folders: each crop's label is its photograph's class
   (what a probe must generalise across photographs), not the photograph."""
-  from PIL import Image  # noqa: PLC0415
+  from PIL import Image
   rng = np.random.default_rng(0)
   for c, count in (("cats", 2), ("dogs", 3)):
     (tmp_path / c).mkdir()
@@ -273,7 +273,7 @@ def test_the_offline_photographs_as_a_configured_source():
 
 
 def test_a_photograph_too_small_to_crop_is_named(tmp_path):
-  from PIL import Image  # noqa: PLC0415
+  from PIL import Image
   rng = np.random.default_rng(0)
   Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(tmp_path / "big.png")
   Image.fromarray(rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)).save(tmp_path / "tiny.png")

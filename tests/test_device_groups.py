@@ -144,8 +144,8 @@ def test_the_heap_that_free_keeps_goes_back_to_the_os():
   """`memory.release_freed` returns the pages of freed heap blocks that glibc keeps
   (as it keeps the compiler's): 64 MiB of 64 KiB blocks freed between live ones
   stay resident after free() and go after it (in a child process: its own heap)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
+  import subprocess
+  import sys
   code = """
 import ctypes, os
 from vitcnn_jax.run import memory
@@ -185,7 +185,7 @@ def test_one_memory_limit_for_the_device_the_config_and_the_benchmark(monkeypatc
   assert limit == int(16 * memory.GIB * memory.HEADROOM) < 14.5 * memory.GIB
   monkeypatch.setattr(jax, "local_devices", lambda: [Device()])
   assert memory.device_limit() == limit
-  peak = lambda minibatch, group: int(14.5 / group * memory.GIB)  # noqa: E731
+  peak = lambda minibatch, group: int(14.5 / group * memory.GIB)
   plan = paper_scale.plan_for(16, peak)
   assert (plan.limit_bytes, plan.devices_per_minibatch) == (limit, 2)
 
@@ -243,9 +243,9 @@ def test_the_persistent_compilation_cache_is_on_by_default_and_can_be_moved_or_t
   """`config.compilation_cache` over VITCNN_JAX_COMPILATION_CACHE over JAX's own
   folder over CACHE_DIR/xla; "none" turns it off; a file is refused by name.
   `programs.use_compilation_cache` sets JAX's cache to the folder chosen."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import control  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import programs  # pylint: disable=g-import-not-at-top
+  import ml_collections
+  from vitcnn_jax.run import control
+  from vitcnn_jax.run import programs
   config = ml_collections.ConfigDict({"cache_dir": str(tmp_path / "c"), "compilation_cache": ""})
   monkeypatch.delenv(control.COMPILATION_CACHE_ENV, raising=False)
   assert control.compilation_cache(config, None) == str(tmp_path / "c" / "xla")

@@ -35,7 +35,7 @@ from vitcnn_jax.similarity import scales
 
 N = 32
 CLOSE = 1e-3  # y = x + CLOSE * noise
-SVD = lambda n: 8 * worst(n)  # noqa: E731
+SVD = lambda n: 8 * worst(n)
 
 
 def gram_error(n: int, d: int) -> float:
@@ -238,7 +238,7 @@ def test_distance_correlation_counts_its_negative_cells_as_float64_does():
   spec = measures.Spec(("distance_correlation",), null=True)
   order = np.asarray(measures.permutation(jax.random.PRNGKey(0), np.ones(n, np.float32)))
   dist = [ref._distances(a) for a in acts]
-  term = lambda a, b: ref._dcov_term(a, b, "unbiased")  # noqa: E731
+  term = lambda a, b: ref._dcov_term(a, b, "unbiased")
   counts = {}
   for null in (False, True):
     moved = [d[order][:, order] for d in dist] if null else dist

@@ -126,8 +126,8 @@ def test_loading_every_family_imports_no_torch(files, tmp_path):
 
 
 def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(files, images, caplog):
-  import json  # noqa: PLC0415
-  import logging  # noqa: PLC0415
+  import json
+  import logging
   with caplog.at_level(logging.WARNING, logger="vitcnn_jax"):
     r = vj.pc_share({**files, "gray": {**files["deit"], "policy": "resize"}}, images[0],
                     layers="blocks", batch_size=8, num_examples=N, **NO_FIGURES)
@@ -148,9 +148,9 @@ def test_each_models_preprocessing_and_assumptions_are_printed_and_recorded(file
     ("google", "vit", "resize")])
 def test_inspect_prints_each_familys_architecture_and_preprocessing(files, tmp_path, capsys, name,
                                                                     family, policy):
-  import ml_collections  # noqa: PLC0415
-  from configs import inspect as inspect_config  # noqa: PLC0415
-  from vitcnn_jax import describe  # noqa: PLC0415
+  import ml_collections
+  from configs import inspect as inspect_config
+  from vitcnn_jax import describe
   path = (uf.save(tmp_path / "g.npz", uf.vt_vit(0)) if name == "google"
           else files[name]["checkpoint"])
   config = inspect_config.get_config(path)
@@ -166,7 +166,7 @@ def test_inspect_prints_each_familys_architecture_and_preprocessing(files, tmp_p
 def test_attention_distance_of_several_models_equals_each_alone(files, images):
   """DINO against CLIP, say: each model's distances as if run alone; the first
   in name order gives the top-level results and figure, a comparison figure shows all."""
-  import os  # noqa: PLC0415
+  import os
   grey, _ = images
   both = vj.attention_distance({"reg": files["reg"], "deit": files["deit"]}, grey, batch_size=8,
                                num_examples=N)
@@ -199,7 +199,7 @@ def test_head_subsets_and_reference_cka_on_todays_families(files, images):
 def test_a_convnext_in_memory_is_preprocessed_as_its_file(files, images):
   """Handed over as (model, params), a ConvNeXt keeps timm's ImageNet
   normalisation, as loaded by path: the same numbers either way."""
-  import json  # noqa: PLC0415
+  import json
   model, params = checkpoints.load_model(files["cnx"]["checkpoint"], resolution=64)
   small = dict(layers="blocks", batch_size=8, num_examples=N, **NO_FIGURES)
   by_path = vj.pc_share({"cnx": files["cnx"]}, images[0], **small)

@@ -197,7 +197,7 @@ def test_pickles_are_refused_unread_naming_safetensors(tmp_path, suffix):
 
 
 def test_a_torch_zip_archive_is_refused_unread(tmp_path):
-  import zipfile  # noqa: PLC0415
+  import zipfile
   path = tmp_path / "model.npz"  # torch.save's zip format under a misleading name
   with zipfile.ZipFile(path, "w") as z:
     z.writestr("archive/data.pkl", b"\x80\x04 not read")
@@ -207,7 +207,7 @@ def test_a_torch_zip_archive_is_refused_unread(tmp_path):
 
 
 def test_a_truncated_or_empty_safetensors_file_is_named(tmp_path):
-  import safetensors.numpy  # noqa: PLC0415
+  import safetensors.numpy
   data = safetensors.numpy.save({"patch_embed.proj.weight": np.ones((8, 3, 4, 4), np.float32)})
   cut = tmp_path / "cut.safetensors"
   cut.write_bytes(data[:-20])

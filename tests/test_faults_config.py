@@ -19,7 +19,7 @@ def files(tmp_path_factory):
 
 
 def _cka(files, **fields):
-  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
+  from configs import cka_vit_resnet
   config = cka_vit_resnet.get_config("b16_r50,examples=16,batch=8,repeats=1")
   config.models.vit.checkpoint, config.models.resnet.checkpoint = files
   config.models.resnet.overrides.resolution = 32

@@ -24,7 +24,7 @@ VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 def _config(ckpt, **data):
   """Attention distance on 64 examples in minibatches of 4: 2 steps on 8 devices."""
-  from configs import attention_distance  # pylint: disable=g-import-not-at-top
+  from configs import attention_distance
   config = attention_distance.get_config("b16,examples=64,batch=4")
   config.models.vit.checkpoint = str(ckpt)
   config.data = zoo.data_spec(**(data or dict(source="synthetic", num_examples=64)))

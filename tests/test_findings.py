@@ -217,7 +217,7 @@ def test_a_summary_lacking_what_a_check_reads_is_not_judged():
 
 
 def test_the_report_shows_each_verdict_beside_the_paper(tmp_path):
-  import ml_collections  # pylint: disable=g-import-not-at-top
+  import ml_collections
   (tmp_path / "att").mkdir()
   summary = {"mean_distance_px": [[10.0, 70.0], [70.0, 75.0]], "uniform_ceiling_px": 80.0,
              "blocks": [0, 11], "checkpoint": "x.npz"}

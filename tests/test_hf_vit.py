@@ -98,7 +98,7 @@ def _reference(name: str, model, x: np.ndarray, **kwargs) -> tuple[list[np.ndarr
 def _naflex(tower, x: np.ndarray):
   """transformers' SigLIP 2 NaFlex tower on square images as its processor hands
   them: patches flattened by its own function, one grid, every patch valid."""
-  from transformers.models.siglip2 import image_processing_siglip2 as processing  # noqa: PLC0415
+  from transformers.models.siglip2 import image_processing_siglip2 as processing
   torch, p = hf_ref.torch, tower.config.patch_size
   g = x.shape[1] // p
   patches = torch.stack([processing.convert_image_to_patches(
@@ -140,8 +140,8 @@ def test_a_vision_tower_saved_alone_is_read_without_the_vision_model_prefix(fold
   """The premise of the lone towers in MODELS (matched at every layer above): the
   file transformers wrote has no `vision_model.` key, and its config.json is the
   tower's own; each field is read from the bare names."""
-  import json  # noqa: PLC0415
-  import safetensors.numpy  # noqa: PLC0415
+  import json
+  import safetensors.numpy
   folder, _ = folders[name]
   keys = safetensors.numpy.load_file(os.path.join(folder, "model.safetensors"))
   assert keys and not any(k.startswith("vision_model.") for k in keys), sorted(keys)[:4]
@@ -233,7 +233,7 @@ def test_image_processors_become_our_policies(name, tmp_path):
   processor = cls(**kwargs)
   processor.save_pretrained(str(tmp_path))
   with open(tmp_path / "preprocessor_config.json", encoding="utf-8") as f:
-    import json  # noqa: PLC0415
+    import json
     settings = json.load(f)
   got, where = preprocess.from_hf_processor(settings)
   assert got == policy and "preprocessor_config.json" in where
@@ -268,8 +268,8 @@ def test_loading_a_transformers_folder_imports_none_of_torch_timm_transformers(f
 
 
 def test_inspect_says_what_came_from_the_weights_config_json_or_an_assumption(folders, tmp_path):
-  import json  # noqa: PLC0415
-  from conftest import run_main  # noqa: PLC0415
+  import json
+  from conftest import run_main
   folder, _ = folders["clip"]
   r = run_main(f"--config={ROOT}/configs/inspect.py", f"--config.checkpoint={folder}",
                f"--workdir={tmp_path / 'a'}")
@@ -316,7 +316,7 @@ def test_int_sizes_and_convnext_processors_are_read_as_transformers_reads_them(n
 def test_integer_index_buffers_of_older_hub_files_are_left_out(folders, tmp_path):
   """Hub files saved by older transformers carry CLIP's `position_ids` (int64): not
   weights, so they are left out, as BatchNorm's step counters are."""
-  import safetensors.numpy  # noqa: PLC0415
+  import safetensors.numpy
   folder, _ = folders["clip"]
   shutil.copytree(folder, tmp_path / "clip")
   path = tmp_path / "clip" / "model.safetensors"
@@ -332,7 +332,7 @@ def test_an_mlp_whose_widths_fit_neither_kind_is_refused(folders, name, fc1, tmp
   """A packed SwiGLU's weights_in has twice as many outputs as weights_out has
   inputs, a plain MLP's fc1 as many: a first layer cut short fits neither, and is
   named rather than read as the other kind."""
-  import safetensors.numpy  # noqa: PLC0415
+  import safetensors.numpy
   shutil.copytree(folders[name][0], tmp_path / "m")
   path = tmp_path / "m" / "model.safetensors"
   flat = safetensors.numpy.load_file(str(path))
@@ -344,7 +344,7 @@ def test_an_mlp_whose_widths_fit_neither_kind_is_refused(folders, name, fc1, tmp
 
 
 def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
-  import json  # noqa: PLC0415
+  import json
   shutil.copytree(folders["dinov2"][0], tmp_path / "m")
   config = json.loads((tmp_path / "m" / "config.json").read_text())
   (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
@@ -360,7 +360,7 @@ def test_a_config_json_of_another_model_is_refused(folders, tmp_path):
 def test_an_unknown_model_type_is_refused_naming_the_file_and_what_we_read(folders, tmp_path):
   """A model_type we do not read would have its settings read under keys that may
   mean other things there (ViT's weights, another model's head count): refused."""
-  import json  # noqa: PLC0415
+  import json
   shutil.copytree(folders["vit_pooler"][0], tmp_path / "m")
   config = tmp_path / "m" / "config.json"
   config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "vitcnn_nosuch_model"}))
@@ -381,7 +381,7 @@ BAD_STATS = {  # preprocessor_config.json values transformers fails on (or divid
 
 @pytest.mark.parametrize("case", sorted(BAD_STATS))
 def test_a_malformed_image_mean_or_std_is_refused_naming_the_file_and_key(folders, tmp_path, case):
-  import json  # noqa: PLC0415
+  import json
   key, value = BAD_STATS[case]
   processor = dict(image_processor_type="ViTImageProcessor", size={"height": 32, "width": 32},
                    image_mean=[0.5] * 3, image_std=[0.5] * 3)

@@ -90,6 +90,6 @@ def test_the_real_pair_s_canonical_correlations_are_finite_and_exact():
   assert np.abs(np.asarray(s[0], np.float64) - want).max() <= bound
   assert np.abs((np.asarray(u[0], np.float64) * np.asarray(s[0])) @ np.asarray(vt[0]) - m).max() <= bound
   w = np.ones((1, len(m)), np.float32)  # every component kept, equal weights: PWCCA is mean CCA
-  got = jax.jit(subspaces._pwcca)(m[None], w, w)  # pylint: disable=protected-access
+  got = jax.jit(subspaces._pwcca)(m[None], w, w)
   assert abs(float(got["cca"][0]) - want.sum()) <= len(m) * bound
   assert abs(float(got["pwcca"][0]) - want.mean()) <= bound

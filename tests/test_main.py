@@ -88,7 +88,7 @@ def test_mistakes_print_one_clean_message_and_exit_2(tmp_path):
 
 
 def test_train_config_variants():
-  from configs import train  # pylint: disable=g-import-not-at-top
+  from configs import train
   c = train.get_config("vit_demo,steps=5,no_skip=1,fraction=0.03,subset_seed=2")
   assert c.analysis == "train" and c.train.steps == 5 and list(c.train.model.no_skip) == [1]
   assert c.train.data_fraction == 0.03 and c.train.subset_seed == 2 and c.export == ""

@@ -289,7 +289,7 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
 
 
 def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
-  from vitcnn_jax.run import runstate  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import runstate
   boot = runstate.Bootstrap(seed=3, replicates=5, pooled={})
   w = boot.weights(0, 1, 4, 3)
   assert w.shape == (5, 3) and np.array_equal(w, boot.weights(0, 1, 4, 3))  # seeded per minibatch
@@ -307,7 +307,7 @@ def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
 def test_rsa_equals_rsatoolbox(method):
   """The same minibatches through rsatoolbox (correlation-distance RDMs, compared by
   Pearson or Spearman correlation), the maintained package of RSA."""
-  from conftest import require  # pylint: disable=g-import-not-at-top
+  from conftest import require
   rsa = require("rsatoolbox")
   acts = _data(6)
   got = _sums(acts, SIZES, measures.Spec(("rsa",), rsa_method=method))

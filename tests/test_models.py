@@ -277,8 +277,8 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   more dots to compile. Captured alone, with the rest, or reduced where it is made
   (`Capture.reduce`), every point has its value and the network's order; points
   wanted by some blocks only split the scan, and the logits stay bit-equal."""
-  from vitcnn_jax.models import representations  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.models import ResNet  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.models import representations
+  from vitcnn_jax.models import ResNet
   from vitcnn_jax.similarity import grams
   make = {"vit": lambda d: ViT(**{**TINY_VIT, "depth": d}),
           "bit": lambda d: BiT(num_classes=5, width=0.5, depth=(1, d + 1)),  # d units after the first

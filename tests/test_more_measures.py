@@ -119,7 +119,7 @@ def _well_posed(c: dict) -> None:
 
 
 def _pair_bounds(xs, ys, c: dict, want: dict) -> dict[str, float]:
-  rms = lambda zs: np.sqrt(np.mean(np.concatenate([np.sum((z[:, None] - z[None]) ** 2, -1).ravel() for z in zs])))  # noqa: E731,E501
+  rms = lambda zs: np.sqrt(np.mean(np.concatenate([np.sum((z[:, None] - z[None]) ** 2, -1).ravel() for z in zs])))
   extra = {"rms_d": rms(xs) + rms(ys), "magnitudes": [ref._magnitude(xs), ref._magnitude(ys)],
            "raw_scale": max(np.max(np.sum(a ** 2, 1)) for a in xs + ys),
            "mean_ratio": max(np.max(np.linalg.norm(a, axis=1)) / np.linalg.norm(a.mean(0))
@@ -277,7 +277,7 @@ def test_svcca_keeps_the_fewest_components_of_99_percent_of_the_variance():
   """Layers whose top three components hold 99.7% of the variance (two hold 93%):
   SVCCA reads those three, not the seven components cca_dims allows."""
   rng = np.random.default_rng(4)
-  basis = lambda n: np.linalg.qr(rng.standard_normal((n, n)))[0]  # noqa: E731
+  basis = lambda n: np.linalg.qr(rng.standard_normal((n, n)))[0]
   sv = np.array([10, 6, 3, 0.5, 0.3, 0.2, 0.1, 0.1, 0.05, 0.05])
   x = (basis(16)[:, :10] * sv) @ basis(10)
   y = 0.5 * x[:, ::-1] + (basis(16)[:, :10] * sv) @ basis(10)
@@ -306,9 +306,9 @@ def test_distance_correlation_weighs_unequal_minibatches_as_defined(estimator):
 
 def _on_two_cores(code: str, env: dict[str, str]):
   """`code` run in a child process of one CPU device, on at most 2 of this machine's cores."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  from conftest import ROOT  # pylint: disable=g-import-not-at-top
+  import subprocess
+  import sys
+  from conftest import ROOT
   code = "import os\nos.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])\n" + code
   return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=120, env=env)
@@ -333,7 +333,7 @@ for i in range(10):  # a deadlock is a race: more steps, more chances to show it
   jax.block_until_ready(f(acts, jnp.ones({rows}), key=jax.random.PRNGKey(i)))
 print("done")
 """
-  from conftest import device_env  # pylint: disable=g-import-not-at-top
+  from conftest import device_env
   # A pool of one thread a core (vitcnn_jax's default of two would leave a thread
   # free, and hide the deadlock).
   got = _on_two_cores(code, {**device_env(1), "PJRT_NPROC": "2"})
@@ -352,7 +352,7 @@ jnp.linalg.svd(jnp.ones((8, 4, 4)))[1].block_until_ready()
 names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XLAEigen"))
 """
-  from conftest import device_env  # pylint: disable=g-import-not-at-top
+  from conftest import device_env
   env = {k: v for k, v in device_env(1).items() if k not in ("PJRT_NPROC", "NPROC")}
   got = _on_two_cores(code, env if given is None else {**env, "PJRT_NPROC": given})
   assert got.returncode == 0, got.stderr[-2000:]
@@ -362,7 +362,7 @@ print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XL
 
 
 def test_demo_measures_runs_every_measure():
-  from configs import cka_vit_resnet  # pylint: disable=g-import-not-at-top
+  from configs import cka_vit_resnet
   assert tuple(cka_vit_resnet.get_config("demo_measures").measures) == measures.NAMES
 
 
@@ -376,7 +376,7 @@ def test_every_registered_measure_declares_itself():
   assert all(labels) and len(set(labels)) == len(labels)
   spec = measures.Spec(measures.NAMES)
   assert all(measures.describe(m, spec).endswith(")") for m in names)
-  kinds = lambda key: {m for m in names if key(measures.REGISTRY[m])}  # noqa: E731
+  kinds = lambda key: {m for m in names if key(measures.REGISTRY[m])}
   assert kinds(lambda m: m.distance) == {"rsm_difference", "procrustes", "gulp", *descriptive.FAMILY.names}
   assert kinds(lambda m: not m.null) == set(descriptive.FAMILY.names)
   assert kinds(lambda m: m.clip) == {"distance_correlation", "magnitude_difference"}

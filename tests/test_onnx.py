@@ -93,7 +93,7 @@ def _tiny_export(path, x: np.ndarray, fold: bool = True) -> np.ndarray:
                                   channels=(4, 8, 8, 16), num_classes=5)
   model = timm_ref.timm_resnet.ResNet(timm_ref.timm_resnet.Bottleneck, layers=(1, 1, 1, 1),
                                       channels=(4, 8, 8, 16), num_classes=5)
-  import safetensors.torch  # noqa: PLC0415
+  import safetensors.torch
   model.load_state_dict(safetensors.torch.load_file(str(path) + ".safetensors"))
   torch.onnx.export(model.eval(), torch.from_numpy(x.transpose(0, 3, 1, 2)), str(path),
                     dynamo=False, dynamic_axes={"input": {0: "batch"}}, input_names=["input"],
@@ -181,7 +181,7 @@ def dinov2_exports(tmp_path_factory) -> dict[str, tuple[str, object]]:
   """Tiny random transformers Dinov2Models (each MLP kind) and torch's ONNX exports
   of them: transformers 5's module paths (attention.q_proj, mlp.gate_proj) name
   their weights."""
-  import hf_ref  # noqa: PLC0415  (only these tests need transformers)
+  import hf_ref  # only these tests need transformers
   root, found = tmp_path_factory.mktemp("onnx_dinov2"), {}
   for seed, (name, mlp) in enumerate(DINOV2_MLPS.items()):
     config = hf_ref.transformers.Dinov2Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
@@ -196,7 +196,7 @@ def dinov2_exports(tmp_path_factory) -> dict[str, tuple[str, object]]:
 
 @pytest.mark.parametrize("name", sorted(DINOV2_MLPS))
 def test_a_transformers_5_dinov2_export_matches_onnxruntime_and_transformers(dinov2_exports, name):
-  import hf_ref  # noqa: PLC0415
+  import hf_ref
   path, model = dinov2_exports[name]
   nodes = [n.name for n in onnx.load(path).graph.node]
   assert "/encoder/layer.0/attention/q_proj/MatMul" in nodes and not any("attention/attention" in n

@@ -180,7 +180,7 @@ def test_full_size_trees_by_shape(tmp_path):
           model.image_size, model.pool) == (768, 12, 12, 3072, 16, 224, "token")
   assert params["pos_embedding"].shape == (1, 196, 768)
   assert sum(np.size(v) for v in param_trees.flatten(params).values()) == 86_567_656 - 768
-  timm_vit._load_weights(timm_ref.timm.create_model("vit_base_patch16_224"), path)  # pylint: disable=protected-access
+  timm_vit._load_weights(timm_ref.timm.create_model("vit_base_patch16_224"), path)
   del w, params
 
   w = uf.bt_bit(0, width=1, depth=(3, 4, 6, 3), num_classes=1000)
@@ -188,7 +188,7 @@ def test_full_size_trees_by_shape(tmp_path):
   model, params = checkpoints.load_model(path)
   assert (model.width, model.depth, model.num_classes) == (1, 50, 1000)
   assert params["block4"]["unit03"]["conv3"]["kernel"].shape == (1, 1, 512, 2048)
-  timm_resnetv2._load_weights(timm_ref.timm.create_model("resnetv2_50x1_bit"), path)  # pylint: disable=protected-access
+  timm_resnetv2._load_weights(timm_ref.timm.create_model("resnetv2_50x1_bit"), path)
 
 
 timm_vit = timm_ref.timm_vit

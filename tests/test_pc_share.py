@@ -97,7 +97,7 @@ def test_a_constant_layer_is_named(tiny_vit_bit):
 def test_cka_without_the_dominant_examples_of_each_minibatch(tiny_vit_bit):
   """The analysis's two maps against float64 NumPy: each minibatch's dominance from
   the same activations, its most dominant example left out, minibatch CKA of the rest."""
-  from test_cka import np_minibatch_cka  # pylint: disable=g-import-not-at-top
+  from test_cka import np_minibatch_cka
   vit, _ = tiny_vit_bit
   images = np.random.default_rng(3).integers(0, 256, (64, 32, 32, 3), dtype=np.uint8)
   with pytest.raises(ValueError, match=r"leaves the smallest minibatch \(4 examples\) fewer than 4"):

@@ -45,7 +45,7 @@ def _check_readable(fig):
   for ax in fig.axes:
     if ax.get_label() == "<colorbar>" or not ax.axison:
       continue
-    assert ax.get_title() or fig._suptitle is not None, "an untitled panel"  # pylint: disable=protected-access
+    assert ax.get_title() or fig._suptitle is not None, "an untitled panel"
     assert ax.images or ax.get_xlabel() or ax.get_xticklabels(), "a plot with an unlabelled x axis"
 
 
@@ -153,7 +153,7 @@ def test_receptive_fields_grid_without_waste_and_1x1_maps_labelled(tmp_path):
                ("BiT", ["a", "b", "c"], rng.uniform(0, 1, (3, 32, 32)), grids)], tmp_path=tmp_path)
   titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
   assert sum("(1x1)" in t for t in titles) == 1
-  assert "1x1" in fig._supxlabel.get_text()  # pylint: disable=protected-access
+  assert "1x1" in fig._supxlabel.get_text()
   shown = sum(1 for ax in fig.axes if ax.images)
   assert shown == 11 and len(fig.axes) <= 11 + 3  # at most a few empty cells
   assert not [t for t in _texts(fig) if t.get_fontsize() < 8]

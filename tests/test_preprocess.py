@@ -67,10 +67,10 @@ def test_timm_policies_match_timms_eval_transform(crop_pct, mean, shape):
   reference. PIL's filter weights are fixed-point (22 bits): a sum that lands
   within about 1e-5 of a rounding boundary may round the other way, so a rare
   pixel may differ by one grey level (1/255/std after normalising)."""
-  import torchvision_cpu  # noqa: PLC0415  (test-only: timm imports torchvision)
+  import torchvision_cpu  # test-only: timm imports torchvision
   torchvision_cpu.declare_detection_ops()
   timm_data = require("timm.data")
-  from PIL import Image  # noqa: PLC0415  (test-only, with timm)
+  from PIL import Image  # test-only, with timm
   img = np.random.default_rng(5).integers(0, 256, (*shape, 3), dtype=np.uint8)
   stats = {"imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
            "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))}
@@ -93,7 +93,7 @@ def test_squash_crop_caffe_matches_open_nsfws_pipeline(shape):
   (taller than wide here) it runs them in the other order than ours, which moves
   a rounding in about a fifth of the pixels; a wrong filter, crop or mean moves many
   pixels by several levels. The photo crops the analyses use are square: no resize."""
-  from PIL import Image  # noqa: PLC0415
+  from PIL import Image
   img = np.random.default_rng(6).integers(0, 256, (*shape, 3), dtype=np.uint8)
   squashed = Image.fromarray(img).resize((256, 256), resample=Image.Resampling.BILINEAR)
   bgr = np.asarray(squashed.crop((16, 16, 240, 240)), np.float32)[..., ::-1] - [104, 117, 123]

@@ -111,7 +111,7 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
   """Each `configs/NAME.py:ARG` of the README parses, each `--config.FIELD` is a field
   of some config it names, each other flag of main.py and of a benchmark exists,
   each `make` target too: a renamed variant, field or flag fails here."""
-  import importlib  # noqa: PLC0415
+  import importlib
   text = _readme()
   configs = {f[:-3] for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py")}
   used = set(re.findall(r"configs/(\w+)\.py(?::([\w,=.+/-]*\w))?", text))
@@ -126,7 +126,7 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
     module = importlib.import_module(f"configs.{name}")
     try:
       fields |= _fields(module.get_config(arg or None))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise AssertionError(f"README names configs/{name}.py:{arg}, which does not parse") from e
   flags = sorted(set(re.findall(r"--config\.([\w.]+)", text)))
   assert flags and not [f for f in flags if not _known(f, fields)], flags

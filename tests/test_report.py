@@ -30,7 +30,7 @@ def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, tiny_vit_bit):
-  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  from configs import report as report_config
   d = tmp_path_factory.mktemp("report")
   vit, bit = tiny_vit_bit
   config = report_config.get_config("demo,only=cka+attention_distance")
@@ -75,8 +75,8 @@ def test_report_page_has_every_section_and_number(report, tiny_vit_bit):
 
 def test_a_section_whose_results_hold_nan_says_where(report, tmp_path):
   import json
-  from configs import report as report_config  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax import report as report_lib  # pylint: disable=g-import-not-at-top
+  from configs import report as report_config
+  from vitcnn_jax import report as report_lib
   wd = tmp_path / "wd"
   shutil.copytree(report, wd)
   summary = json.loads((wd / "cka" / "cka.json").read_text())
@@ -96,7 +96,7 @@ def test_report_in_a_headless_browser(report, tmp_path):
 
   shot = report / "report_screenshot.png"
   _chromium(tmp_path, "--window-size=1200,2400", f"--screenshot={shot}", (report / "report.html").as_uri())
-  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  import matplotlib.image
   pixels = matplotlib.image.imread(shot)
   assert pixels.shape[:2] == (2400, 1200) and float(np.std(pixels)) > 0.05  # not a blank page
 
@@ -113,7 +113,7 @@ def test_the_paper_report_lists_every_missing_input_before_any_work(tmp_path, ti
   """`configs/report.py:paper` without its inputs: one flag per missing checkpoint
   and data split, every section's, and nothing run; with them given, nothing is
   missing (the demo report, trained models and Fashion-MNIST, needs none)."""
-  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  from configs import report as report_config
   config = report_config.get_config("paper,only=cka+skip_ablation+layerwise_probe")
   with config.unlocked():
     config.runs.cka.models.vit.checkpoint = str(tmp_path / "no_such.npz")
@@ -141,8 +141,8 @@ def test_the_real_report_runs_each_configs_real_variant_on_the_real_pair():
   """`configs/report.py:real`: the sections whose configs declare a `:real` variant
   (the analyses that need no training), each on the two packaged networks and the
   photo crops, every input in place (`make real` fetched them)."""
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from configs import report as report_config  # pylint: disable=g-import-not-at-top
+  from configs import common
+  from configs import report as report_config
   config = report_config.get_config("real")
   assert config.order == ("cka", "measures", "pc_share", "attention_distance", "head_subsets",
                           "receptive_field", "skip_ratio", "localization", "linear_probe",

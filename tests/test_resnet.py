@@ -42,8 +42,8 @@ def test_resnet_matches_timm(tmp_path, kind):
     wrong, _ = compiled(*checkpoints.load_model(str(path)), x)
     assert float(np.abs(np.asarray(wrong) - ref).max()) > 100 * TOL * scale
   checkpoints.save(str(tmp_path / "again.safetensors"), model, c.params)  # timm's names back
-  import safetensors.numpy  # noqa: PLC0415
-  import safetensors.torch  # noqa: PLC0415
+  import safetensors.numpy
+  import safetensors.torch
   again = safetensors.numpy.load_file(str(tmp_path / "again.safetensors"))
   first = {k: v for k, v in safetensors.torch.load_file(str(path)).items()
            if not k.endswith("num_batches_tracked")}
@@ -56,8 +56,8 @@ def test_the_analyses_that_run_on_bit_run_on_a_resnet_v1(tmp_path):
   """Its anatomy (units, residual points) is what the analyses read: CKA and skip
   ratios per unit (the real report runs the rest on the real ResNet); token
   analyses refuse it by name."""
-  import vitcnn_jax as vj  # noqa: PLC0415
-  from conftest import NO_FIGURES  # noqa: PLC0415
+  import vitcnn_jax as vj
+  from conftest import NO_FIGURES
   path = tmp_path / "resnet.safetensors"
   timm_ref.timm_resnet_file(path, _images(), **TINY, basic=True)
   spec = {"res": {"checkpoint": str(path), "resolution": 32}}

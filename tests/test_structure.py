@@ -149,14 +149,14 @@ ANALYSIS_MODULES = sorted(n.split(".")[-1] for n in MODULES if n.startswith("vit
 
 
 def _declared() -> list[str]:
-  from vitcnn_jax.run import declaration  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax.run import declaration
   return declaration.names()
 
 
 @pytest.mark.parametrize("name", _declared())
 def test_every_analysis_declares_itself(name):
-  from vitcnn_jax import analyses  # pylint: disable=g-import-not-at-top
-  from vitcnn_jax.run import declaration  # pylint: disable=g-import-not-at-top
+  from vitcnn_jax import analyses
+  from vitcnn_jax.run import declaration
   declared = analyses.get(name)
   assert declared.name == name
   assert declaration.defaults(name) == declared.defaults  # what configs read is what it uses
@@ -263,6 +263,6 @@ def test_no_reader_reads_through_another_reader():
 
 def test_the_modules_scheduled_first_exist():
   """conftest.FIRST names test modules; a renamed one would quietly lose its place."""
-  from conftest import FIRST  # pylint: disable=g-import-not-at-top
+  from conftest import FIRST
   missing = [m for m in FIRST if not os.path.exists(os.path.join(ROOT, "tests", f"{m}.py"))]
   assert not missing, f"conftest.FIRST names modules that are gone: {missing}"

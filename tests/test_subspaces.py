@@ -258,11 +258,11 @@ def test_cca_family_regression_and_biased_cka_equal_repsim():
   absolute projections, not our squared ones; its SVCCA applies the 99% rule to
   an orthonormal basis of each layer, whose directions all carry equal variance,
   so it keeps nearly every one (it equals its CCA), not Raghu et al.'s top components."""
-  from conftest import require  # pylint: disable=g-import-not-at-top
+  from conftest import require
   repsim = require("repsim")
   rng = np.random.default_rng(21)
   n, widths = 24, (4, 7, 9)
-  centred = lambda a: a - a.mean(0)  # noqa: E731
+  centred = lambda a: a - a.mean(0)
   shared = np.linalg.qr(centred(rng.standard_normal((n, max(widths)))))[0]
   acts = []
   for d in widths:  # related layers of known conditioning: singular values from 1 to 0.3

@@ -77,7 +77,7 @@ def test_swin_attention_distances_match_transformers_windows_on_the_image(folder
   """Each block's head distances from our weights and `attention()` geometry against
   transformers' own attention weights, its windows placed by its own roll and
   window partition: shifted windows in both stages, masked pairs included."""
-  from transformers.models.swin import modeling_swin as ms  # noqa: PLC0415
+  from transformers.models.swin import modeling_swin as ms
   folder, hm = folders["hf"]
   c = checkpoints.load(folder)
   x = _images()

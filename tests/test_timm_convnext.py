@@ -35,9 +35,9 @@ def test_timm_convnext_matches_timm(tmp_path, version):
   assert scale > 1e-2
   assert_close(out, ref, TOL * scale, version)
   checkpoints.save(str(tmp_path / "again.safetensors"), model, params)  # timm's names back
-  import safetensors.numpy  # noqa: PLC0415
+  import safetensors.numpy
   again = safetensors.numpy.load_file(str(tmp_path / "again.safetensors"))
-  import safetensors.torch  # noqa: PLC0415
+  import safetensors.torch
   first = safetensors.torch.load_file(str(path))
   assert sorted(again) == sorted(first)
   for k, v in first.items():

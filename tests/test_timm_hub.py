@@ -163,7 +163,7 @@ def test_timm_cnn_hub_folders_load_with_nothing_assumed(fn, kwargs, family, tmp_
 def test_a_size_word_of_another_width_leaves_the_heads_assumed():
   """`vit_giant_patch14_dinov2` is 1536 wide with 24 heads, where timm's plain
   `giant` ViTs have 16 at 1408: the table's word does not decide against the width."""
-  from vitcnn_jax.models.formats import base, hf_folder  # noqa: PLC0415
+  from vitcnn_jax.models.formats import base, hf_folder
   meta = hf_folder.Meta({"architecture": "vit_giant_patch14_dinov2"}, {}, "f")
   s = timm_config.TimmConfig(base.Keys({}, "f", "timm", meta=meta), "timm")
   cfg, ev = {"width": 1536}, {}
@@ -176,7 +176,7 @@ def test_a_size_word_of_another_width_leaves_the_heads_assumed():
 
 
 def test_an_eva_architecture_of_unknown_rotary_embedding_is_refused(folders, tmp_path):
-  import json  # noqa: PLC0415
+  import json
   shutil.copytree(folders["eva02_tiny"][0], tmp_path / "m")
   config = json.loads((tmp_path / "m" / "config.json").read_text())
   (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "architecture": "eva_giant_patch14_224"}))

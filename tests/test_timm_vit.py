@@ -65,7 +65,7 @@ def test_other_resolution_resamples_as_timm(tmp_path):
   path = tmp_path / "dinov2.safetensors"
   kwargs = dict(TINY, num_classes=7, init_values=1e-5)
   timm_ref.timm_vit_file(path, _images(), **kwargs)
-  import safetensors.torch  # noqa: PLC0415  (test-only)
+  import safetensors.torch
   state = safetensors.torch.load_file(str(path))
   for size in (24, 56):
     x = _images(size=size)
@@ -89,11 +89,11 @@ def test_saved_timm_file_loads_in_timm(tmp_path, family):
   model, params = checkpoints.load_model(str(tmp_path / "a.safetensors"), num_heads=3,
                                          **overrides)
   checkpoints.save(str(tmp_path / "b.safetensors"), model, params)
-  import safetensors.torch  # noqa: PLC0415  (test-only)
+  import safetensors.torch
   state = safetensors.torch.load_file(str(tmp_path / "b.safetensors"))
   again = timm_ref.timm_vit.VisionTransformer(img_size=32, **{**kwargs, "no_embed_class": True})
   again.load_state_dict(state, strict=True)
-  out = timm_ref._run(again, x, features=True)  # pylint: disable=protected-access
+  out = timm_ref._run(again, x, features=True)
   assert_close(out, ref, TOL * float(np.abs(ref).max()), family)
   if family == "siglip":  # nothing beyond Google's options: big_vision's npz holds it
     checkpoints.save(str(tmp_path / "c.npz"), model, params)

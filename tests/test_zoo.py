@@ -97,7 +97,7 @@ def test_a_hub_file_not_in_the_cache_says_how_to_fetch_it(offline_hub):
 
 def _entry_not_found(name: str) -> Exception:
   """The hub's answer for a file the repository lacks (built without an HTTP response)."""
-  from huggingface_hub import errors  # noqa: PLC0415
+  from huggingface_hub import errors
   e = errors.EntryNotFoundError.__new__(errors.EntryNotFoundError)  # 0.x; 1.x's remote one is a subclass
   Exception.__init__(e, f"404 Entry Not Found: {name}")
   return e
@@ -141,7 +141,7 @@ def test_settings_the_repository_lacks_are_quiet_and_those_not_fetched_are_warne
 
 
 def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
-  import sys  # noqa: PLC0415
+  import sys
   monkeypatch.setitem(sys.modules, "huggingface_hub", None)
   with pytest.raises(ImportError, match=r"pip install huggingface_hub.*download https://"
                                         r"huggingface.co/timm/vit_base_patch16_224.mae/resolve/"
@@ -158,9 +158,9 @@ def test_without_huggingface_hub_the_message_names_the_download(monkeypatch):
     ("attention_distance", "dino_vs_clip", ("DINO-B/16", "CLIP-B/16")),
     ("attention_distance", "vit_vs_swin", ("ViT-B/16 ImageNet", "Swin-B"))])
 def test_todays_config_variants_name_zoo_models(config_file, variant, names):
-  import importlib  # noqa: PLC0415
-  from vitcnn_jax import analyses  # noqa: PLC0415
-  from vitcnn_jax.run import control  # noqa: PLC0415
+  import importlib
+  from vitcnn_jax import analyses
+  from vitcnn_jax.run import control
   config = importlib.import_module(f"configs.{config_file}").get_config(variant)
   assert sorted(m.checkpoint for m in config.models.values()) == sorted(names)
   assert all(not m.policy for m in config.models.values())  # the zoo entry's, unless set
@@ -171,9 +171,9 @@ def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
   """The user's route: HF_HUB_CACHE (or HF_HOME) and HF_HUB_OFFLINE in the
   environment, a zoo name on the command line; a process of its own, forked before
   huggingface_hub (which reads them at import) is imported."""
-  import json  # noqa: PLC0415
-  import forked  # noqa: PLC0415
-  from conftest import ROOT, device_env  # noqa: PLC0415
+  import json
+  import forked
+  from conftest import ROOT, device_env
   repo = zoo.ZOO["DINOv2-S/14 reg"].location[len(zoo.HF_HUB):]
   path = _cache(tmp_path / "hub", repo)
   x = np.zeros((1, 28, 28, 3), np.float32)
@@ -203,7 +203,7 @@ def test_inspect_a_zoo_name_from_a_cache_named_by_the_environment(tmp_path):
     ("/data/mine.npz", "My ViT", ("My ViT", "config")),  # both overridden
 ])
 def test_the_label_follows_an_overridden_checkpoint(checkpoint, label, want):
-  from configs import cka_vit_resnet  # noqa: PLC0415
+  from configs import cka_vit_resnet
   spec = cka_vit_resnet.get_config().models.vit
   spec.checkpoint, spec.label = checkpoint, label
   assert loading.label_of(spec, "vit") == want
@@ -213,9 +213,9 @@ def test_a_demo_model_given_another_file_is_labelled_by_it(tmp_path, tiny_vit_bi
   """Through demos.resolve (which trains nothing: both files are given) and
   load_model: the json's "models loaded" records the label and where it came
   from; the trained file itself keeps the config's label."""
-  import shutil  # noqa: PLC0415
-  from configs import cka_vit_resnet  # noqa: PLC0415
-  from vitcnn_jax import demos  # noqa: PLC0415
+  import shutil
+  from configs import cka_vit_resnet
+  from vitcnn_jax import demos
   config = cka_vit_resnet.get_config("demo")
   config.models.vit.checkpoint = str(shutil.copy(tiny_vit_bit[0], tmp_path / "ViT-L_16.npz"))
   config.models.resnet.checkpoint = tiny_vit_bit[1]
@@ -232,8 +232,8 @@ def test_the_dinov3_pair_runs_offline_on_tiny_stand_ins_in_the_hub_cache(offline
   """configs/cka_vit_resnet.py:dinov3_b16_convnext_b, its zoo names found in the hub
   cache: tiny models written there by timm's own save_for_hf (DINOv3's Eva layout
   with its config.json; a ConvNeXt), loaded with nothing assumed, the CKA job run."""
-  from configs import cka_vit_resnet  # noqa: PLC0415
-  from vitcnn_jax import jobs  # noqa: PLC0415
+  from configs import cka_vit_resnet
+  from vitcnn_jax import jobs
   timm = timm_ref.timm
   for name, model in (("DINOv3-B/16", timm.create_model(
       "vit_base_patch16_dinov3", pretrained=False, embed_dim=48, num_heads=3, depth=2, img_size=32,
@@ -258,9 +258,9 @@ def test_the_swin_config_runs_offline_on_tiny_stand_ins(offline_hub, tmp_path):
   tiny timm Swin written there by save_for_hf) and tiny Google npz files standing in
   for the gs:// ViT and BiT: every pair of the three in one job; then
   configs/attention_distance.py:vit_vs_swin on the same files."""
-  import upstream_files as uf  # noqa: PLC0415
-  from configs import attention_distance, cka_vit_resnet  # noqa: PLC0415
-  from vitcnn_jax import jobs  # noqa: PLC0415
+  import upstream_files as uf
+  from configs import attention_distance, cka_vit_resnet
+  from vitcnn_jax import jobs
   snapshot = os.path.dirname(_cache(offline_hub, zoo.ZOO["Swin-B"].location[len(zoo.HF_HUB):]))
   swin = timm_ref.timm.create_model("swin_base_patch4_window7_224", pretrained=False, img_size=32,
                                     patch_size=2, embed_dim=8, depths=(2, 2), num_heads=(1, 2),

@@ -46,7 +46,7 @@ def vit(path: str, images: np.ndarray, *, pool: str, width: int, depth: int, hea
       img_size=images.shape[1], patch_size=patch, embed_dim=width, depth=depth,
       num_heads=heads, mlp_ratio=mlp / width, num_classes=num_classes,
       act_layer="gelu_tanh", **_VIT_POOL_KWARGS[pool])
-  timm_vit._load_weights(model, path, load_bfloat16=load_bfloat16)  # pylint: disable=protected-access
+  timm_vit._load_weights(model, path, load_bfloat16=load_bfloat16)
   return _run(model, images, features)
 
 
@@ -54,7 +54,7 @@ def bit(path: str, images: np.ndarray, *, width: float, depth, num_classes: int)
   model = timm_resnetv2.ResNetV2(
       layers=list(depth), width_factor=width, num_classes=num_classes, stem_type="fixed",
       conv_layer=functools.partial(timm.layers.StdConv2d, eps=1e-8))
-  timm_resnetv2._load_weights(model, path)  # pylint: disable=protected-access
+  timm_resnetv2._load_weights(model, path)
   return _run(model, images)
 
 
@@ -108,7 +108,7 @@ def randomize(model, seed: int = 0) -> None:
 def _published(model, path, images: np.ndarray, features: bool, seed: int) -> np.ndarray:
   """`model` with random weights saved as its state dict in safetensors (the
   format timm publishes); returns its own forward on `images`."""
-  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  import safetensors.torch
 
   randomize(model, seed)
   safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},

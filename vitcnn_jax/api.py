@@ -86,7 +86,7 @@ def speak(text: str, labels: Mapping[str, str]) -> str:
   """A message of `main.py`'s flags in the notebook's words: `--config.models.vit.policy=X`
   and `config.models.vit.policy` become `models['ViT']['policy']` (`labels`: name ->
   the label the notebook gave), `--config.F=` and `config.F` the keyword `F=`."""
-  label = lambda name: labels.get(name, name)  # noqa: E731
+  label = lambda name: labels.get(name, name)
   text = re.sub(r"(?:--)?config\.models\.(\w+)\.(\w+)",
                 lambda m: f"models[{label(m[1])!r}][{m[2]!r}]", text)
   text = re.sub(r"(?:--)?config\.models\.(\w+)\b", lambda m: f"models[{label(m[1])!r}]", text)

@@ -122,7 +122,7 @@ def _hub(location: str, repo: str, file: str) -> Callable[[str], str]:
   gs:// paths."""
   url = f"https://huggingface.co/{repo}/resolve/main/{file}"
   try:
-    import huggingface_hub  # pylint: disable=g-import-not-at-top
+    import huggingface_hub
   except ImportError as e:
     raise ImportError(f"{location}: reading the Hugging Face hub needs `pip install "
                       f"huggingface_hub`; or download {url} and pass its local path.") from e
@@ -158,14 +158,14 @@ def _not_fetched(location: str, repo: str, files: tuple[str, ...], e: Exception)
 
 def _absent(e: Exception) -> bool:
   """Whether the hub said the repository has no such file (not: it could not be asked)."""
-  from huggingface_hub import utils  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
+  from huggingface_hub import utils  # optional; _hub checked it
   return isinstance(e, utils.EntryNotFoundError) and not isinstance(e, utils.LocalEntryNotFoundError)
 
 
 def _known_absent(repo: str, name: str) -> bool:
   """Whether huggingface_hub's cache recorded, when last online, that `repo` has no `name`."""
-  import huggingface_hub  # pylint: disable=g-import-not-at-top  (optional; _hub checked it)
-  return huggingface_hub.try_to_load_from_cache(repo, name) is huggingface_hub._CACHED_NO_EXIST  # pylint: disable=protected-access
+  import huggingface_hub  # optional; _hub checked it
+  return huggingface_hub.try_to_load_from_cache(repo, name) is huggingface_hub._CACHED_NO_EXIST
 
 
 def hub_file(location: str) -> str:
@@ -175,7 +175,7 @@ def hub_file(location: str) -> str:
   get = _hub(location, repo, file)
   try:
     return get(file)
-  except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
+  except Exception as e:  # offline and not cached, no such repo
     raise _not_fetched(location, repo, (file,), e) from e
 
 
@@ -187,22 +187,22 @@ def hub_folder(location: str, weights: str = "model.safetensors") -> str:
   get = _hub(location, repo, weights)
   try:
     path = get(weights)
-  except Exception as e:  # pylint: disable=broad-except  (offline and not cached, no such repo)
+  except Exception as e:  # offline and not cached, no such repo
     try:
       index = get(weights + ".index.json")
-    except Exception:  # pylint: disable=broad-except  (neither the file nor its shards' index)
+    except Exception:  # neither the file nor its shards' index
       raise _not_fetched(location, repo, (weights, *HF_SETTINGS), e) from e
     with open(index, encoding="utf-8") as f:
       shards = sorted(set(json.load(f)["weight_map"].values()))
     for shard in shards:
       try:
         path = get(shard)
-      except Exception as err:  # pylint: disable=broad-except
+      except Exception as err:
         raise _not_fetched(location, repo, (shard,), err) from err
   for name in HF_SETTINGS:
     try:
       get(name)
-    except Exception as e:  # pylint: disable=broad-except  (absent, or offline and not cached)
+    except Exception as e:  # absent, or offline and not cached
       if not (_absent(e) or _known_absent(repo, name)):
         log.warning("%s: its %s could not be fetched (%s), so what it states (architecture, "
                     "preprocessing) is taken from the weights or assumed, each assumption "

@@ -39,7 +39,7 @@ def _findings(declared: declaration.Declaration, summary: dict) -> str:
   """The paper's findings, each with this run's verdict and its numbers, and
   under it the verdict of each variant of the choices it could rest on."""
   marks = {"shown": "yes", "not shown": "no"}
-  mark = lambda status: f'<span class={marks.get(status, "na")}>{html.escape(status)}</span>'  # noqa: E731
+  mark = lambda status: f'<span class={marks.get(status, "na")}>{html.escape(status)}</span>'
   rows = []
   for finding, judged in declared.verdicts(summary):
     if judged is None:

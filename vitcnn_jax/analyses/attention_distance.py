@@ -142,7 +142,7 @@ class AttentionDistance(protocol.Analysis):
     sums = {}
     for a in self.models:
       out = forward(a.name)
-      summed = lambda per, a=a: jnp.einsum("lbh,b->lh", jnp.stack(  # noqa: E731  (B, H) each, heads padded
+      summed = lambda per, a=a: jnp.einsum("lbh,b->lh", jnp.stack(  # (B, H) each, heads padded
           [jnp.pad(p, ((0, 0), (0, a.heads - p.shape[1]))) for p in per]), mask)
       for cls in CLS_CONVENTIONS:  # the config's convention, and the other for the findings' check
         sums[self._key(a.name, cls)] = summed(
@@ -155,14 +155,14 @@ class AttentionDistance(protocol.Analysis):
   def finalize(self, sums):
     per_model, arrays = {}, {}
     for a in self.models:
-      averaged = lambda key: np.asarray(sums[0][0][key], np.float64) / self.config.num_examples  # noqa: E731
+      averaged = lambda key: np.asarray(sums[0][0][key], np.float64) / self.config.num_examples
       by_cls = {cls: averaged(self._key(a.name, cls)) for cls in CLS_CONVENTIONS}
       prefix = averaged(f"prefix/{a.name}")
       for layer_rows in (*by_cls.values(), prefix):
         for row, layer in zip(layer_rows, a.layers):
           row[layer.num_heads:] = np.nan  # a stage of fewer heads
       per_model[a.name] = a.summary(by_cls[self.config.cls])
-      heads = lambda rows, a=a: [row[:layer.num_heads].tolist() for row, layer in zip(rows, a.layers)]  # noqa: E731
+      heads = lambda rows, a=a: [row[:layer.num_heads].tolist() for row, layer in zip(rows, a.layers)]
       per_model[a.name].update(mean_distance_px_by_cls={cls: heads(v) for cls, v in by_cls.items()},
                                prefix_attention=heads(prefix))
       mean = by_cls[self.config.cls]

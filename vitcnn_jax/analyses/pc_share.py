@@ -185,7 +185,7 @@ class PcShare(protocol.Analysis):
 def _dominant(s: dict) -> declaration.Verdict | declaration.Variants:
   """On every captured layer and on the block outputs alone."""
   def check(layers: str) -> declaration.Verdict:
-    pick = lambda e: [e["share"][i] for i in e["block_outputs"]] if layers == "blocks" else e["share"]  # noqa: E731
+    pick = lambda e: [e["share"][i] for i in e["block_outputs"]] if layers == "blocks" else e["share"]
     top = {e["label"]: max(pick(e)) for e in s["models"].values()}
     return any(v > 0.5 for v in top.values()), ", ".join(f"{k}: largest {v:.2f}" for k, v in top.items())
   both = all("block_outputs" in e for e in s["models"].values())

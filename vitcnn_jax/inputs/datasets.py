@@ -20,7 +20,7 @@ class TfdsSource:
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
                image_key: str = "image", label_key: str = "label"):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    import tensorflow_datasets as tfds
     self.name = f"tfds:{name}[{split}]"
     prepare = (f"Prepare it once as array_record: `pip install tensorflow-cpu` (needed by "
                f"`tfds build` only), then `tfds build {name} --file_format=array_record "

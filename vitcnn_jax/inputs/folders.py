@@ -25,7 +25,7 @@ IMAGENET_VAL_LABELS = "imagenet2012_validation"
 def imagenet_validation_labels() -> str:
   """tfds's own file of the 50,000 ImageNet validation labels (one WordNet id per
   line, in file-name order), installed with tensorflow-datasets."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
   return os.path.join(os.path.dirname(tfds.__file__), "datasets", "imagenet2012",
                       "validation_labels.txt")
 
@@ -135,7 +135,7 @@ class FolderSource:
     return len(self.files)
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-    from PIL import Image  # pylint: disable=g-import-not-at-top  (pillow comes with matplotlib)
+    from PIL import Image  # pillow comes with matplotlib
     out = []
     for i in indices:
       path = self.files[int(i)][0]
@@ -192,7 +192,7 @@ class PhotoCrops:
     return self._cache[p]
 
   def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-    from vitcnn_jax.inputs import preprocess  # pylint: disable=g-import-not-at-top  (it imports jax)
+    from vitcnn_jax.inputs import preprocess  # it imports jax
     out = []
     count = len(self.photos)
     for i in indices:

@@ -143,7 +143,7 @@ def _file_key(model, key: str, value, fmt: str | None) -> str:
     return key
   try:
     return next(iter(models_lib.family_of(model).write(model, {key: np.asarray(value)}, fmt)))
-  except Exception:  # pylint: disable=broad-except  (a key the writer maps only with others)
+  except Exception:  # a key the writer maps only with others
     return key
 
 
@@ -315,7 +315,7 @@ def load(path: str, overrides: dict[str, Any] | None = None,
                     policy, path, source, r.evidence)
 
 
-def to_upstream(model, params: Params, format: str | None = None) -> dict[str, np.ndarray]:  # pylint: disable=redefined-builtin
+def to_upstream(model, params: Params, format: str | None = None) -> dict[str, np.ndarray]:
   """Our params as the flat arrays of an upstream file (a format of the family's readers)."""
   check_params(model, params)
   family = models_lib.family_of(model)
@@ -324,7 +324,7 @@ def to_upstream(model, params: Params, format: str | None = None) -> dict[str, n
   return family.write(model, flat, format)
 
 
-def save(path: str, model, params: Params, format: str | None = None) -> None:  # pylint: disable=redefined-builtin
+def save(path: str, model, params: Params, format: str | None = None) -> None:
   """Writes a file that `load_model`, upstream code and timm read like a published
   one: npz in Google's layouts, or (`.safetensors`) a timm state dict."""
   family = models_lib.family_of(model)
@@ -341,6 +341,6 @@ def save(path: str, model, params: Params, format: str | None = None) -> None:  
   if suffix == ".npz":
     fileio.atomic_write(path, lambda f: np.savez(f, **flat))
   else:
-    import safetensors.numpy  # pylint: disable=g-import-not-at-top
+    import safetensors.numpy
     data = safetensors.numpy.save({k: np.ascontiguousarray(v) for k, v in flat.items()})
     fileio.atomic_write(path, lambda f: f.write(data))

@@ -21,7 +21,7 @@ def prefix(measure: str) -> str:
 
 def t_half_width(x: np.ndarray) -> np.ndarray:
   """Half the 95% t interval of the mean over the first axis (repeats)."""
-  import scipy.stats  # pylint: disable=g-import-not-at-top  (here alone: 1 s of every job's start)
+  import scipy.stats  # here alone: 1 s of every job's start
   r = len(x)
   return scipy.stats.t.ppf(0.975, r - 1) * x.std(axis=0, ddof=1) / np.sqrt(r)
 

@@ -52,7 +52,7 @@ def statistics(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """Each measure's (L,) statistic from the float64 sums at the layers' own scale
   (NaN without a pair of examples, e.g. a bootstrap replicate that drew no minibatch)."""
   pairs = sums.get("pair_count", 0.0)
-  ratio = lambda key, count: np.divide(sums[key], count, out=np.full(np.shape(sums[key]), np.nan),  # noqa: E731
+  ratio = lambda key, count: np.divide(sums[key], count, out=np.full(np.shape(sums[key]), np.nan),
                                        where=np.broadcast_to(count > 0, np.shape(sums[key])))
   out = {}
   if "magnitude" in sums:  # clipped at 0: counted by `negative_squared_norms`

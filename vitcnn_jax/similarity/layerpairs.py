@@ -46,7 +46,7 @@ def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
   pad = -len(rows) % num
   chunks = np.stack([np.r_[rows, np.zeros(pad, int)], np.r_[cols, np.zeros(pad, int)]], -1)
   other = a if b is None else b
-  take = lambda tree, idx: jax.tree.map(lambda x: x[idx], tree)  # noqa: E731
+  take = lambda tree, idx: jax.tree.map(lambda x: x[idx], tree)
   values = jax.lax.map(lambda p: fn(take(a, p[:, 0]), take(other, p[:, 1])),
                        jnp.asarray(chunks.reshape(-1, num, 2)))
   out = {}

@@ -67,7 +67,7 @@ def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   (cos_x, idx_x, ok_x), (cos_y, idx_y, ok_y) = x, y
   n = cos_x.shape[-1]
   in_x, in_y = _one_hot(idx_x, ok_x, n).sum(-1), _one_hot(idx_y, ok_y, n).sum(-1)  # (L, n): j is a neighbour
-  mm = lambda a, b: jnp.matmul(a, b.T, precision=precision)  # noqa: E731  Σ_j a[row, j] b[col, j]
+  mm = lambda a, b: jnp.matmul(a, b.T, precision=precision)  # Σ_j a[row, j] b[col, j]
   r = jnp.arange(1, k + 1, dtype=jnp.float32)
   weight = 2 / ((1 + jnp.abs(r[:, None] - r[None, :])) * (r[:, None] + r[None, :]))
   harmonic = jnp.cumsum(jnp.r_[0.0, 1 / r])  # harmonic[c] = Σ_{t ≤ c} 1/t
@@ -102,11 +102,11 @@ def _pair_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   n = xs[0].shape[0]
   block = min(n, k)
   pad = -n % block
-  blocks = lambda t: jax.tree.map(  # noqa: E731  padding examples have no neighbours
+  blocks = lambda t: jax.tree.map(  # padding examples have no neighbours
       lambda v: jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)).reshape(-1, block, *v.shape[1:]), t)
   one = jax.vmap(lambda a, b: _example_sums(a, b, k, precision))
   zero = {m: jnp.zeros_like(x[0], shape=(x[0].shape[0], y[0].shape[0])) for m in NAMES}  # as varying as x
-  add = lambda sums, ab: ({m: sums[m] + v.sum(0) for m, v in one(*ab).items()}, None)  # noqa: E731
+  add = lambda sums, ab: ({m: sums[m] + v.sum(0) for m, v in one(*ab).items()}, None)
   return jax.lax.scan(add, zero, (blocks(xs), blocks(ys)))[0]
 
 

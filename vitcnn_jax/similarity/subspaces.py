@@ -159,7 +159,7 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
   along it, hᵀ K h = Σ w u² (`wx`, `wy` (P, r): K's eigenvalues on the factors)."""
   u, rho, vt = svd(m)
   fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
-  weighted = lambda wts: ((wts * fewer * rho).sum(1)  # noqa: E731
+  weighted = lambda wts: ((wts * fewer * rho).sum(1)
                           / jnp.maximum((wts * fewer).sum(1), 1e-30))
   return {"cca": rho.sum(-1), "pwcca": weighted(jnp.einsum("pk,pki->pi", wx, u * u)),
           "pwcca~": weighted(jnp.einsum("pk,pik->pi", wy, vt * vt))}
@@ -170,10 +170,10 @@ def _chunk_sums(x: dict, ys: tuple, names, precision) -> dict[str, jax.Array]:
   factors `ys` (the layers, and for the null their re-indexed examples), each
   kind of SVD in one call for both, one call after another."""
   lapack = _OneAtATime()
-  both = lambda k: (jnp.concatenate([x[k]] * len(ys)),  # noqa: E731
+  both = lambda k: (jnp.concatenate([x[k]] * len(ys)),
                     jnp.concatenate([y[k] for y in ys]))
-  prod = lambda a, b: jnp.einsum("pnr,pns->prs", a, b, precision=precision)  # noqa: E731
-  nuclear = lambda a, b: _nuclear(prod(a, b))  # noqa: E731
+  prod = lambda a, b: jnp.einsum("pnr,pns->prs", a, b, precision=precision)
+  nuclear = lambda a, b: _nuclear(prod(a, b))
   got = {}
   if "a" in x:
     got["nuc"] = lapack(nuclear, *both("a"))
@@ -189,17 +189,17 @@ def _chunk_sums(x: dict, ys: tuple, names, precision) -> dict[str, jax.Array]:
                            *both("q_sv"), got["cca"])
   elif "svcca" in names:
     got["cca_sv"] = lapack(nuclear, *both("q_sv"))
-  parts = lambda v: jnp.split(v, len(ys))  # noqa: E731
+  parts = lambda v: jnp.split(v, len(ys))
   return {pre + k: part for k, v in got.items() for pre, part in zip(("", "null/"), parts(v))}
 
 
 def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str, jax.Array]:
   """The measures of per-layer (L, n, n) matrices: one matmul over every pair;
   with `order`, their nulls (see `layerpairs`)."""
-  flat = lambda m: m.reshape(m.shape[0], -1)  # noqa: E731
-  moved = (lambda m: m) if order is None else (lambda m: layerpairs.permuted(m, order))  # noqa: E731
-  pairs = lambda x, y: jnp.matmul(flat(x), flat(moved(y)).T, precision=precision)  # noqa: E731
-  both_ways = (lambda v: v) if order is None else layerpairs.mirror  # noqa: E731
+  flat = lambda m: m.reshape(m.shape[0], -1)
+  moved = (lambda m: m) if order is None else (lambda m: layerpairs.permuted(m, order))
+  pairs = lambda x, y: jnp.matmul(flat(x), flat(moved(y)).T, precision=precision)
+  both_ways = (lambda v: v) if order is None else layerpairs.mirror
   out = {}
   if "cca_r2" in names:
     out["cca_r2"] = both_ways(pairs(f["p"], f["p"])) / f["smaller"]
@@ -269,8 +269,8 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   width = min(width or s.shape[1], s.shape[1])
   wide = kept & (jnp.arange(s.shape[1]) < width)[None, :]  # what Procrustes and the shape metric read
   share = (s * wide).sum(1)
-  smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)  # noqa: E731
-  has = lambda *m: bool(set(m) & set(names))  # noqa: E731
+  smaller = lambda r: jnp.maximum(jnp.minimum(r[:, None], r[None, :]), 1.0)
+  has = lambda *m: bool(set(m) & set(names))
   sv = top & ((jnp.cumsum(s, axis=1) - s) < variance)  # SVCCA: the fewest that reach `variance`
   sw = s * wide / jnp.where(share > 0, share, 1.0)[:, None]  # the top `width`, of trace 1
   a = (u * ((alpha * jnp.sqrt(sw) + (1 - alpha)) * wide)[:, None, :])[:, :, :width]
@@ -335,7 +335,7 @@ def _width(spec: registry.Spec) -> str:
 
 def _measure(name: str, label: str, estimator: str, params, distance: bool = False) -> registry.Measure:
   """A mean over minibatches (a distance: the root of the mean of its square)."""
-  mean = lambda t: t.mean(name, "subspace_count")  # noqa: E731
+  mean = lambda t: t.mean(name, "subspace_count")
   return registry.Measure(name, label, estimator, params,
                           (lambda t: np.sqrt(mean(t))) if distance else mean, distance=distance)
 

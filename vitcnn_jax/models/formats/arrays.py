@@ -90,7 +90,7 @@ def _is_safetensors(data: bytes) -> bool:
 
 
 def _read_safetensors(path: str, data: bytes) -> dict[str, np.ndarray]:
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  import safetensors.numpy
   try:
     if not fileio.is_remote(path):
       flat = safetensors.numpy.load_file(path)
@@ -99,7 +99,7 @@ def _read_safetensors(path: str, data: bytes) -> dict[str, np.ndarray]:
         f.write(data)
         f.flush()
         flat = safetensors.numpy.load_file(f.name)
-  except Exception as e:  # pylint: disable=broad-except  (SafetensorError, or a bad header)
+  except Exception as e:  # SafetensorError, or a bad header
     raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}). "
                           "It is truncated or corrupt: download it again.") from e
   if not flat:
@@ -134,7 +134,7 @@ def _read_npz(path: str, data: bytes) -> dict[str, np.ndarray]:
     if v.dtype.kind == "V":
       if v.dtype.itemsize != 2:
         raise CheckpointError(f"{path}: key {k!r} has an unknown void dtype {v.dtype}.")
-      import ml_dtypes  # pylint: disable=g-import-not-at-top  (jax dependency)
+      import ml_dtypes  # jax dependency
       v = v.view(ml_dtypes.bfloat16)
     if v.dtype.kind == "f" or v.dtype.name == "bfloat16":
       flat[k] = np.asarray(v, np.float32)

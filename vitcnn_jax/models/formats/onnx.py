@@ -71,15 +71,15 @@ def _module_of(node_name: str) -> str | None:
 def read(path: str, data: bytes) -> tuple[dict[str, np.ndarray], Graph]:
   """The float weights of an ONNX model, named as the module docstring says, and its graph."""
   try:
-    import onnx  # pylint: disable=g-import-not-at-top
-    from onnx import numpy_helper  # pylint: disable=g-import-not-at-top
+    import onnx
+    from onnx import numpy_helper
   except ImportError as e:
     raise CheckpointError(f"{path}: an ONNX file; reading it needs the `onnx` package "
                              "(protobuf only): pip install onnx") from e
   try:
     model = onnx.load_model_from_string(data)
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-  except Exception as e:  # pylint: disable=broad-except  (DecodeError, or a truncated tensor)
+  except Exception as e:  # DecodeError, or a truncated tensor
     raise CheckpointError(f"{path}: not a readable ONNX file ({type(e).__name__}: {e}). It "
                              "is truncated or corrupt: download it again.") from e
   g = model.graph

@@ -85,7 +85,7 @@ def regions(size: tuple[int, int], window: int, shift: int) -> np.ndarray:
   roll brings the regions from opposite edges together, and they stay apart."""
   h, w = size
   region = np.zeros((h, w, 1), np.int64)
-  bounds = lambda n: ((0, n - window), (n - window, n - shift), (n - shift, n))  # noqa: E731
+  bounds = lambda n: ((0, n - window), (n - window, n - shift), (n - shift, n))
   for i, (y0, y1) in enumerate(bounds(h)):
     for j, (x0, x1) in enumerate(bounds(w)):
       region[y0:y1, x0:x1] = 3 * i + j
@@ -130,7 +130,7 @@ class WindowAttention(nn.Module):
     n = ws * ws
     win = to_windows(x, ws)
     hd = c // heads
-    proj = lambda name: nn.Dense(c, name=name)(win).reshape(b, -1, n, heads, hd).transpose(0, 1, 3, 2, 4)  # noqa: E731
+    proj = lambda name: nn.Dense(c, name=name)(win).reshape(b, -1, n, heads, hd).transpose(0, 1, 3, 2, 4)
     q, k, v = proj("query") / jnp.sqrt(hd).astype(x.dtype), proj("key"), proj("value")
     table = self.param("rel_bias", nn.initializers.truncated_normal(0.02), ((2 * ws - 1) ** 2, heads),
                        x.dtype)
