@@ -17,7 +17,7 @@ running peak); and the largest CKA difference from `highest`. `--json PATH`
 also writes the record (device, jax, settings, rows) there, for
 `python -m benchmarks.readme_numbers device`.
 A precision the backend cannot run is reported as such. `--pair tiny` runs a
-small ViT and ResNet at 32 px (the CPU test, `tests/test_benchmarks.py`).
+small ViT and ResNet at 32 px (the CPU test, `tests/benchmarks/test_benchmarks.py`).
 """
 
 from __future__ import annotations

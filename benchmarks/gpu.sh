@@ -58,9 +58,9 @@ else
     VITCNN_JAX_COMPILATION_CACHE=none timeout 330 $py -m benchmarks.accelerator --precisions highest,auto \
       --peer pytorch-cka --json "$out/paper.json"
     step "the float-sensitive test files on the GPU"
-    JAX_PLATFORMS=cuda timeout 200 $py -m pytest -q -p no:cacheprovider tests/test_cka.py \
-      tests/test_measures.py tests/test_more_measures.py tests/test_upstream_numerics.py \
-      tests/test_reference_measures.py
+    JAX_PLATFORMS=cuda timeout 200 $py -m pytest -q -p no:cacheprovider tests/similarity/test_cka.py \
+      tests/similarity/test_measures.py tests/similarity/test_more_measures.py tests/models/test_upstream_numerics.py \
+      tests/similarity/test_reference_measures.py
     step done
   } 2>&1 | tee "$out/stage2.txt"
 fi

@@ -28,7 +28,7 @@ machine with an accelerator (COMMAND: how it was run there), for the block
 `accelerator` (`all` leaves it as it is: this machine may have none);
 `all` does `run`, then `bench` again for every benchmark RESULTS holds, then
 `write`. `write` rewrites every block of the README between `<!-- numbers:NAME -->` and
-`<!-- /numbers:NAME -->` from RESULTS alone. `tests/test_readme.py` runs `check`,
+`<!-- /numbers:NAME -->` from RESULTS alone. `tests/project/test_readme.py` runs `check`,
 so a change to a marked block without RESULTS (or the reverse) fails.
 """
 

@@ -20,7 +20,7 @@ def _timm():
   torchvision ops it needs. Imported by the name the tests give it, so that a
   process holding both declares torch's library once."""
   sys.path.insert(0, os.path.join(ROOT, "tests"))
-  import torchvision_cpu
+  from support import torchvision_cpu
   torchvision_cpu.declare_detection_ops()
   import timm
   return timm

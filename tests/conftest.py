@@ -59,7 +59,7 @@ def run_main(*args: str, devices: int | None = None, check: bool = True, timeout
   if devices is None:
     r = _in_process(args)
   else:
-    import forked
+    from support import forked
     r = forked.run(list(args), device_env(devices), ROOT, timeout)
   if check:
     assert r.returncode == 0, r.stderr[-3000:]
@@ -107,7 +107,7 @@ def pytest_addoption(parser):
 def _tolerances(request):
   """Moves this test's float32 comparisons into its report, so that they reach
   the summary from pytest-xdist's worker processes too."""
-  import numerics
+  from support import numerics
   yield
   request.node.user_properties += [("tolerance", (str(t), str(w), float(e), float(b)))
                                    for t, w, e, b in numerics.RECORD]
@@ -175,7 +175,7 @@ def tiny_vit_bit(tmp_path_factory) -> tuple[str, str]:
   """A tiny ViT (vision_transformer format, 32 px, patch 8) and BiT (big_transfer
   format, two stages of one unit: the first stage's stride-1 and the second's
   stride-2 unit, half the compile of four) checkpoint: the CKA jobs' test pair."""
-  import upstream_files as uf
+  from support import upstream_files as uf
   d = tmp_path_factory.mktemp("ckpt")
   vit = uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   bit = uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1)))

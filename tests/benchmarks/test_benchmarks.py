@@ -1,0 +1,76 @@
+"""The benchmarks at a small scale on CPU: benchmarks.accelerator runs the job once
+per Gram precision and prints the table a GPU or TPU session records;
+benchmarks.forward_profile accounts for a forward's time by op class."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ROOT, device_env
+from support import forked
+
+
+def run_benchmark(name: str, *args: str) -> str:
+  """The stdout of `python -m benchmarks.NAME ARGS` on one CPU device, which must succeed."""
+  r = forked.start(["-m", f"benchmarks.{name}", *args], device_env(1), ROOT).wait(600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return r.stdout
+
+
+def test_accelerator_benchmark_runs_and_reports_each_precision():
+  out = run_benchmark("accelerator", "--pair", "tiny", "--examples", "64", "--batch", "32",
+                      "--precisions", "bf16_6x,highest")
+  assert re.search(r"device: 1 x \S+ \(cpu\), jax \S+; pair tiny, 64 examples in minibatches of 32", out)
+  bound = re.search(r"FLOP bound: ([\d.]+) s = \(([\d.]+) forward \+ ([\d.]+) Gram TFLOP\) / "
+                    r"([\d.]+) TFLOP/s", out)
+  assert bound and float(bound[4]) > 0, out
+  rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("highest |", "bf16_6x |"))]
+  assert [row[0] for row in rows] == ["highest", "bf16_6x"]  # the reference first
+  highest = rows[0]
+  assert float(highest[1]) > float(highest[2]) > 0 and highest[3].endswith("x")
+  assert highest[6] == "0.00e+00"
+  assert highest[4] == "n/a (not planned)" and highest[5] == "n/a (not reported)"  # a CPU: no memory
+  assert rows[1][1].startswith("not run") or float(rows[1][6]) < 1e-3
+
+
+def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
+  out = run_benchmark("forward_profile", "--model", "tiny_bit", "--batch", "4", "--size", "32",
+                      "--runs", "2")
+  head = re.search(r"tiny_bit forward, batch 4 at 32 px on cpu: ([\d.]+) s, ([\d.]+) GFLOP -> "
+                   r"([\d.]+) GFLOP/s = ([\d.]+) of the fp32 matmul rate \(([\d.]+) GFLOP/s", out)
+  assert head, out
+  idle = float(re.search(r"traced: [\d.]+ s per forward, of which no instruction ran [\d.]+ s "
+                         r"\(([\d.]+)%\)", out)[1])
+  section = out.split("by class")[1].split("convolutions and dots")[0]
+  classes = {m[1]: (float(m[2]), float(m[3])) for m in
+             re.finditer(r"^  (\S+) +([\d.]+) ms +([\d.]+)%", section, re.M)}
+  assert {"convolution", "dot", "reduce", "elementwise"} <= set(classes), section
+  # Every instruction's time goes to one class: with the idle time, the shares make the span.
+  assert abs(sum(s for _, s in classes.values()) + idle - 100) < 0.5, section
+  shapes = out.split("convolutions and dots by shape")[1].split("the rest by role")[0]
+  assert re.search(r"conv 7x7/2 3->32 out 16x16 .* x1$", shapes, re.M), shapes  # the root, read from HLO
+  convs = re.findall(r"conv \S+ \d+->\d+ out \S+ .* x(\d+)$", shapes, re.M)
+  # The root and the 3x3s of the first two stages; the last two stages' (2x2 and 1x1
+  # outputs) are dots over their windows (`layers.conv`): 4 x 2 x 2 rows, 9 taps of 128.
+  assert sum(int(c) for c in convs) == 3, shapes
+  assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
+
+
+def test_the_flop_count_runs_a_scans_body_once_per_turn():
+  """The FLOP bound's count: a scanned ViT's forward has the FLOPs of its blocks
+  applied one by one (training applies them so), and a scan of a dot its
+  body's FLOPs times its length."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from benchmarks import clocks
+  from vitcnn_jax.models import ViT, param_trees
+  body = lambda c, w: (c @ w, None)
+  scanned = jax.make_jaxpr(lambda a, w: jax.lax.scan(body, a, w)[0])(jnp.ones((4, 5)), jnp.ones((3, 5, 5)))
+  assert clocks.matmul_flops(scanned.jaxpr) == 3 * (2 * 4 * 5 * 5)
+  model = ViT(num_classes=10, image_size=32, patch_size=8, width=32, depth=4, mlp_dim=64, num_heads=2)
+  x = np.zeros((2, 32, 32, 3), np.float32)
+  params = param_trees.random_params(model, x)
+  count = lambda train: clocks.matmul_flops(jax.make_jaxpr(
+      lambda p: model.apply({"params": p}, x, train=train, rngs={"dropout": jax.random.key(0)})[0])(params).jaxpr)
+  assert count(False) == count(True) > 0
