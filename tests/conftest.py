@@ -153,6 +153,19 @@ def compiled(model, params, images, **kw):
   return jax.jit(lambda p, x: model.apply({"params": p}, x, **kw))(params, images)
 
 
+
+def load_stating_everything(folder, caplog, fields: dict | None = None):
+  """`checkpoints.load(folder)`, asserting that nothing was assumed (no field, no
+  warning) and that the model's `fields` are as given."""
+  import logging
+  from vitcnn_jax import checkpoints
+  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
+    c = checkpoints.load(folder)
+  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
+  for field, value in (fields or {}).items():
+    assert getattr(c.model, field) == value, (folder, field, getattr(c.model, field))
+  return c
+
 @pytest.fixture(params=["cache-sized slices", "slices of a few features", "one dot"])
 def gram_path(request, monkeypatch):
   """Each way a layer's Gram is made (`grams._gram_parts`): the CPU's slices as

@@ -12,6 +12,7 @@ from conftest import ROOT, forward, run_main
 from support import upstream_files as uf
 from support.cka_ref import np_minibatch_cka
 from support.numerics import MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, likely, network
+from support.skip_ref import sublayer_ratios
 from vitcnn_jax import checkpoints
 from vitcnn_jax.inputs import data
 
@@ -70,9 +71,7 @@ def test_mixer_skip_ratios_are_its_residual_norms(tmp_path):
   bound = 2 * (network(MIXER_ROUNDINGS) + likely(32))  # two forwards, then 32-term norms
   for b in range(2):
     for s, (zn, fn) in enumerate([("in", "token_mlp/out"), ("token_mlp/residual", "channel_mlp/out")]):
-      zz = np.asarray(out[f"block{b:02d}/{zn}"], np.float64)
-      ff = np.asarray(out[f"block{b:02d}/{fn}"], np.float64)
-      ref = (np.linalg.norm(zz, axis=-1) / np.linalg.norm(ff, axis=-1)).mean(0)
+      ref = sublayer_ratios(out, b, zn, fn)[2]
       assert_close(z["mixer_ratio"][b, s], ref, bound * float(np.abs(ref).max()), f"ratio {b} {s}")
   summary = json.loads((wd / "skip_ratio.json").read_text())
   mixer = summary["models"]["mixer"]

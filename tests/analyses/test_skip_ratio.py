@@ -10,6 +10,7 @@ import numpy as np
 from conftest import ROOT, forward, run_main
 from support import upstream_files as uf
 from support.numerics import BIT_ROUNDINGS, VIT_ROUNDINGS, assert_close, likely, network
+from support.skip_ref import sublayer_ratios
 from vitcnn_jax import checkpoints
 from vitcnn_jax.analyses import skip_ratio as sr
 from vitcnn_jax.inputs import data
@@ -66,9 +67,7 @@ def test_matches_direct_computation(tmp_path):
   vit_bound = 2 * (network(VIT_ROUNDINGS) + likely(48))
   for b in range(2):
     for s, (zn, fn) in enumerate([("in", "attn/out"), ("attn/residual", "mlp/out")]):
-      zz = np.asarray(out[f"block{b:02d}/{zn}"], np.float64)
-      ff = np.asarray(out[f"block{b:02d}/{fn}"], np.float64)
-      ref = (np.linalg.norm(zz, axis=-1) / np.linalg.norm(ff, axis=-1)).mean(0)
+      zz, ff, ref = sublayer_ratios(out, b, zn, fn)
       assert_close(z["vit_ratio"][b, s], ref, vit_bound * float(np.abs(ref).max()), f"ratio {b} {s}")
       oo = zz + ff
       cos = (ff * oo).sum(-1) / (np.linalg.norm(ff, axis=-1) * np.linalg.norm(oo, axis=-1))

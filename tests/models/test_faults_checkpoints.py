@@ -15,6 +15,12 @@ from vitcnn_jax.models.formats.base import CheckpointError
 VIT = dict(width=48, depth=2, heads=3, mlp=96, patch=8)
 
 
+def _refused(path, w: dict, match: str) -> None:
+  """Loading `w` written as `path` is refused with a message matching `match`."""
+  with pytest.raises(CheckpointError, match=match):
+    checkpoints.load_model(uf.save(path, w))
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_, np.complex64, np.dtype("U3")])
 def test_non_floating_tensors_are_refused(tmp_path, dtype):
   w = uf.mixer(0)
@@ -49,9 +55,8 @@ def _big_vision(prefix):
 
 def test_two_different_parameter_trees_are_refused(tmp_path):
   w = {**_big_vision("params/"), **{k: v + 1 for k, v in _big_vision("opt/target/").items()}}
-  with pytest.raises(CheckpointError, match=r"two\.npz: holds two different parameter trees, "
-                                            r"under 'opt/target/' and 'params/'"):
-    checkpoints.load_model(uf.save(tmp_path / "two.npz", w))
+  _refused(tmp_path / "two.npz", w, r"two\.npz: holds two different parameter trees, "
+                                    r"under 'opt/target/' and 'params/'")
   same = {**_big_vision("params/"), **_big_vision("opt/target/")}
   checkpoints.load_model(uf.save(tmp_path / "same.npz", same))  # one tree, twice: fine
 
@@ -104,33 +109,29 @@ def test_shape_errors_name_the_files_key_and_where_the_architecture_came_from(tm
   w = uf.vt_vit(0, **VIT)
   q = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
   w[q] = w[q].reshape(48, -1)  # heads read from here: (48, 48) says 48 heads of 1
-  with pytest.raises(CheckpointError, match=r"MultiHeadDotProductAttention_1/key/bias has shape "
-                                            r"\(3, 16\), but .* needs \(48, 1\).*num_heads=48 "
-                                            r"\(from .*query/kernel"):
-    checkpoints.load_model(uf.save(tmp_path / "q.npz", w))
+  _refused(tmp_path / "q.npz", w, r"MultiHeadDotProductAttention_1/key/bias has shape "
+                                  r"\(3, 16\), but .* needs \(48, 1\).*num_heads=48 "
+                                  r"\(from .*query/kernel")
   b = uf.bt_bit(0, depth=(1, 1, 1, 1))
   k = "resnet/block1/unit01/a/standardized_conv2d/kernel"
   b[k] = b[k][..., :5]
-  with pytest.raises(CheckpointError, match=rf"{k} has shape \(1, 1, 32, 5\)"):
-    checkpoints.load_model(uf.save(tmp_path / "b.npz", b))
+  _refused(tmp_path / "b.npz", b, rf"{k} has shape \(1, 1, 32, 5\)")
 
 
 def test_an_impossible_architecture_names_the_file(tmp_path):
   w = uf.vt_vit(0, **VIT)
   for k in ("embedding/kernel", "Transformer/posembed_input/pos_embedding", "cls"):
     w[k] = w[k][..., :40]
-  with pytest.raises(CheckpointError, match=r"e\.npz: the architecture read from the file is not "
-                                            r"a valid vit model \(width 40 is not divisible"):
-    checkpoints.load_model(uf.save(tmp_path / "e.npz", w))
+  _refused(tmp_path / "e.npz", w, r"e\.npz: the architecture read from the file is not "
+                                  r"a valid vit model \(width 40 is not divisible")
 
 
 def test_a_missing_class_token_row_is_named(tmp_path):
   w = uf.vt_vit(0, **VIT)
   pe = "Transformer/posembed_input/pos_embedding"
   w[pe] = w[pe][:, 1:]
-  with pytest.raises(CheckpointError, match=r"has 16 rows, a whole 4x4 grid.*class-token row "
-                                            r"is missing"):
-    checkpoints.load_model(uf.save(tmp_path / "p.npz", w))
+  _refused(tmp_path / "p.npz", w, r"has 16 rows, a whole 4x4 grid.*class-token row "
+                                  r"is missing")
 
 
 @pytest.mark.parametrize("key", ["embedding/kernel", "cls",
@@ -138,44 +139,38 @@ def test_a_missing_class_token_row_is_named(tmp_path):
 def test_a_tensor_of_the_wrong_rank_is_named(tmp_path, key):
   w = uf.vt_vit(0, **VIT)
   w[key] = w[key].ravel()[:7]
-  with pytest.raises(CheckpointError, match=rf"r\.npz: a malformed vit file.*unexpected rank: "
-                                            rf"{key} \(7,\)"):
-    checkpoints.load_model(uf.save(tmp_path / "r.npz", w))
+  _refused(tmp_path / "r.npz", w, rf"r\.npz: a malformed vit file.*unexpected rank: "
+                                  rf"{key} \(7,\)")
 
 
 def test_a_classifier_kernel_of_the_wrong_rank_is_named(tmp_path):
   w = uf.vt_vit(0, **VIT)
   w["head/kernel"] = w["head/kernel"][None]
-  with pytest.raises(CheckpointError, match=r"h\.npz: head/kernel \(1, 48, 7\) should be a 2-D"):
-    checkpoints.load_model(uf.save(tmp_path / "h.npz", w))
+  _refused(tmp_path / "h.npz", w, r"h\.npz: head/kernel \(1, 48, 7\) should be a 2-D")
 
 
 def test_a_position_embedding_of_another_width_is_named(tmp_path):
   w = uf.vt_vit(0, **VIT)
   pe = "Transformer/posembed_input/pos_embedding"
   w[pe] = w[pe][..., :32]
-  with pytest.raises(CheckpointError, match=rf"{pe} \(1, 17, 32\) should be \(1, tokens, 48\), "
-                                            r"the width read from embedding/kernel"):
-    checkpoints.load_model(uf.save(tmp_path / "w.npz", w))
+  _refused(tmp_path / "w.npz", w, rf"{pe} \(1, 17, 32\) should be \(1, tokens, 48\), "
+                                  r"the width read from embedding/kernel")
 
 
 def test_a_missing_class_token_is_named(tmp_path):
   w = uf.vt_vit(0, **VIT)
   del w["cls"]
-  with pytest.raises(CheckpointError, match=r"key 'cls' is missing: .* class-token row before "
-                                            r"its 4x4 grid"):
-    checkpoints.load_model(uf.save(tmp_path / "c.npz", w))
+  _refused(tmp_path / "c.npz", w, r"key 'cls' is missing: .* class-token row before "
+                                  r"its 4x4 grid")
 
 
 def test_a_stray_key_is_named_with_its_prefix(tmp_path):
   w = uf.vt_vit(0, **VIT)
   beside = {**w, "params/foo": np.zeros(3, np.float32)}
-  with pytest.raises(CheckpointError, match=r"model's keys sit at the top level .* 1 key\(s\) sit "
-                                            r"under 'params/' \(params/foo\)"):
-    checkpoints.load_model(uf.save(tmp_path / "s.npz", beside))
+  _refused(tmp_path / "s.npz", beside, r"model's keys sit at the top level .* 1 key\(s\) sit "
+                                       r"under 'params/' \(params/foo\)")
   inside = {f"params/{k}": v for k, v in beside.items()}
-  with pytest.raises(CheckpointError, match=r"1 tensor\(s\) not used .*: params/params/foo \(3,\)"):
-    checkpoints.load_model(uf.save(tmp_path / "t.npz", inside))
+  _refused(tmp_path / "t.npz", inside, r"1 tensor\(s\) not used .*: params/params/foo \(3,\)")
 
 
 def test_a_scan_stacked_shape_error_names_the_stacked_key(tmp_path):

@@ -5,12 +5,10 @@ and at the logits."""
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 
-from conftest import compiled
+from conftest import compiled, load_stating_everything
 from support import hf_ref
 from support.numerics import BIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
@@ -62,11 +60,7 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_transformers_folder_matches_transformers(folders, name, caplog):
   folder, model = folders[name]
-  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
-    c = checkpoints.load(folder)
-  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
-  for field, value in MODELS[name][3].items():
-    assert getattr(c.model, field) == value, (name, field, getattr(c.model, field))
+  c = load_stating_everything(folder, caplog, MODELS[name][3])
   assert c.model.image_size == 32 and c.policy == "hf_bilinear_crop0.875_imagenet"
   x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   with hf_ref.torch.no_grad():  # BatchNorm's running statistics moved off their init too

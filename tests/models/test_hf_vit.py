@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, compiled
+from conftest import ROOT, compiled, load_stating_everything
 from support import forked
 from support import hf_ref
 from support.numerics import VIT_ROUNDINGS, assert_close, network
@@ -122,11 +122,7 @@ def test_transformers_folder_matches_transformers(folders, name, caplog):
   folder, model = folders[name]
   x = _images()
   blocks, final = _reference(name, model, x)
-  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
-    c = checkpoints.load(folder)
-  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
-  for field, value in MODELS[name][3].items():
-    assert getattr(c.model, field) == value, (name, field, getattr(c.model, field))
+  c = load_stating_everything(folder, caplog, MODELS[name][3])
   heads = MODELS[name][1].to_dict().get("num_attention_heads") or 3
   assert c.model.num_heads == heads and "config.json" in c.evidence["num_heads"]
   out, points = compiled(c.model, c.params, x, capture="block*/out")

@@ -5,13 +5,11 @@ upstream at every stage's output and at the logits."""
 
 from __future__ import annotations
 
-import logging
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compiled
+from conftest import compiled, load_stating_everything
 from support import hf_ref
 from support import timm_ref
 from support.numerics import VIT_ROUNDINGS, assert_close, likely, network
@@ -59,9 +57,7 @@ def _reference(name: str, model, x: np.ndarray) -> tuple[list[np.ndarray], np.nd
 @pytest.mark.parametrize("name", ["timm", "hf"])
 def test_swin_matches_its_upstream_at_every_stage(folders, name, caplog):
   folder, model = folders[name]
-  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
-    c = checkpoints.load(folder)
-  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
+  c = load_stating_everything(folder, caplog)
   m = c.model
   assert (m.family, m.depths, m.heads, m.window, m.embed_dim, m.image_size) == (
       "swin", (2, 2), (1, 2), 4, 8, 32)

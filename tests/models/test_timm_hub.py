@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import compiled
+from conftest import compiled, load_stating_everything
 from support import timm_ref
 from support.numerics import VIT_ROUNDINGS, assert_close, network
 from vitcnn_jax import checkpoints
@@ -80,11 +80,7 @@ def _blocks(model, x: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_timm_hub_folder_matches_timm_with_nothing_assumed(folders, name, caplog):
   folder, model = folders[name]
-  with caplog.at_level(logging.WARNING, "vitcnn_jax"):
-    c = checkpoints.load(folder)
-  assert not c.assumed and "assumed" not in caplog.text, (c.assumed, caplog.text)
-  for field, value in MODELS[name][2].items():
-    assert getattr(c.model, field) == value, (name, field, getattr(c.model, field))
+  c = load_stating_everything(folder, caplog, MODELS[name][2])
   assert c.model.num_heads == 3 and "model_args" in c.evidence["num_heads"]
   assert "config.json" in c.policy_from
   x = _images()
