@@ -135,7 +135,8 @@ def test_every_config_variant_and_flag_the_readme_names_exists():
   for line in re.findall(r"python main\.py[^`\n]*", text):
     for flag in re.findall(r"--(\w+)", line):
       assert flag == "config" or f'"{flag}"' in main_py, (flag, line)
-  for path, module, rest in re.findall(r"(?:benchmarks/(\w+)\.py|-m benchmarks\.([a-z]\w*))([^`\n]*)", text):
+  for path, module, rest in re.findall(r"(?:(?<![\w/])benchmarks/(\w+)\.py|-m benchmarks\.([a-z]\w*))([^`\n]*)",
+                                      text):
     with open(os.path.join(ROOT, "benchmarks", f"{path or module}.py")) as f:
       source = f.read()
     for flag in re.findall(r"(?<![\w-])--(\w+)", re.split(r"benchmarks[/.]", rest)[0]):
