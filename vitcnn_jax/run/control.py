@@ -23,7 +23,7 @@ CONTROL = dict(
     devices_per_minibatch=0,
     device_memory_gib=0.0,  # per device; 0: what the device reports
     # Gram and HSIC dots: "auto" (highest on CPU and TPU, bf16_6x on GPU), "highest",
-    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/similarity/hsic.py).
+    # "bf16_3x", "bf16_6x", "bf16_9x" or "tf32_3x" (see vitcnn_jax/similarity/grams.py).
     gram_precision="auto",
     # Figures: a PDF or SVG beside each PNG (format "pdf"/"svg"), or none (format
     # "none": results only; the same command, or a Result's .plot(), draws them later
