@@ -6,12 +6,10 @@ import os
 
 import numpy as np
 import pytest
+
 from support.idx_files import striped, write_idx
-
 from vitcnn_jax.inputs import data
-
 from vitcnn_jax.inputs import datasets
-
 from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess

@@ -20,9 +20,7 @@ import ml_collections
 import numpy as np
 
 from vitcnn_jax.inputs import data
-
 from vitcnn_jax.inputs import datasets
-
 from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess
