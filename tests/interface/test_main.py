@@ -82,6 +82,8 @@ def test_mistakes_print_one_clean_message_and_exit_2(tmp_path):
   _one_message(r, f"config.models.resnet.checkpoint='{tmp_path}/none.npz' is not reachable")
   r = _main(cfg, f"--workdir={tmp_path}", "--config.plot.format=jpg")
   _one_message(r, "config.plot.format='jpg' is not one of ('png', 'pdf', 'svg', 'none')")
+  r = _main(cfg, f"--workdir={tmp_path}", "--config.plot.vmin=1.5")
+  _one_message(r, "config.plot.vmin=1.5 must be below vmax=1.0")
   r = _main(cfg, f"--workdir={tmp_path}", "--config.num_exmaples=3", "--verbose")
   assert r.returncode == 2 and "Traceback" in r.stderr and "num_exmaples" in r.stderr
   assert "Unable to initialize backend" not in r.stderr

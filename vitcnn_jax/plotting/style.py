@@ -28,9 +28,9 @@ class Figures:
 
   def __post_init__(self):
     if self.format not in fileio.FIGURE_FORMATS:
-      raise ValueError(f"plot format {self.format!r} is not one of {fileio.FIGURE_FORMATS}.")
+      raise ValueError(f"format={self.format!r} is not one of {fileio.FIGURE_FORMATS}.")
     if not self.vmin < self.vmax:
-      raise ValueError(f"plot vmin={self.vmin} must be below vmax={self.vmax}.")
+      raise ValueError(f"vmin={self.vmin} must be below vmax={self.vmax}.")
 
 
 def save_figure(fig: Any, path: str, figures: Figures, tight: bool = True) -> Any:

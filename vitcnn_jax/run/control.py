@@ -95,10 +95,12 @@ def plot_options(config: Any) -> style.Figures | None:
   unknown = sorted(set(given) - {"format", "vmin", "vmax"})
   if unknown:
     raise ValueError(f"config.plot has no field {unknown[0]!r}; it has format, vmin and vmax.")
+  fmt = given.pop("format", "png")
   formats = (*fileio.FIGURE_FORMATS, "none")  # none: results only
-  if given.get("format", "png") not in formats:
-    raise ValueError(f"config.plot.format={given['format']!r} is not one of {formats}.")
-  if not given.get("vmin", 0.0) < given.get("vmax", 1.0):
-    raise ValueError(f"config.plot.vmin={given.get('vmin', 0.0)} must be below "
-                     f"config.plot.vmax={given.get('vmax', 1.0)}.")
-  return None if given.get("format") == "none" else style.Figures(**given)
+  if fmt not in formats:
+    raise ValueError(f"config.plot.format={fmt!r} is not one of {formats}.")
+  try:  # the colour scale is checked by the options themselves, named as config fields here
+    figures = style.Figures("png" if fmt == "none" else fmt, **given)
+  except ValueError as e:
+    raise ValueError(f"config.plot.{e}") from None
+  return None if fmt == "none" else figures
