@@ -20,6 +20,7 @@ from vitcnn_jax.run import parallel
 from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
 
 Sums = dict[str, Any]  # named sums over examples (arrays), the result of a step
@@ -56,14 +57,15 @@ class Forward:
   def measure_sums(self, points: dict[str, Sequence[str]], mask: jax.Array, spec: measures.Spec
                    ) -> Sums:
     """`activation_sums` and the sums of `spec`'s other measures of the points of
-    each model (`measures.layer_sums`), each point's Gram made where the forward
+    each model (`measures.stack_sums`), each point's Gram made where the forward
     makes it (`layers`)."""
     if self.grouped:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
                                      self._precision)
     layers = [lay for name, names in points.items() for lay in self.layers(name, names, mask)]
-    return measures.layer_sums(layers, mask, spec, parallel.AXES, self.key, self._precision)
+    return measures.stack_sums(registry.Stack.of(layers), mask, spec, parallel.AXES, self.key,
+                               self._precision)
 
   def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Layer]:
     """`grams.scaled_layer` of each of `points` of model `name`, made inside the

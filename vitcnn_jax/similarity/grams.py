@@ -123,6 +123,11 @@ def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array
   return (g - means[:, None] - means[None, :]) * off_diag
 
 
+def fourth_moment(mean: jax.Array) -> jax.Array:
+  """sum_d mean_d^4: the scale a self-HSIC is judged against (`layer_checks`).
+  For a constant layer it equals each example's sum_d x_d^4, whose rounding noise
+  the floor bounds; any real spread only raises the self-HSIC above it."""
+  return jnp.sum(jnp.square(jnp.square(mean)))
 
 
 def log2_scales(acts: Sequence[jax.Array], mask: jax.Array | None = None) -> jax.Array:

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 from vitcnn_jax.similarity import device_ring
 from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
+from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
-from vitcnn_jax.similarity.grams import HIGHEST, Layer, Precision, center_unbiased, scaled_layer
+from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, fourth_moment, scaled_layer
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
@@ -48,8 +49,8 @@ def activation_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   """
   if group is not None:
     return _group_sums(acts, mask, axis_name, group, precision)
-  return scales.shared_scale(linear_sums([scaled_layer(a, mask, precision) for a in acts], mask, precision),
-                             axis_name, SCALES)
+  layers = registry.Stack.of([scaled_layer(a, mask, precision) for a in acts])
+  return scales.shared_scale(linear_sums(layers, mask, precision), axis_name, SCALES)
 
 
 def _valid_rows(n_all: int, mask: jax.Array | None) -> jax.Array:
@@ -80,18 +81,17 @@ def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
   return scales.shared_scale(_linear_out(grams, moments, exps, n_all, mask, precision), axis_name, SCALES)
 
 
-def linear_sums(layers: Sequence[Layer], mask: jax.Array | None, precision: Precision = HIGHEST,
+def linear_sums(stack: registry.Stack, mask: jax.Array | None, precision: Precision = HIGHEST,
                 order: jax.Array | None = None) -> dict[str, jax.Array]:
-  """One minibatch's HSIC_1 matrix of `layers` (each at its own scale), their
-  fourth moments and exponents; with `order`, also `null/hsic`: one layer's
-  examples re-indexed by `order` (see `layerpairs`; U-centring commutes with it)."""
-  n_all = layers[0].gram.shape[0]
+  """One minibatch's HSIC_1 matrix of the `stack`'s layers (each at its own
+  scale), their fourth moments and exponents; with `order`, also `null/hsic`:
+  one layer's examples re-indexed by `order` (see `layerpairs`; U-centring
+  commutes with it)."""
+  n_all = stack.gram.shape[1]
   n = _valid_rows(n_all, mask)
   # One batched centring for every layer: its code does not grow with the layers.
-  grams = jax.vmap(center_unbiased, (0, None))(jnp.stack([lay.gram for lay in layers]), mask)
-  grams = grams.reshape(len(layers), -1)
-  return _linear_out(grams, jnp.stack([n * fourth_moment(lay.mean) for lay in layers]),
-                     jnp.stack([lay.e for lay in layers]), n_all, mask, precision, order)
+  grams = jax.vmap(center_unbiased, (0, None))(stack.gram, mask).reshape(len(stack.gram), -1)
+  return _linear_out(grams, n * stack.mean_4th, stack.e, n_all, mask, precision, order)
 
 
 def _linear_out(grams: jax.Array, moments: jax.Array, exps: jax.Array, n_all: int,
@@ -121,13 +121,6 @@ def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
   n = _valid_rows(n_all, mask)
   hs = jnp.matmul(g, (g if g2 is None else g2).T, precision=precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
-
-
-def fourth_moment(mean: jax.Array) -> jax.Array:
-  """sum_d mean_d^4: the scale a self-HSIC is judged against (`layer_checks`).
-  For a constant layer it equals each example's sum_d x_d^4, whose rounding noise
-  the floor bounds; any real spread only raises the self-HSIC above it."""
-  return jnp.sum(jnp.square(jnp.square(mean)))
 
 
 def _group_sums(acts: Sequence[jax.Array], mask: jax.Array | None,

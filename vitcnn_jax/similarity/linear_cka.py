@@ -50,7 +50,7 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
     gram, mean = grams.gram_and_mean(a * grams.pow2(-e[i]), None)
     centred.append(center(gram))
     # Unnormalised dots: n^2 times the floor for a normalised self-HSIC.
-    floors.append(layer_checks.noise_floor(x.shape[0] ** 2 * float(hsic.fourth_moment(mean))))
+    floors.append(layer_checks.noise_floor(x.shape[0] ** 2 * float(grams.fourth_moment(mean))))
   k, l = centred
   kk, ll = float(_dot(k, k)), float(_dot(l, l))
   for name, v, floor in (("x", kk, floors[0]), ("y", ll, floors[1])):

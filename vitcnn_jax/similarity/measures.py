@@ -66,16 +66,16 @@ def permutation(key: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.argsort(jnp.where(mask > 0, u, 2.0 + jnp.arange(mask.shape[0])))
 
 
-def measure_sums(layers: Sequence[grams.Layer], mask: jax.Array, spec: Spec,
+def measure_sums(stack: registry.Stack, mask: jax.Array, spec: Spec,
                  order: jax.Array | None = None,
                  precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
   """One minibatch's sums of every measure of `spec` but unbiased linear CKA
-  (`hsic.linear_sums`), for every pair of `layers`, family by family (each
+  (`hsic.linear_sums`), for every pair of the `stack`'s layers, family by family (each
   family's `sums`); with `order`, each again with one layer's examples
   re-indexed (prefix "null/", see `layerpairs`). Some carry the layers' scales
   (each family's `scales`, gathered in `SCALES` and undone by `scales.unscale`);
   the others are scale-free."""
-  mb = registry.Minibatch(registry.Stack.of(layers), mask, spec, order, precision)
+  mb = registry.Minibatch(stack, mask, spec, order, precision)
   out = {}
   for family in FAMILIES:
     chosen = tuple(m for m in spec.names if m in family.names)
@@ -93,7 +93,7 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                    axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
                    key: jax.Array | None = None,
                    precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
-  """`layer_sums` of the layers' activations; a minibatch spread over a `group` of
+  """`stack_sums` of the layers' activations; a minibatch spread over a `group` of
   devices has unbiased linear CKA alone (`hsic.activation_sums`)."""
   if group is not None:
     if not only_linear(spec):
@@ -102,21 +102,21 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
     return hsic.activation_sums(acts, mask, axis_name, group, precision)
-  return layer_sums([grams.scaled_layer(a, mask, precision) for a in acts], mask, spec, axis_name,
-                    key, precision)
+  return stack_sums(registry.Stack.of([grams.scaled_layer(a, mask, precision) for a in acts]), mask, spec,
+                    axis_name, key, precision)
 
 
-def layer_sums(layers: Sequence[grams.Layer], mask: jax.Array, spec: Spec,
+def stack_sums(stack: registry.Stack, mask: jax.Array, spec: Spec,
                axis_name: str | tuple[str, ...] | None = None, key: jax.Array | None = None,
                precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
-  """`hsic.linear_sums` of one minibatch's layers (`grams.scaled_layer`, made where
-  the forward made each activation) and, from the same Grams, the sums of
-  `spec`'s other measures (and nulls, permuted by `key`), at the exponents shared
-  along `axis_name`."""
+  """`hsic.linear_sums` of one minibatch's layers (`grams.scaled_layer`s, made
+  where the forward made each activation, stacked) and, from the same Grams, the
+  sums of `spec`'s other measures (and nulls, permuted by `key`), at the
+  exponents shared along `axis_name`."""
   order = permutation(key, mask) if spec.null else None
-  out = hsic.linear_sums(layers, mask, precision, order)
+  out = hsic.linear_sums(stack, mask, precision, order)
   if not only_linear(spec):
-    out.update(measure_sums(layers, mask, spec, order, precision))
+    out.update(measure_sums(stack, mask, spec, order, precision))
   return scales.shared_scale(out, axis_name, SCALES)
 
 

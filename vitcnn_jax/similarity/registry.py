@@ -47,6 +47,7 @@ class Stack(NamedTuple):
   proj: jax.Array  # (L, n) each centred row's projection on the mean
   rowmean: jax.Array  # (L, n) each row's mean over its features
   mean_sq: jax.Array  # (L,) the squared norm of the mean
+  mean_4th: jax.Array  # (L,) the sum of the mean's fourth powers (`grams.fourth_moment`)
   features: jax.Array  # (L,)
   e: jax.Array  # (L,) int32: each layer's arrays are at the scale 2^-e
 
@@ -55,8 +56,20 @@ class Stack(NamedTuple):
     return cls(jnp.stack([lay.gram for lay in layers]), jnp.stack([lay.proj for lay in layers]),
                jnp.stack([lay.rowmean for lay in layers]),
                jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
+               jnp.stack([grams.fourth_moment(lay.mean) for lay in layers]),
                jnp.asarray([lay.features for lay in layers], jnp.float32),
                jnp.stack([lay.e for lay in layers]))
+
+  @classmethod
+  def join(cls, stacks: Sequence["Stack"]) -> "Stack":
+    """The layers of `stacks` in one, in order (e.g. one model's after another's)."""
+    return cls(*(jnp.concatenate(parts) for parts in zip(*stacks)))
+
+  def reindexed(self, order: jax.Array) -> "Stack":
+    """Every layer with its examples re-indexed by `order` (row i becomes row
+    order[i]): the same representations of the examples in another order."""
+    return self._replace(gram=self.gram[:, order][:, :, order], proj=self.proj[:, order],
+                         rowmean=self.rowmean[:, order])
 
   def raw(self, mask: jax.Array) -> jax.Array:
     """(L, n, n) Grams of the rows as they are (uncentred), padding rows and
