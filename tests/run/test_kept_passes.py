@@ -1,0 +1,101 @@
+"""Kept passes (`run/kept.py`, `keeping.py`, `combining.py`): three models of
+different families kept one by one and combined give the fused run's numbers;
+every mismatch and every damaged pass is refused by name; a stopped pass resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_main
+from support import upstream_files as uf
+from support.numerics import BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
+from vitcnn_jax.analyses import cka
+from vitcnn_jax.run import combining
+from vitcnn_jax.run import kept
+from vitcnn_jax.run import keeping
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import pipeline
+from vitcnn_jax.similarity import comparison
+from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import neighbours
+
+EXAMPLES, BATCH, REPEATS = 20, 8, 2  # two full minibatches and one of 4, twice
+FLAGS = ("--config.models.vit.capture=('blocks',)", "--config.models.resnet.capture=('blocks',)",
+         "--config.models.mixer.capture=('blocks',)", "--config.knn_k=3", "--config.null=True",
+         "--config.plot.format=none", "--config.data.source=synthetic", "--config.data.num_examples=24",
+         "--config.models.resnet.overrides.resolution=32")
+EVERY = (f"--config.measures={measures.NAMES!r}".replace(" ", ""), "--config.bootstrap=8")
+BIASED = ("--config.measures=('linear_cka','rbf_cka','distance_correlation')", "--config.estimator=biased")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+  d = tmp_path_factory.mktemp("three")
+  return dict(vit=uf.save(d / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8)),
+              resnet=uf.save(d / "bit.npz", uf.bt_bit(0, depth=(1, 1))),
+              mixer=uf.save(d / "mixer.npz", uf.mixer(3)))
+
+
+def _args(files: dict[str, str], workdir, *extra: str) -> list[str]:
+  return [f"--config={ROOT}/configs/cka_vit_resnet.py:demo_mixer,examples={EXAMPLES},batch={BATCH},"
+          f"repeats={REPEATS}", f"--workdir={workdir}",
+          *[f"--config.models.{k}.checkpoint={v}" for k, v in files.items()], *FLAGS, *extra]
+
+
+def _config(args: list[str]):
+  """The config main.py runs for `args` (its flags applied)."""
+  from absl import flags
+
+  import main
+  main.parse(["main.py", *args])
+  return flags.FLAGS.config
+
+
+def _kept_run(files, root, extra: tuple[str, ...]):
+  """The fused run's config, its models' passes kept under `root` and combined."""
+  config = _config(_args(files, root, *extra))
+  models = loading.load_models(config)
+  source = pipeline.make_source(config.data)
+  how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed, "auto")
+  passes = keeping.passes_of(list(models.values()), source, how, str(root / "passes"))
+  opened = [kept.open_pass(p.folder) for p in passes]
+  spec = measures.spec_of(config)
+  done, pooled = combining.combine([p for p, _ in opened], [d for _, d in opened], spec, config.seed,
+                                   config.get("bootstrap", 0))
+  analysis = cka.CKA(config, models)
+  analysis.replicates = [pooled]
+  return analysis.finalize([done])
+
+
+@pytest.mark.parametrize("extra", [EVERY, BIASED], ids=["every measure", "biased"])
+def test_kept_passes_combine_to_the_fused_run(files, tmp_path, extra):
+  """Every array of every measure, its null and its bootstrap intervals, kept
+  and combined as the fused run (8 devices) makes them. Bound: as for two runs
+  of one job (`test_cka_job`'s 8 devices against 1): the models compiled apart
+  move each Gram by their networks' rounding, which moves a CKA-type measure
+  within twice its own bound plus 4x that; a neighbour set changes only at a
+  near-tie (one neighbour's share per cell); distances move in their units.
+  (On one device, this machine gives the same bits.)"""
+  run_main(*_args(files, tmp_path / "fused", *extra))
+  fused = np.load(tmp_path / "fused" / "cka.npz")
+  arrays, _ = _kept_run(files, tmp_path, extra)
+  assert sorted(arrays) == sorted(fused.files)
+  bound = 2 * cka_bound(BATCH, 16 * 16 * 32) + 4 * network(VIT_ROUNDINGS + BIT_ROUNDINGS + MIXER_ROUNDINGS)
+  for m in [n for n in measures.NAMES if n in extra[0]]:
+    p = comparison.prefix(m)
+    slack = ({"mutual_knn": 1 / (3 * EXAMPLES), "cknna": 1 / (3 * EXAMPLES)}.get(m, 0.0)
+             + (1 / EXAMPLES if m in neighbours.NAMES else 0.0))
+    keys = [k for k in fused.files if k == "per_repeat" and p == "cka" or k.startswith(f"{p}_")
+            or k.startswith(f"null_{p}_") or p == "cka" and k.startswith("std_")]
+    keys = [k for k in keys if fused[k].dtype.kind == "f"]
+    assert keys, m
+    units = max(1.0, np.abs(fused[keys[0]]).max()) if m in ("rsm_difference", "magnitude_difference") else 1.0
+    for k in keys:
+      assert_close(arrays[k], fused[k], bound * units + slack, f"{m}: {k}, kept vs fused")
+  for k in fused.files:
+    if fused[k].dtype.kind in "US":
+      assert np.array_equal(arrays[k], fused[k]), k
