@@ -4,8 +4,11 @@ every mismatch and every damaged pass is refused by name; a stopped pass resumes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
+
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from conftest import ROOT, run_main
 from support import upstream_files as uf
 from support.numerics import BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, assert_close, cka_bound, network
 from vitcnn_jax.analyses import cka
+from vitcnn_jax.inputs import data
 from vitcnn_jax.run import combining
 from vitcnn_jax.run import kept
 from vitcnn_jax.run import keeping
@@ -99,3 +103,96 @@ def test_kept_passes_combine_to_the_fused_run(files, tmp_path, extra):
   for k in fused.files:
     if fused[k].dtype.kind in "US":
       assert np.array_equal(arrays[k], fused[k]), k
+
+
+class _Counting:
+  """A source that counts the images it gives and can fail after `fail_after`
+  (a pass killed midway), or give other pixels under the same identity (`shift`)."""
+
+  def __init__(self, inner, fail_after: int | None = None, shift: int = 0):
+    self.inner, self.fail_after, self.shift, self.given = inner, fail_after, shift, 0
+    self.name, self.identity, self.num_classes = inner.name, inner.identity, inner.num_classes
+
+  def __len__(self) -> int:
+    return len(self.inner)
+
+  def images(self, indices):
+    if self.fail_after is not None and self.given >= self.fail_after:
+      raise KeyboardInterrupt("killed")
+    self.given += len(indices)
+    return [np.clip(img.astype(int) + self.shift, 0, 255).astype(np.uint8) for img in self.inner.images(indices)]
+
+  def labels(self, indices):
+    return self.inner.labels(indices)
+
+
+@pytest.fixture(scope="module")
+def vit_kept(files, tmp_path_factory):
+  """The tiny ViT, its source and protocol, and its finished kept pass."""
+  root = tmp_path_factory.mktemp("kept")
+  config = _config(_args(files, root))
+  model = loading.load_model(config, "vit")
+  source = pipeline.make_source(config.data)
+  how = keeping.Protocol(EXAMPLES, BATCH, 1, 0, "auto")
+  return model, source, how, keeping.keep(model, source, how, str(root / "vit"))
+
+
+def _combine(*passes: kept.Pass):
+  opened = [kept.open_pass(p.folder) for p in passes]
+  return combining.combine([p for p, _ in opened], [d for _, d in opened], measures.Spec(), 0)[0]
+
+
+def test_each_mismatch_is_refused_by_name(vit_kept, tmp_path):
+  model, source, how, base = vit_kept
+  other = lambda name, src=source, **kw: keeping.keep(model, src, dataclasses.replace(how, **kw), str(tmp_path / name))
+  cases = [
+      (other("batch", batch_size=4), r"protocol\.batch_size \(another protocol\)"),
+      (other("examples", src=data.SyntheticSource(30, 32, 0)),
+       r"sample\.repeats\[0\]\.examples \(other examples\); sample\.source \(other examples\)\."),
+  ]
+  for bad, message in cases:
+    with pytest.raises(kept.KeptError, match=message):
+      _combine(base, bad)
+  every = data.SyntheticSource(EXAMPLES, 32, 0)  # every example of it, by two seeds: another order
+  with pytest.raises(kept.KeptError, match=r"protocol\.seed \(another protocol\); sample\.repeats\[0\]\.order "
+                                           r"\(the examples in another order\)\."):
+    _combine(other("order0", src=every), other("order1", src=every, seed=1))
+  shifted = other("pixels", src=_Counting(source, shift=1))  # the same identity, other pixels
+  with pytest.raises(kept.KeptError, match=r"minibatch 0 of repeat 0: .*other source pixels for the same examples"):
+    _combine(base, shifted)
+  with pytest.raises(kept.KeptError, match=r"holds a kept pass of another run: its model\.policy"):
+    keeping.keep(dataclasses.replace(model, policy="imagenet"), source, how, base.folder)
+
+
+def test_a_damaged_or_foreign_pass_is_refused(vit_kept, tmp_path):
+  model, source, how, base = vit_kept
+  copy = tmp_path / "copy"
+  shutil.copytree(base.folder, copy)
+  victim = copy / kept.minibatch_file(0, 1)
+  victim.write_bytes(victim.read_bytes()[:100])  # truncated
+  with pytest.raises(kept.KeptError, match=rf"{victim}: its bytes differ from those recorded"):
+    _combine(base, kept.Pass(str(copy), base.manifest))
+  manifest = json.loads((copy / kept.MANIFEST).read_text())
+  manifest["version"] = kept.VERSION + 1
+  (copy / kept.MANIFEST).write_text(json.dumps(manifest))
+  with pytest.raises(kept.KeptError, match=rf"version {kept.VERSION + 1}, where this version of vitcnn_jax "
+                                           rf"reads 'vitcnn_jax kept pass' version {kept.VERSION}"):
+    kept.open_pass(str(copy))
+
+
+def test_a_pass_killed_midway_resumes_and_is_never_read_half(vit_kept, tmp_path):
+  model, source, how, base = vit_kept
+  folder = str(tmp_path / "killed")
+  with pytest.raises(KeyboardInterrupt):
+    keeping.keep(model, _Counting(source, fail_after=BATCH), how, folder)
+  with pytest.raises(kept.KeptError, match=r"the kept pass of 'vit' is unfinished \(1 of 3 minibatches written\); "
+                                           "run it again to resume it"):
+    kept.open_pass(folder)
+  first = os.path.join(folder, kept.minibatch_file(0, 0))
+  written = os.stat(first).st_mtime_ns
+  again = _Counting(source)
+  keeping.keep(model, again, how, folder)
+  assert again.given == EXAMPLES - BATCH and os.stat(first).st_mtime_ns == written  # the rest only
+  resumed, clean = _combine(kept.Pass(folder, base.manifest)), _combine(base)
+  for k, v in clean[0].items():
+    np.testing.assert_array_equal(resumed[0][k], v, err_msg=k)

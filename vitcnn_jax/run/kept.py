@@ -41,7 +41,7 @@ MANIFEST, COMPLETE = "manifest.json", "complete.json"
 STACK = ("gram", "proj", "rowmean", "mean_sq", "mean_4th", "features", "e")
 SAMPLE = ("mask", "indices", "pixels")
 # What every kept pass compared with another must share (the model is what differs).
-SHARED = ("format", "version", "sample", "protocol")
+SHARED = ("format", "version", "protocol", "sample")
 
 
 class KeptError(ValueError):
@@ -184,27 +184,29 @@ def differences(a: dict, b: dict, where: str = "") -> Iterator[str]:
 
 
 def check_shared(passes: list[Pass]) -> None:
-  """Every kept pass saw the same examples in the same order, from the same source
-  pixels, under the same protocol; else a `KeptError` naming what differs."""
+  """Every kept pass saw the same examples in the same order, from the same source,
+  under the same protocol; else a `KeptError` naming each field that differs and
+  what it means."""
   first = passes[0]
   for other in passes[1:]:
-    for part in SHARED:
-      diff = list(differences(first.manifest.get(part), other.manifest.get(part), part))
-      if diff:
-        shown = ", ".join(diff[:4]) + (", ..." if len(diff) > 4 else "")
-        raise KeptError(f"the kept passes of {first.name!r} ({first.folder}) and {other.name!r} "
-                        f"({other.folder}) differ in {shown}: {_what(diff[0])}. Keep both passes "
-                        "with the same config.data, num_examples, batch_size, repeats, seed and "
-                        "gram_precision.")
+    diff = [d for part in SHARED for d in differences(first.manifest.get(part), other.manifest.get(part), part)]
+    # Other examples come in another order too: say the order only of the same examples.
+    diff = [d for d in diff if not (d.endswith(".order") and d.replace(".order", ".examples") in diff)]
+    if diff:
+      shown = "; ".join(f"{d} ({_what(d)})" for d in diff[:4]) + ("; ..." if len(diff) > 4 else "")
+      raise KeptError(f"the kept passes of {first.name!r} ({first.folder}) and {other.name!r} "
+                      f"({other.folder}) cannot be compared: they differ in {shown}. Keep every "
+                      "pass with the same config.data, num_examples, batch_size, repeats, seed and "
+                      "gram_precision.")
 
 
 def _what(field: str) -> str:
-  if field.endswith("order") or ".indices" in field:
-    return "they saw other examples, or the same ones in another order"
-  if ".pixels" in field:
-    return "the source gave other pixels for the same examples (another preprocessing or crop)"
-  if field.startswith("protocol"):
-    return "their protocols differ"
   if field.startswith(("format", "version")):
-    return "they were written by different versions of the kept-pass format"
-  return "their samples differ"
+    return "written by another version of the kept-pass format"
+  if field.startswith("protocol"):
+    return "another protocol"
+  if field.endswith(".order"):
+    return "the examples in another order"
+  if field.endswith(".examples") or field == "sample.source":
+    return "other examples"
+  return "another sample"
