@@ -29,6 +29,7 @@ from vitcnn_jax.run import control
 from vitcnn_jax.run import declaration
 from vitcnn_jax.run import driver
 from vitcnn_jax.run import loading
+from vitcnn_jax.run import many
 from vitcnn_jax.run import pipeline
 from vitcnn_jax.run import programs
 from vitcnn_jax.run import workdir as workdir_lib
@@ -110,6 +111,8 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
   """The analysis of `config`, checked, loaded and run; None if `stop_after` stopped it."""
   declared = analyses.get(config.analysis)
   control.check_config(config, declared)
+  if declared.kept and sources is None:  # many models: every missing one named before any pass
+    _say_missing(missing_inputs({"--config": config}), f"The {declared.name} job")
   sources = sources or sources_of(config, declared)
   if "num_examples" in config and config.num_examples > len(sources["data"]):
     raise ValueError(f"config.num_examples={config.num_examples}, but the data ({sources['data'].name}) "
@@ -118,7 +121,8 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
   config = demos.resolve(config)
   models = loading.load_models(config, declared.hint, declared.needs)
   analysis = declared.build(config, models)
-  done = driver.run(config, workdir, declared.name, analysis, models, sources)
+  run = many.run if declared.kept else driver.run
+  done = run(config, workdir, declared.name, analysis, models, sources)
   return None if done is None else Result(declared.name, *done, workdir, analysis.plot)
 
 
@@ -127,12 +131,12 @@ DATA_FLAGS = {"tfds": "data_dir=DIR", "folder": "path=DIR", "idx": "path=DIR", "
 
 
 def missing_inputs(sections: dict[str, ml_collections.ConfigDict]) -> list[str]:
-  """The flag to pass for each checkpoint and data split the report's sections
-  lack (e.g. the paper setting's ImageNet and ablation models), checked before
-  any section runs: a long report must not stop at its ninth section."""
+  """The flag to pass for each checkpoint and data split the configs lack (each
+  config by the flag prefix of its fields: "--config" for a job's own, or the
+  report's "--config.runs.NAME"), checked before anything runs: a long job
+  must not stop at its ninth model or section."""
   flags = []
-  for name, sub in sections.items():
-    key = f"--config.runs.{name}"
+  for key, sub in sections.items():
     for m, spec in (sub.get("models") or {}).items():
       path = spec.get("checkpoint") or ""
       why = "" if spec.get("train") else ("empty" if not path else loading.unreachable(path))
@@ -152,6 +156,16 @@ def missing_inputs(sections: dict[str, ml_collections.ConfigDict]) -> list[str]:
   return flags
 
 
+def _say_missing(flags: list[str], what: str) -> None:
+  """One error listing every missing input's flag (nothing has run)."""
+  if flags:
+    raise ValueError(f"{what} cannot run: {len(flags)} of its inputs are missing or unreachable. "
+                     "Nothing was run; pass each of these (then run the same command again):\n  "
+                     + "\n  ".join(flags)
+                     + ("\nAn empty checkpoint is a model to train first (configs/train.py; the "
+                        "config says which)." if any("(empty)" in f for f in flags) else ""))
+
+
 def _short(why: str, width: int = 110) -> str:
   """The first clause of a reason, for one line per missing input."""
   why = why.splitlines()[0].split("; ")[0].removeprefix("FileNotFoundError: ")
@@ -167,12 +181,8 @@ def run_report(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sections = {n: config.runs[n] for n in order + sorted(set(config.runs) - set(order))}
   if not sections:
     raise ValueError("config.runs is empty; give the report the analyses to run (configs/report.py).")
-  if jax.process_index() == 0 and (flags := missing_inputs(sections)):
-    raise ValueError(f"The report cannot run: {len(flags)} of its sections' inputs are missing or "
-                     "unreachable. Nothing was run; pass each of these (then run the same command "
-                     "again):\n  " + "\n  ".join(flags)
-                     + ("\nAn empty checkpoint is a model to train first (configs/train.py; the "
-                        "section's config says which)." if any("(empty)" in f for f in flags) else ""))
+  if jax.process_index() == 0:
+    _say_missing(missing_inputs({f"--config.runs.{n}": sub for n, sub in sections.items()}), "The report")
   for i, (name, sub) in enumerate(sections.items(), 1):
     if jax.process_index() == 0:
       print(f"[{i}/{len(sections)}] {name} ({sub.analysis}) in {os.path.join(workdir, name)}")

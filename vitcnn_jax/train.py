@@ -132,7 +132,8 @@ def cached(config: ml_collections.ConfigDict, cache_dir: str) -> str:
   if not fileio.exists(path):
     if jax.process_index() == 0:
       print(f"Training {config.name} once ({config.steps} steps of {config.batch_size} images; "
-            f"the bar shows the time left); later runs read {path}.")
+            f"the bar shows the time left); later runs read {path}." if config.steps else
+            f"Initialising {config.name} once (untrained, seed {config.seed}); later runs read {path}.")
     train(config, path, os.path.expanduser(cache_dir))
   return path
 
@@ -182,14 +183,16 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   if b % jax.device_count():
     raise ValueError(f"config.batch_size={b} must be a multiple of the {jax.device_count()} devices.")
   local = b // jax.process_count()
-  settings = (config.lr, config.warmup_steps, config.steps, config.weight_decay)
-  tx = _optimizer(*settings)
   # Without a block's skips a model has the same parameters, drawn the same way,
   # and trains as the full model with those skips gated off: a skip-ablation
   # sweep compiles one init and one step, the full model's.
   full, gates = _gated(model)
   params = _compiled_init(full)(jax.random.PRNGKey(config.seed), jnp.zeros((1, size, size, 3)))["params"]
   params = _initial_params(config, model, params, workdir)
+  if not config.steps:  # untrained: the seeded initialisation, a baseline beside trained models
+    return _finish(config, model, parallel.replicate(mesh, params), [], (train_src, test_src), mesh, export_path)
+  settings = (config.lr, config.warmup_steps, config.steps, config.weight_decay)
+  tx = _optimizer(*settings)
   examples = subset(len(train_src), config.get("data_fraction", 1.0), config.get("subset_seed", 0))
   state = {"params": params, "opt_state": tx.init(params), "step": 0}
 
@@ -213,14 +216,23 @@ def train(config: ml_collections.ConfigDict, export_path: str, workdir: str) -> 
   state, losses, stopped = _steps(config, model.family, state, step, rows, mesh, save)
   if stopped:
     return {"stopped_at": stopped, "losses": losses}
-  acc = evaluate(model, state["params"], test_src, policy, mesh)
+  return _finish(config, model, state["params"], losses, (train_src, test_src), mesh, export_path, examples)
+
+
+def _finish(config: ml_collections.ConfigDict, model, params, losses: list, srcs: tuple, mesh,
+            export_path: str, examples: np.ndarray | None = None) -> dict[str, Any]:
+  """The model's test accuracy, its npz and json (by process 0), and the summary."""
+  train_src, test_src = srcs
+  policy = config.get("policy") or model.default_policy
+  acc = evaluate(model, params, test_src, policy, mesh)
   summary = {"family": model.family, "test_accuracy": acc, "steps": config.steps,
              "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
              "data": train_src.name, "test_data": test_src.name, "num_classes": train_src.num_classes,
-             "train_examples": len(examples), "no_skip": list(config.model.get("no_skip", [])),
-             "examples_digest": results.fingerprint(examples.tolist())}
+             "train_examples": 0 if examples is None else len(examples),
+             "no_skip": list(config.model.get("no_skip", [])),
+             "examples_digest": None if examples is None else results.fingerprint(examples.tolist())}
   if jax.process_index() == 0:
-    checkpoints.save(export_path, model, jax.device_get(state["params"]))
+    checkpoints.save(export_path, model, jax.device_get(params))
     results.write_json(export_path[:-len(".npz")] + ".json", summary)
   print(f"{model.family}: test accuracy {acc:.4f} on {test_src.name}; exported {export_path}")
   return {**summary, "losses": losses}

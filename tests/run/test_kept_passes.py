@@ -68,11 +68,11 @@ def _kept_run(files, root, extra: tuple[str, ...]):
   passes = keeping.passes_of(list(models.values()), source, how, str(root / "passes"))
   opened = [kept.open_pass(p.folder) for p in passes]
   spec = measures.spec_of(config)
-  done, pooled = combining.combine([p for p, _ in opened], [d for _, d in opened], spec, config.seed,
-                                   config.get("bootstrap", 0))
+  got = combining.combine([p for p, _ in opened], [d for _, d in opened], spec, config.seed,
+                          config.get("bootstrap", 0))
   analysis = cka.CKA(config, models)
-  analysis.replicates = [pooled]
-  return analysis.finalize([done])
+  analysis.replicates = [got.pooled]
+  return analysis.finalize([got.sums])
 
 
 @pytest.mark.parametrize("extra", [EVERY, BIASED], ids=["every measure", "biased"])
@@ -139,7 +139,7 @@ def vit_kept(files, tmp_path_factory):
 
 def _combine(*passes: kept.Pass):
   opened = [kept.open_pass(p.folder) for p in passes]
-  return combining.combine([p for p, _ in opened], [d for _, d in opened], measures.Spec(), 0)[0]
+  return combining.combine([p for p, _ in opened], [d for _, d in opened], measures.Spec(), 0).sums
 
 
 def test_each_mismatch_is_refused_by_name(vit_kept, tmp_path):
@@ -196,3 +196,94 @@ def test_a_pass_killed_midway_resumes_and_is_never_read_half(vit_kept, tmp_path)
   resumed, clean = _combine(kept.Pass(folder, base.manifest)), _combine(base)
   for k, v in clean[0].items():
     np.testing.assert_array_equal(resumed[0][k], v, err_msg=k)
+
+
+def _many_config(files: dict[str, str], names: tuple[str, ...]):
+  """configs/many_models.py:demo on the tiny models `names` and synthetic images."""
+  import ml_collections
+
+  from configs import common
+  from configs import many_models
+  config = many_models.get_config(f"demo,examples={EXAMPLES},batch={BATCH},draws=19")
+  config.models = ml_collections.ConfigDict({k: common.model(files[k], "blocks", k) for k in names})
+  if "resnet" in names:
+    config.models.resnet.overrides.resolution = 32
+  config.data = ml_collections.ConfigDict({**config.data.to_dict(), "source": "synthetic", "num_examples": 24})
+  config.measures, config.knn_k, config.plot.format = ("linear_cka", "mutual_knn"), 3, "png"
+  return config
+
+
+def test_a_model_added_costs_its_own_pass_and_its_pairs(files, tmp_path, monkeypatch):
+  """Two models, then a third in the same workdir: only the third's pass and its two
+  pairs run; the matrices then hold every pair, the first pair as it was."""
+  from vitcnn_jax import jobs
+  calls = []
+  keep, combine = keeping.keep, combining.combine
+  monkeypatch.setattr(keeping, "keep", lambda model, *a, **k: (calls.append(model.name), keep(model, *a, **k))[1])
+  monkeypatch.setattr(combining, "combine", lambda passes, *a, **k: (calls.append(tuple(p.name for p in passes)),
+                                                                     combine(passes, *a, **k))[1])
+  first = jobs.run(_many_config(files, ("vit", "resnet")), str(tmp_path))
+  assert first.arrays["cka_scores"].shape == (2, 2)
+  kept_files = sorted((tmp_path / "passes").rglob("*.npz"))
+  stamps = [f.stat().st_mtime_ns for f in kept_files]
+  calls.clear()
+  second = jobs.run(_many_config(files, ("vit", "resnet", "mixer")), str(tmp_path))
+  ran = [c for c in calls if isinstance(c, tuple)]
+  assert sorted(ran) == [("mixer", "resnet"), ("mixer", "vit")], calls  # resnet x vit read back
+  assert [f.stat().st_mtime_ns for f in kept_files] == stamps  # the old passes untouched
+  names = list(second.summary["models"])
+  i, j = names.index("resnet"), names.index("vit")
+  assert second.arrays["cka_scores"][i, j] == first.arrays["cka_scores"][0, 1] or \
+      second.arrays["cka_scores"][i, j] == first.arrays["cka_scores"][1, 0]
+  for m in ("cka", "mutual_knn"):
+    cal, p = second.arrays[f"{m}_calibrated"], second.arrays[f"{m}_p_values"]
+    assert cal.shape == (3, 3) and np.all((cal >= 0) & (cal <= 1)) and np.all(np.diag(cal) == 1)
+    assert np.all(p[~np.eye(3, dtype=bool)] >= 1 / 20), p  # 19 draws: p >= 1 / 20
+  assert (tmp_path / "models_cka.png").exists() and (tmp_path / "many_models.json").exists()
+
+
+CONFIG_FILE = '''"""The many-model demo config on the tiny models {files}: `:NAME+NAME...`."""
+import ml_collections
+
+from configs import common
+from configs import many_models
+
+
+def get_config(arg):
+  config = many_models.get_config("demo,examples={examples},batch={batch},draws=9")
+  config.models = ml_collections.ConfigDict(
+      {{k: common.model(v, "blocks", k) for k, v in {files}.items() if k in arg.split("+")}})
+  if "resnet" in config.models:
+    config.models.resnet.overrides.resolution = 32
+  config.data = ml_collections.ConfigDict({{**config.data.to_dict(), "source": "synthetic", "num_examples": 24}})
+  config.measures, config.knn_k = ("linear_cka", "mutual_knn"), 3
+  return config
+'''
+
+
+def test_passes_kept_by_two_processes_combine_as_one_process(files, tmp_path):
+  """Two processes (4 CPU devices each, as two jobs of a cluster) keep half of the
+  models' passes each in one folder (`config.keep_only`); a third job compares
+  them without running a model, and gives what one process gives alone."""
+  from support import forked
+
+  from conftest import device_env
+  cfg = tmp_path / "three.py"
+  cfg.write_text(CONFIG_FILE.format(files=files, examples=EXAMPLES, batch=BATCH))
+  shared = tmp_path / "kept"
+  jobs = [forked.start(["main.py", f"--config={cfg}:{names}", f"--workdir={tmp_path / names}",
+                        "--config.keep_only=True", f"--config.kept_dir={shared}"], device_env(4), ROOT)
+          for names in ("vit+resnet", "mixer")]
+  done = [p.wait(timeout=300) for p in jobs]
+  assert all(r.returncode == 0 for r in done), "\n".join(r.stderr[-2500:] for r in done)
+  assert "Kept the passes of ['mixer']" in done[1].stdout
+  together = run_main(f"--config={cfg}:vit+resnet+mixer", f"--workdir={tmp_path / 'compare'}",
+                      f"--config.kept_dir={shared}")
+  assert "Keeping" not in together.stdout  # every pass read back
+  run_main(f"--config={cfg}:vit+resnet+mixer", f"--workdir={tmp_path / 'alone'}")
+  a, b = np.load(tmp_path / "alone" / "many_models.npz"), np.load(tmp_path / "compare" / "many_models.npz")
+  assert sorted(a.files) == sorted(b.files)
+  bound = 2 * cka_bound(BATCH, 16 * 16 * 32) + 4 * network(VIT_ROUNDINGS + BIT_ROUNDINGS + MIXER_ROUNDINGS)
+  for k in a.files:
+    if a[k].dtype.kind == "f":  # k-NN counts move by one neighbour's share at a near-tie
+      assert_close(b[k], a[k], bound + (2 / EXAMPLES if "knn" in k else 0.0), f"{k}: two jobs vs one")

@@ -176,8 +176,9 @@ def fashion_mnist(split: str, path: str = datasets.FASHION_MNIST_DIR) -> ml_coll
 
 
 def demo_training(variant: str, steps: int = 0, batch: int = 128,
-                  data: str = datasets.FASHION_MNIST_DIR) -> ml_collections.ConfigDict:
-  """The training config of a demo model (`DEMO_ARCHITECTURES`) on Fashion-MNIST."""
+                  data: str = datasets.FASHION_MNIST_DIR, untrained: bool = False) -> ml_collections.ConfigDict:
+  """The training config of a demo model (`DEMO_ARCHITECTURES`) on Fashion-MNIST
+  (`steps` 0: its default; `untrained`: none, its seeded initialisation kept)."""
   if variant not in DEMO_ARCHITECTURES:
     raise ValueError(f"Unknown training variant {variant!r}; expected one of "
                      f"{sorted(DEMO_ARCHITECTURES)}.")
@@ -188,7 +189,7 @@ def demo_training(variant: str, steps: int = 0, batch: int = 128,
   config.data.test_split = "t10k"
   config.policy = ""  # family default
   config.batch_size = batch
-  config.steps = steps or DEMO_STEPS[variant]
+  config.steps = 0 if untrained else steps or DEMO_STEPS[variant]
   config.lr = 1e-3
   config.warmup_steps = 100
   config.weight_decay = 1e-4

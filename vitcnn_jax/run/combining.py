@@ -11,6 +11,7 @@ analysis's `finalize` takes them as it takes a fused run's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Sequence
 
@@ -24,6 +25,7 @@ from vitcnn_jax.run import progress
 from vitcnn_jax.run import protocol
 from vitcnn_jax.run import runstate
 from vitcnn_jax.similarity import grams
+from vitcnn_jax.similarity import layer_search
 from vitcnn_jax.similarity import measures
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
@@ -54,29 +56,54 @@ def check_minibatch(passes: Sequence[kept.Pass], parts: Sequence[dict], repeat: 
                              "passes from the same config.data and seed.")
 
 
+_draws = jax.jit(layer_search.draw_sums, static_argnames=("spec", "precision"))
+
+
+def draw_keys(seed: int, repeat: int, minibatch: int, num: int) -> jax.Array:
+  """The layer-search null's keys of one minibatch: apart from its per-cell null's."""
+  return jax.random.split(jax.random.fold_in(minibatch_key(seed, repeat, minibatch), 1), num)
+
+
+@dataclasses.dataclass
+class Combined:
+  """What `combine` makes: each repeat's float64 sums, the bootstrap replicates
+  pooled over repeats, and (with draws) each repeat's draws of the layer-search
+  null of the last pass against the others, as sums ({key: (K, ...)})."""
+  sums: list[protocol.Sums]
+  pooled: protocol.Sums
+  draws: list[protocol.Sums]
+
+
 def combine(passes: Sequence[kept.Pass], digests: Sequence[dict[str, str]], spec: measures.Spec,
-            seed: int, bootstrap: int = 0, precision: grams.Precision = grams.HIGHEST
-            ) -> tuple[list[protocol.Sums], protocol.Sums]:
-  """(each repeat's float64 sums, the bootstrap replicates pooled over repeats) of
-  `spec`'s measures over the layers of `passes`, in order."""
+            seed: int, bootstrap: int = 0, precision: grams.Precision = grams.HIGHEST,
+            draws: int = 0) -> Combined:
+  """The sums of `spec`'s measures over the layers of `passes`, in order, as a
+  fused run of them makes them; with `draws`, also that many draws of the last
+  pass's examples permuted against the others (`layer_search`)."""
   kept.check_shared(list(passes))
   reps = range(len(passes[0].manifest["sample"]["repeats"]))
   boot = runstate.Bootstrap(seed, bootstrap, {})
-  done = []
+  out = Combined([], {}, [])
   with progress.Bar(sum(map(passes[0].minibatches, reps)), "comparison",
                     jax.process_index() == 0) as bar:
     for r in reps:
-      sums: protocol.Sums = {}
+      sums, drawn = {}, {}
       for b in range(passes[0].minibatches(r)):
         parts = [p.read(r, b, d) for p, d in zip(passes, digests)]
         check_minibatch(passes, parts, r, b)
-        stack = registry.Stack.join([registry.Stack(*(jnp.asarray(x[k]) for k in kept.STACK)) for x in parts])
-        mask = parts[0]["mask"]
-        got = jax.device_get(_sums(stack, jnp.asarray(mask), minibatch_key(seed, r, b), spec, precision))
+        stacks = [registry.Stack(*(jnp.asarray(x[k]) for k in kept.STACK)) for x in parts]
+        mask = jnp.asarray(parts[0]["mask"])
+        got = jax.device_get(_sums(registry.Stack.join(stacks), mask, minibatch_key(seed, r, b), spec, precision))
         if bootstrap:
           got = {k if k == "log2_scale" else protocol.BOOT + k: v if k == "log2_scale" else v[None]
                  for k, v in got.items()}
         sums = boot.add(sums, scales.unscale(got, measures.SCALES), 0, r, b)
-        bar.update(1, int(mask.sum()))
-      done.append(sums)
-  return done, boot.pooled.get(0, {})
+        if draws:
+          new = jax.device_get(_draws(registry.Stack.join(stacks[:-1]), stacks[-1], mask, spec,
+                                      draw_keys(seed, r, b, draws), precision))
+          drawn = runstate.add(drawn, scales.unscale(new, measures.SCALES))
+        bar.update(1, int(parts[0]["mask"].sum()))
+      out.sums.append(sums)
+      out.draws.append(drawn)
+  out.pooled = boot.pooled.get(0, {})
+  return out

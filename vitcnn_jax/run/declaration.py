@@ -163,6 +163,8 @@ class Declaration:
   # (model name or "*", capability of models/anatomy.require): checked at load, so that a
   # model without it is refused by name before anything else is asked of it
   needs: tuple[tuple[str, str], ...] = ()
+  # Its models' passes are kept and compared pair by pair (`run/many.py`), not run fused.
+  kept: bool = False
 
   def verdicts(self, summary: dict) -> list[tuple[Finding, Judgement | None]]:
     """Each finding with its judgement on `summary` (None where it does not apply
@@ -196,9 +198,16 @@ def _source(name: str) -> str:
 
 def defaults(name: str) -> dict[str, Any]:
   """The `DEFAULTS` of analysis `name`, read from its source without importing it
-  (it imports jax; a config should not have to)."""
+  (it imports jax; a config should not have to), over those of the analysis its
+  `BASE` literal names, if any (an analysis that extends another's fields)."""
+  own, base = None, {}
   for node in ast.parse(_source(name)).body:
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1
-        and getattr(node.targets[0], "id", None) == "DEFAULTS"):
-      return ast.literal_eval(node.value)
-  raise ValueError(f"vitcnn_jax/analyses/{name}.py has no DEFAULTS literal.")
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+      target = getattr(node.targets[0], "id", None)
+      if target == "DEFAULTS":
+        own = ast.literal_eval(node.value)
+      elif target == "BASE":
+        base = defaults(ast.literal_eval(node.value))
+  if own is None:
+    raise ValueError(f"vitcnn_jax/analyses/{name}.py has no DEFAULTS literal.")
+  return {**base, **own}

@@ -48,9 +48,16 @@ def _last_cell(m: np.ndarray, distance: bool) -> float:
   return float(m[-1, -1])
 
 
-# A pair's statistic of its (rows, columns) map, by name (`config.calibration.aggregate`).
+# A pair's statistic of its (rows, columns) map, by name (`config.calibration.aggregate`),
+# and what each says (the json's `score_definition`).
 AGGREGATES: dict[str, Callable[[np.ndarray, bool], float]] = {
     "matched": matching.score, "best": _best_cell, "mean": _mean_cell, "last": _last_cell}
+DEFINITIONS = {
+    "matched": matching.SCORE_DEFINITION,
+    "best": "the best cell of the map: the most similar pair of layers (smallest, for a distance)",
+    "mean": "the mean cell of the map: every pair of layers alike",
+    "last": "the cell of the two models' last layers (no layer search)",
+}
 
 
 class Calibrated(NamedTuple):

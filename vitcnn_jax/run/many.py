@@ -1,0 +1,103 @@
+"""The many-model job: each model's pass kept once, every pair combined once.
+
+`run` keeps each model's pass under KEPT/NAME (`config.kept_dir`, by default
+WORKDIR/passes; `keeping`: run only if not finished; `config.keep_only` stops
+there, as a cluster's job per model would), then combines every pair of models (`combining`) whose sums are
+not yet kept under WORKDIR/pairs/ for this program (measures, bootstrap, draws,
+seed) and these two passes, and hands the pairs to the analysis. A longer model
+list in the same workdir runs the new models' passes and the new pairs only.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+import jax
+import ml_collections
+import numpy as np
+
+from vitcnn_jax import fileio
+from vitcnn_jax.inputs import data
+from vitcnn_jax.run import combining
+from vitcnn_jax.run import control
+from vitcnn_jax.run import driver
+from vitcnn_jax.run import kept
+from vitcnn_jax.run import keeping
+from vitcnn_jax.run import loading
+from vitcnn_jax.run import results
+from vitcnn_jax.similarity import grams
+
+
+def _pair_path(workdir: str, a: kept.Pass, b: kept.Pass, program) -> str:
+  """The pair's sums file: keyed by both passes' manifests and the program."""
+  key = results.fingerprint([a.manifest, b.manifest, repr(program)])
+  return os.path.join(workdir, "pairs", f"{a.name}__{b.name}_{key}.npz")
+
+
+def _save(path: str, got: combining.Combined) -> None:
+  arrays = {f"sums/{r}/{k}": v for r, s in enumerate(got.sums) for k, v in s.items()}
+  arrays.update({f"draws/{r}/{k}": v for r, s in enumerate(got.draws) for k, v in s.items()})
+  arrays.update({f"pooled/{k}": v for k, v in got.pooled.items()})
+  results.write_npz(path, repeats=np.asarray(len(got.sums)), **arrays)
+
+
+def _load(path: str) -> combining.Combined | None:
+  """A pair's kept sums, or None where there are none (or only a damaged file)."""
+  if not fileio.exists(path):
+    return None
+  try:
+    with np.load(io.BytesIO(fileio.read_bytes(path)), allow_pickle=False) as z:
+      got = {k: z[k] for k in z.files}
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+    return None
+  out = combining.Combined([{} for _ in range(int(got.pop("repeats")))], {}, [])
+  out.draws = [{} for _ in out.sums]
+  for key, v in got.items():
+    kind, *rest = key.split("/")
+    if kind == "pooled":
+      out.pooled["/".join(rest)] = v
+    else:
+      (out.sums if kind == "sums" else out.draws)[int(rest[0])]["/".join(rest[1:])] = v
+  return out
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis, models: dict[str, loading.Loaded],
+        sources: dict[str, data.Source]) -> tuple[dict[str, np.ndarray], dict] | None:
+  """Runs the many-model analysis `analysis` (pairs, `pair`, `finalize`, `plot`):
+  passes kept, pairs combined, NAME.{npz,json} and figures written."""
+  figures = control.plot_options(config)
+  try:
+    precision = grams.gram_precision(config.get("gram_precision", "auto"))
+  except ValueError as e:
+    raise ValueError(f"config.gram_precision: {e}") from e
+  how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed,
+                         config.get("gram_precision", "auto"))
+  root = config.kept_dir or os.path.join(workdir, "passes")
+  passes = {k: keeping.keep(m, sources["data"], how, os.path.join(root, k), precision) for k, m in models.items()}
+  if config.keep_only:
+    if jax.process_index() == 0:
+      print(f"Kept the passes of {list(passes)} in {root} (config.keep_only): compare them with "
+            f"config.kept_dir={root} and the full model list.")
+    return None
+  opened = {k: kept.open_pass(p.folder) for k, p in passes.items()}
+  kept.check_shared([p for p, _ in opened.values()])
+  pairs, sizes = {}, {k: p.manifest["bytes"] for k, (p, _) in opened.items()}
+  for a, b in analysis.pairs():
+    path = _pair_path(workdir, opened[a][0], opened[b][0], analysis.program())
+    got = _load(path)
+    if got is None:
+      got = combining.combine([opened[a][0], opened[b][0]], [opened[a][1], opened[b][1]], analysis.spec,
+                              config.seed, config.get("bootstrap", 0), precision,
+                              config.calibration.draws)
+      if jax.process_index() == 0:
+        _save(path, got)
+    pairs[a, b] = analysis.pair(a, b, got)
+  arrays, summary = analysis.finalize(pairs)
+  summary["passes"] = {k: {"folder": os.path.relpath(p.folder, workdir), "bytes": sizes[k],
+                           "size": kept.describe_size(sizes[k])} for k, (p, _) in opened.items()}
+  summary["models loaded"] = {k: m.setup for k, m in models.items()}
+  summary["data"] = {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}
+  driver.write(workdir, name, summary, arrays, analysis.plot, figures)
+  return arrays, summary
