@@ -32,6 +32,7 @@ UNTRAINED = (("vit_w32_init", "vit_demo", "width", 32, "ViT w32 (untrained)"),
              ("bit_w05_init", "bit_demo", "width", 0.5, "BiT w0.5 (untrained)"),
              ("bit_w1_init", "bit_demo", "width", 1.0, "BiT w1 (untrained)"))
 DEMO_MEASURES = ("linear_cka", "mutual_knn", "rsa")
+REPORT = {"many_models": ("demo", "paper", 14)}  # report section: demo and paper variants, order
 
 
 REAL = {"dinov2_s14": "vit", "resnet50_1by2": "resnet"}  # our names for `common.real_models`' pair

@@ -177,6 +177,11 @@ def config_of(declared: declaration.Declaration, models, n: int, layers=None,
   if unknown:
     raise TypeError(f"{declared.name}() got {unknown}; its fields are {sorted(known)} and, per "
                     f"model, {list(declared.model_fields) or 'none'}.")
+  for k, v in fields.items():  # a group of fields (e.g. calibration) given in part: the rest default
+    if isinstance(known[k], Mapping) and isinstance(v, Mapping):
+      if bad := sorted(set(v) - set(known[k])):
+        raise TypeError(f"{declared.name}() got {k} with {bad}; its fields are {sorted(known[k])}.")
+      fields[k] = {**known[k], **v}
   config = ml_collections.ConfigDict({"analysis": declared.name, **known, **fields})
   if "num_examples" in declared.defaults and "num_examples" not in fields:
     config.num_examples = min(config.num_examples, n)

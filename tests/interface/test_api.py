@@ -233,3 +233,13 @@ def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog)
   np.testing.assert_array_equal(r1["cka_resnet_vit"], r2["cka_resnet_vit"])
   other, _ = step_events(measures=("linear_cka", "rbf_cka"))
   assert other, "another measure ran the first call's program"
+
+
+def test_a_group_of_fields_given_in_part_keeps_the_rest_and_refuses_a_stranger():
+  from vitcnn_jax import analyses
+  declared = analyses.get("many_models")
+  config = vj_api.config_of(declared, {"a": "a.npz", "b": "b.npz"}, 100, calibration={"draws": 7})
+  assert dict(config.calibration) == {**declared.defaults["calibration"], "draws": 7}
+  with pytest.raises(TypeError, match=r"many_models\(\) got calibration with \['drows'\]; its fields are "
+                                      r"\['aggregate', 'alpha', 'draws'\]"):
+    vj_api.config_of(declared, {"a": "a.npz", "b": "b.npz"}, 100, calibration={"drows": 7})
