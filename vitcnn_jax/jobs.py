@@ -119,10 +119,12 @@ def run_analysis(config: ml_collections.ConfigDict, workdir: str,
                      f"has {len(sources['data'])} examples, sampled without replacement; lower "
                      "config.num_examples.")
   config = demos.resolve(config)
+  if declared.kept:  # each model loaded for its own pass, its parameters let go after it
+    done = many.run(config, workdir, declared, sources)
+    return None if done is None else Result(declared.name, *done[:2], workdir, done[2].plot)
   models = loading.load_models(config, declared.hint, declared.needs)
   analysis = declared.build(config, models)
-  run = many.run if declared.kept else driver.run
-  done = run(config, workdir, declared.name, analysis, models, sources)
+  done = driver.run(config, workdir, declared.name, analysis, models, sources)
   return None if done is None else Result(declared.name, *done, workdir, analysis.plot)
 
 

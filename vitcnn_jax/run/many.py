@@ -10,9 +10,11 @@ list in the same workdir runs the new models' passes and the new pairs only.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import zipfile
+from typing import Any
 
 import jax
 import ml_collections
@@ -63,41 +65,56 @@ def _load(path: str) -> combining.Combined | None:
   return out
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis, models: dict[str, loading.Loaded],
-        sources: dict[str, data.Source]) -> tuple[dict[str, np.ndarray], dict] | None:
-  """Runs the many-model analysis `analysis` (pairs, `pair`, `finalize`, `plot`):
-  passes kept, pairs combined, NAME.{npz,json} and figures written."""
+def _kept_passes(config: ml_collections.ConfigDict, declared, sources: dict[str, data.Source],
+                 workdir: str, precision: grams.Precision) -> tuple[dict[str, loading.Loaded], dict]:
+  """Each model loaded in turn, its pass kept (run only if not finished), its
+  parameters let go: memory holds one model's at a time, whatever their number."""
+  how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed,
+                         config.get("gram_precision", "auto"))
+  root = config.kept_dir or os.path.join(workdir, "passes")
+  models, passes = {}, {}
+  for name in config.models:
+    model = loading.load_model(config, name, declared.hint, [c for m, c in declared.needs if m in (name, "*")])
+    passes[name] = keeping.keep(model, sources["data"], how, os.path.join(root, name), precision)
+    models[name] = dataclasses.replace(model, params=None)
+  return models, passes
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict[str, data.Source]
+        ) -> tuple[dict[str, np.ndarray], dict, Any] | None:
+  """Runs the many-model analysis `declared` (its `pairs`, `pair`, `finalize` and
+  `plot`): passes kept, pairs combined, NAME.{npz,json} and figures written.
+  Returns (arrays, summary, the analysis), or None where only passes were kept."""
+  declared.build(config, dict.fromkeys(config.models))  # its config checked before any model loads
   figures = control.plot_options(config)
   try:
     precision = grams.gram_precision(config.get("gram_precision", "auto"))
   except ValueError as e:
     raise ValueError(f"config.gram_precision: {e}") from e
-  how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed,
-                         config.get("gram_precision", "auto"))
-  root = config.kept_dir or os.path.join(workdir, "passes")
-  passes = {k: keeping.keep(m, sources["data"], how, os.path.join(root, k), precision) for k, m in models.items()}
+  models, passes = _kept_passes(config, declared, sources, workdir, precision)
   if config.keep_only:
     if jax.process_index() == 0:
+      root = os.path.dirname(next(iter(passes.values())).folder)
       print(f"Kept the passes of {list(passes)} in {root} (config.keep_only): compare them with "
             f"config.kept_dir={root} and the full model list.")
     return None
+  analysis = declared.build(config, models)
   opened = {k: kept.open_pass(p.folder) for k, p in passes.items()}
   kept.check_shared([p for p, _ in opened.values()])
-  pairs, sizes = {}, {k: p.manifest["bytes"] for k, (p, _) in opened.items()}
+  pairs = {}
   for a, b in analysis.pairs():
     path = _pair_path(workdir, opened[a][0], opened[b][0], analysis.program())
     got = _load(path)
     if got is None:
       got = combining.combine([opened[a][0], opened[b][0]], [opened[a][1], opened[b][1]], analysis.spec,
-                              config.seed, config.get("bootstrap", 0), precision,
-                              config.calibration.draws)
+                              config.seed, config.get("bootstrap", 0), precision, config.calibration.draws)
       if jax.process_index() == 0:
         _save(path, got)
     pairs[a, b] = analysis.pair(a, b, got)
   arrays, summary = analysis.finalize(pairs)
-  summary["passes"] = {k: {"folder": os.path.relpath(p.folder, workdir), "bytes": sizes[k],
-                           "size": kept.describe_size(sizes[k])} for k, (p, _) in opened.items()}
+  summary["passes"] = {k: {"folder": p.folder, "bytes": p.manifest["bytes"],
+                           "size": kept.describe_size(p.manifest["bytes"])} for k, (p, _) in opened.items()}
   summary["models loaded"] = {k: m.setup for k, m in models.items()}
   summary["data"] = {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}
-  driver.write(workdir, name, summary, arrays, analysis.plot, figures)
-  return arrays, summary
+  driver.write(workdir, declared.name, summary, arrays, analysis.plot, figures)
+  return arrays, summary, analysis
