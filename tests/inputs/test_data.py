@@ -180,7 +180,7 @@ def test_each_process_loads_only_its_devices_minibatches(monkeypatch):
     monkeypatch.setattr(pipeline.jax, "process_index", lambda p=p: p)
     src = _Recorder(200)
     for step in (0, 1):
-      imgs, mask, total = pipeline._local_step(src, indices, [model], 4, step)
+      imgs, mask, total, _, _ = pipeline._local_step(src, indices, [model], 4, step)
       assert imgs[0].shape == (8, 8, 8, 3)
       seen[(p, step)] = (list(src.asked), mask.tolist(), total)
       src.asked.clear()

@@ -1,16 +1,18 @@
 """One model's pass over the sample, its stacks kept (`kept`), resumable.
 
 The pass samples the examples as every analysis does (`data.sample`: the same
-indices for the same source, num_examples, seed and repeat), runs the model's
-forward with each captured point's Gram made where the forward makes it
-(`protocol.Forward.layers`), and writes each minibatch's `registry.Stack`
-atomically. A pass stopped midway resumes from the minibatch files that open;
-the completion record is written last, so no reader ever sees half a pass.
+indices for the same source, num_examples, seed and repeat), loads them as every
+analysis does (`pipeline.steps`: a minibatch on each device of every host, each
+process its own devices' rows), runs the model's forward with each captured
+point's Gram made where the forward makes it (`protocol.Forward.layers`), and
+writes each minibatch's `registry.Stack` atomically, each process its own
+devices'. A pass stopped midway resumes from the first step with a minibatch
+missing; the completion record is written last, by process 0 once every process
+is done, so no reader ever sees half a pass.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -18,14 +20,17 @@ import os
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils as multihost
+from jax.sharding import PartitionSpec as P
 
+from vitcnn_jax import fileio
 from vitcnn_jax.inputs import data
-from vitcnn_jax.inputs import preprocess
 from vitcnn_jax.models.formats import arrays
 from vitcnn_jax.run import kept
 from vitcnn_jax.run import loading
+from vitcnn_jax.run import parallel
+from vitcnn_jax.run import pipeline
 from vitcnn_jax.run import progress
 from vitcnn_jax.run import protocol
 from vitcnn_jax.similarity import grams
@@ -66,67 +71,78 @@ def manifest(model: loading.Loaded, source: data.Source, how: Protocol) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _step(module, points: tuple[str, ...], policy: str, precision: grams.Precision):
-  """The jitted forward of a model (its flax `module`) to its `points`' stacked
-  `registry.Stack`: one per architecture, points, preprocessing and precision in
-  this process."""
+def _step(module, points: tuple[str, ...], policy: str, precision: grams.Precision, mesh):
+  """The forward of a model (its flax `module`) to its `points`' `registry.Stack`,
+  one minibatch a device over `mesh` (leading axis: the devices); one program per
+  architecture, points, preprocessing, precision and mesh in this process."""
   bare = loading.Loaded("model", "", "", module, None, list(points), policy)
 
-  def step(params, images: jax.Array, mask: jax.Array) -> registry.Stack:
+  def local(params, images: jax.Array, mask: jax.Array) -> registry.Stack:
     fwd = protocol.Forward({"model": bare}, {"model": params}, {"model": images}, {"model": points},
                            precision=precision)
-    return registry.Stack.of(fwd.layers("model", points, mask))
+    return jax.tree.map(lambda a: a[None], registry.Stack.of(fwd.layers("model", points, mask)))
 
-  return jax.jit(step)
+  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(parallel.AXES), P(parallel.AXES)),
+                               out_specs=P(parallel.AXES)))
 
 
-def _load(source: data.Source, model: loading.Loaded, chunk: np.ndarray, rows: int
-          ) -> tuple[np.ndarray, np.ndarray, str]:
-  """(the model's uint8 inputs, padded to `rows`; the mask; the source pixels' digest)."""
-  raw = source.images(chunk)
-  images = np.zeros((rows, model.size, model.size, 3), np.uint8)
-  images[:len(chunk)] = [preprocess.preprocess_image(img, model.size, model.policy) for img in raw]
-  mask = (np.arange(rows) < len(chunk)).astype(np.float32)
-  return images, mask, kept.pixel_digest(raw)
+def _first_missing(out: kept.Pass, repeat: int, per_step: int) -> int | None:
+  """The first step of `repeat` with a minibatch not yet written (None: all are)."""
+  missing = sorted(set(range(out.minibatches(repeat))) - set(out.written(repeat)))
+  return missing[0] // per_step if missing else None
 
 
 def keep(model: loading.Loaded, source: data.Source, how: Protocol, folder: str,
          precision: grams.Precision = grams.HIGHEST) -> kept.Pass:
-  """`model`'s pass kept in `folder` (resumed where it stopped; nothing run if it is
-  finished). A folder holding another pass (other model, sample or protocol) is
-  refused, naming what differs."""
-  record = manifest(model, source, how)
-  out = kept.Pass(folder, record)
+  """`model`'s pass kept in `folder`, a minibatch on each device of every host,
+  each process writing its own devices' minibatches (resumed from the first step
+  with a minibatch missing; nothing run if the pass is finished). A folder
+  holding another pass (other model, sample or protocol) is refused, naming what
+  differs."""
+  out = kept.Pass(folder, manifest(model, source, how))
   _check_folder(out)
-  todo = [(r, b) for r in range(how.repeats) for b in sorted(set(range(out.minibatches(r)))
-                                                              - set(out.written(r)))]
-  if not todo and os.path.exists(os.path.join(folder, kept.COMPLETE)):
+  mesh = parallel.mesh(1)
+  per_step = mesh.size
+  starts = {r: _first_missing(out, r, per_step) for r in range(how.repeats)}
+  todo = {r: s for r, s in starts.items() if s is not None}
+  if not todo and fileio.exists(os.path.join(folder, kept.COMPLETE)):
     return out
+  total = sum(map(out.minibatches, range(how.repeats)))
+  steps = sum(pipeline.num_steps(len(how.indices(source, r)), how.batch_size) - s for r, s in todo.items())
   if jax.process_index() == 0:
-    print(f"Keeping {model.name}'s pass: {len(model.names)} layers x {sum(map(out.minibatches, range(how.repeats)))}"
-          f" minibatches of {how.batch_size}: {kept.describe_size(record['bytes'])} in {folder}"
-          f"{f' ({len(todo)} minibatches left)' if len(todo) < sum(map(out.minibatches, range(how.repeats))) else ''}.")
-  out.write_manifest()
-  step = _step(model.model, tuple(model.names), model.policy, precision)
-  params = jax.device_put(model.params)
-  chunks = {r: how.indices(source, r) for r in {r for r, _ in todo}}
-  load = lambda rb: _load(source, model, chunks[rb[0]][rb[1] * how.batch_size:(rb[1] + 1) * how.batch_size],
-                          how.batch_size)
-  with progress.Bar(len(todo), f"{model.name} pass", jax.process_index() == 0) as bar, \
-       concurrent.futures.ThreadPoolExecutor(1) as pool:
-    pending = pool.submit(load, todo[0]) if todo else None
-    for i, (r, b) in enumerate(todo):
-      images, mask, pixels = pending.result()
-      if i + 1 < len(todo):
-        pending = pool.submit(load, todo[i + 1])
-      stack = jax.device_get(step(params, jnp.asarray(images), jnp.asarray(mask)))
-      idx = chunks[r][b * how.batch_size:(b + 1) * how.batch_size]
-      out.write_minibatch(r, b, {**{k: np.asarray(v) for k, v in stack._asdict().items()}, "mask": mask,
-                                 "indices": np.r_[idx, -np.ones(how.batch_size - len(idx), int)],
-                                 "pixels": np.asarray(pixels)})
-      bar.update(1, int(mask.sum()))
-  out.complete()
+    out.write_manifest()
+    print(f"Keeping {model.name}'s pass: {len(model.names)} layers x {total} minibatches of {how.batch_size}: "
+          f"{kept.describe_size(out.manifest['bytes'])} in {folder}.")
+  step = _step(model.model, tuple(model.names), model.policy, precision, mesh)
+  params = parallel.replicate(mesh, model.params)
+  with progress.Bar(steps, f"{model.name} pass", jax.process_index() == 0) as bar:
+    for r, start in todo.items():
+      indices = how.indices(source, r)
+      for s, b in enumerate(pipeline.steps(mesh, source, indices, [model], how.batch_size, start=start,
+                                           digests=True), start):
+        _write_local(out, r, s, indices, how.batch_size, step(params, b.images[0], b.mask), b.digests)
+        bar.update(1, b.examples)
+  multihost.sync_global_devices(f"kept pass {folder}")  # every process's files are written
+  if jax.process_index() == 0:
+    out.complete()
   return out
+
+
+def _write_local(out: kept.Pass, repeat: int, step: int, indices: np.ndarray, rows: int,
+                 stack: registry.Stack, digests: list[str]) -> None:
+  """This process's devices' minibatches of one step, each to its file."""
+  first = step * jax.device_count() + jax.process_index() * jax.local_device_count()
+  shards = {k: sorted(getattr(stack, k).addressable_shards, key=lambda s: s.index[0].start or 0)
+            for k in kept.STACK}
+  for j in range(jax.local_device_count()):
+    b = first + j
+    if b >= out.minibatches(repeat):
+      break
+    arrays = {k: np.asarray(leaf[j].data)[0] for k, leaf in shards.items()}
+    idx = indices[b * rows:(b + 1) * rows]
+    out.write_minibatch(repeat, b, {**arrays, "mask": (np.arange(rows) < len(idx)).astype(np.float32),
+                                    "indices": np.r_[idx, -np.ones(rows - len(idx), int)],
+                                    "pixels": np.asarray(digests[j])})
 
 
 def _check_folder(new: kept.Pass) -> None:

@@ -24,6 +24,7 @@ from vitcnn_jax.inputs import datasets
 from vitcnn_jax.inputs import folders
 from vitcnn_jax.inputs import packaged
 from vitcnn_jax.inputs import preprocess
+from vitcnn_jax.run import kept
 from vitcnn_jax.run import parallel
 
 Loaded = Any  # loading.Loaded: only .size and .policy are used here
@@ -73,22 +74,27 @@ class Batch:
   mask: jax.Array  # (devices * rows,) 1 for real examples
   examples: int  # real examples in this step, all hosts together
   labels: jax.Array | None = None  # (devices * rows,) int32 class labels (0 for padding)
+  # (asked for) per local device, the SHA-256 of the uint8 pixels the source gave its rows
+  digests: list[str] | None = None
 
 
 def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-                rows: int, step: int, labels: bool = False):
+                rows: int, step: int, labels: bool = False, digests: bool = False):
   """Rows of this process's devices for one step (padding rows masked out):
-  (images per model, mask, examples in the step[, labels])."""
+  (images per model, mask, examples in the step, labels, each device's pixel digest)."""
   ld, d = jax.local_device_count(), jax.device_count()
   first = step * d + jax.process_index() * ld
   images = [np.zeros((ld * rows, m.size, m.size, 3), np.uint8) for m in models]
   mask = np.zeros((ld * rows,), np.float32)
   ys = np.zeros((ld * rows,), np.int32)
+  hashes = [kept.pixel_digest([]) for _ in range(ld)] if digests else None
   for j in range(ld):
     chunk = indices[(first + j) * rows:(first + j + 1) * rows]
     if not len(chunk):
       continue
     raw = source.images(chunk)
+    if hashes is not None:
+      hashes[j] = kept.pixel_digest(raw)
     made: dict = {}  # models of one input size and policy share their preprocessed rows
     for dst, m in zip(images, models):
       if (m.size, m.policy) not in made:
@@ -99,20 +105,21 @@ def _local_step(source: data.Source, indices: np.ndarray, models: Sequence[Loade
     if labels:
       ys[j * rows:j * rows + len(chunk)] = source.labels(chunk)
   total = int(min(len(indices), (step + 1) * d * rows) - min(len(indices), step * d * rows))
-  return (images, mask, total, ys) if labels else (images, mask, total)
+  return images, mask, total, ys if labels else None, hashes
 
 
 def steps(mesh, source: data.Source, indices: np.ndarray, models: Sequence[Loaded],
-          rows: int, start: int = 0, labels: bool = False) -> Iterator[Batch]:
-  """The global batch of each step from `start` on, loading the next step while this one runs."""
+          rows: int, start: int = 0, labels: bool = False, digests: bool = False) -> Iterator[Batch]:
+  """The global batch of each step from `start` on, loading the next step while this
+  one runs; with `digests`, each local device's pixel digest (`kept.pixel_digest`)."""
   n = num_steps(len(indices), rows)
-  load = lambda step: _local_step(source, indices, models, rows, step, labels)
+  load = lambda step: _local_step(source, indices, models, rows, step, labels, digests)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     pending = pool.submit(load, start) if start < n else None
     for step in range(start, n):
-      images, mask, total, *ys = pending.result()
+      images, mask, total, ys, hashes = pending.result()
       if step + 1 < n:
         pending = pool.submit(load, step + 1)
       yield Batch([parallel.global_batch(mesh, x) for x in images],
                   parallel.global_batch(mesh, mask), total,
-                  parallel.global_batch(mesh, ys[0]) if ys else None)
+                  None if ys is None else parallel.global_batch(mesh, ys), hashes)
