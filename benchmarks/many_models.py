@@ -7,10 +7,11 @@ in minibatches of 256, one repeat, no calibration draws: the fused run has
 none), each step a fresh process (`python main.py`, compile included):
 
 - each model's pass alone (`keep_only`), the comparison of all of them from the
-  kept passes, their total, and the fused CKA job on the same models, measures
-  and images: the ratio kept / fused;
+  kept passes, one many_models job doing both, and the fused CKA job on the same
+  models, measures and images: the ratios to the fused job;
 - a ninth model added to a finished comparison of eight (its pass and its eight
-  pairs) against its pass alone, and the comparison's cost per new layer pair;
+  pairs) against its pass alone, for a small model and for the slowest, and the
+  comparison's cost per new layer pair;
 - the comparison's peak memory (the process's) with 4 and with 8 models.
 """
 
@@ -69,6 +70,38 @@ def _layers(kept_dir: str, name: str) -> int:
     return len(json.load(f)["model"]["points"])
 
 
+class Runs:
+  """The benchmark's runs of one measure set, each `python main.py` in a new process."""
+
+  def __init__(self, folder: str, measures: str, names: list[str]):
+    self.folder, self.measures, self.names = folder, measures, names
+    self.kept_dir = os.path.join(folder, "kept")
+
+  def job(self, names: list[str], workdir: str, *flags: str, fused: bool = False) -> tuple[float, float]:
+    return _main_py(self.folder, "fused.py" if fused else "kept.py", f"{'+'.join(names)}:{self.measures}",
+                    os.path.join(self.folder, workdir), *flags)
+
+  def keep(self, name: str, kept_dir: str) -> float:
+    """One model's pass alone (a job keeping it and nothing else)."""
+    return self.job([name], f"pass_{name}_{os.path.basename(kept_dir)}", "--config.keep_only=True",
+                    f"--config.kept_dir={kept_dir}")[0]
+
+  def ninth(self, name: str, alone: float) -> str:
+    """`name` added to a finished comparison of eight others (their kept passes
+    linked, its own run in the added job), against its pass alone."""
+    others = [n for n in self.names if n != name][:8]
+    kept_dir = os.path.join(self.folder, f"kept_for_{name}")
+    os.makedirs(kept_dir)
+    for n in others:
+      os.symlink(os.path.join(self.kept_dir, n), os.path.join(kept_dir, n))
+    self.job(others, f"eight_{name}", f"--config.kept_dir={kept_dir}")
+    added = self.job(others + [name], f"eight_{name}", f"--config.kept_dir={kept_dir}")[0]
+    pairs = _layers(self.kept_dir, name) * sum(_layers(self.kept_dir, n) for n in others)
+    return (f"{name} added to a finished comparison of eight: {added:.1f} s; its pass alone {alone:.1f} s: "
+            f"{added / alone:.2f}x (target <= 1.3x); {pairs} new layer pairs: "
+            f"{1e3 * max(added - alone, 0.0) / max(pairs, 1):.2f} ms each beyond its pass")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--measures", default="linear_cka", help="linear_cka, another measure's name, or every")
@@ -81,36 +114,25 @@ def main() -> None:
   for fused in (False, True):
     with open(os.path.join(folder, "fused.py" if fused else "kept.py"), "w") as f:
       f.write(CONFIG.format(examples=args.examples, batch=args.batch, fused=fused))
-  kept_dir = os.path.join(folder, "kept")
-  m = args.measures
+  runs = Runs(folder, args.measures, names)
   print(f"{len(names)} models ({', '.join(names)}), each block's output, {args.examples} examples in "
-        f"minibatches of {args.batch}, measures: {m}; every step a new process, compile included:")
-  passes = {}
-  for name in names[:8] + names[9:]:
-    passes[name] = _main_py(folder, "kept.py", f"{name}:{m}", os.path.join(folder, f"pass_{name}"),
-                            "--config.keep_only=True", f"--config.kept_dir={kept_dir}")[0]
-    print(f"  pass of {name:16s} {passes[name]:7.1f} s")
-  four = _main_py(folder, "kept.py", f"{'+'.join(names[:4])}:{m}", os.path.join(folder, "four"),
-                  f"--config.kept_dir={kept_dir}")
-  eight = _main_py(folder, "kept.py", f"{'+'.join(names[:8])}:{m}", os.path.join(folder, "eight"),
-                   f"--config.kept_dir={kept_dir}")
-  added = _main_py(folder, "kept.py", f"{'+'.join(names[:9])}:{m}", os.path.join(folder, "eight"),
-                   f"--config.kept_dir={kept_dir}")
-  alone = _main_py(folder, "kept.py", f"{names[8]}:{m}", os.path.join(folder, "ninth_alone"),
-                   "--config.keep_only=True", f"--config.kept_dir={os.path.join(folder, 'kept_ninth')}")[0]
-  passes[names[8]] = alone
-  every = _main_py(folder, "kept.py", f"{'+'.join(names)}:{m}", os.path.join(folder, "all"),
-                   f"--config.kept_dir={kept_dir}")
-  fused = _main_py(folder, "fused.py", f"{'+'.join(names)}:{m}", os.path.join(folder, "fused"))
-  total = sum(passes.values()) + every[0]
-  print(f"  comparison of all {len(names)} from their kept passes {every[0]:7.1f} s "
-        f"(peak {every[1]:.2f} GiB)")
-  print(f"kept passes in all: {total:.1f} s; fused CKA job: {fused[0]:.1f} s (peak {fused[1]:.2f} GiB): "
-        f"kept / fused = {total / fused[0]:.2f}x (target <= 1.1x)")
-  new_pairs = _layers(kept_dir, names[8]) * sum(_layers(kept_dir, n) for n in names[:8])
-  print(f"ninth model ({names[8]}) added to eight: {added[0]:.1f} s; its pass alone {alone:.1f} s: "
-        f"{added[0] / alone:.2f}x (target <= 1.3x); {new_pairs} new layer pairs: "
-        f"{1e3 * max(added[0] - alone, 0.0) / max(new_pairs, 1):.2f} ms each beyond its pass")
+        f"minibatches of {args.batch}, measures: {args.measures}; every run a new process, compile included:")
+  passes = {name: runs.keep(name, runs.kept_dir) for name in names}
+  for name, seconds in passes.items():
+    print(f"  pass of {name:16s} {seconds:7.1f} s")
+  compared = runs.job(names, "compared", f"--config.kept_dir={runs.kept_dir}")
+  one_job = runs.job(names, "one_job")
+  fused = runs.job(names, "fused", fused=True)
+  print(f"  comparison of all {len(names)} from their kept passes {compared[0]:7.1f} s (peak {compared[1]:.2f} GiB)")
+  print(f"fused CKA job: {fused[0]:.1f} s (peak {fused[1]:.2f} GiB)")
+  print(f"one many_models job (every pass kept, then compared): {one_job[0]:.1f} s (peak {one_job[1]:.2f} GiB): "
+        f"{one_job[0] / fused[0]:.2f}x the fused job (target <= 1.1x)")
+  total = sum(passes.values()) + compared[0]
+  print(f"a job per pass, then a comparing job: {total:.1f} s in all: {total / fused[0]:.2f}x the fused job")
+  for name in (names[-1], max(passes, key=passes.get)):  # a small model, and the slowest
+    print(runs.ninth(name, passes[name]))
+  four = runs.job(names[:4], "four", f"--config.kept_dir={runs.kept_dir}")
+  eight = runs.job(names[:8], "eight", f"--config.kept_dir={runs.kept_dir}")
   print(f"comparison's peak memory (its process): 4 models {four[1]:.3f} GiB, 8 models {eight[1]:.3f} GiB: "
         f"{eight[1] / four[1]:.3f}x (target <= 1.10x)")
 

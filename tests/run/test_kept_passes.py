@@ -259,7 +259,8 @@ def get_config(arg):
       {{k: common.model(v, "blocks", k) for k, v in {files}.items() if k in arg.split("+")}})
   if "resnet" in config.models:
     config.models.resnet.overrides.resolution = 32
-  config.data = ml_collections.ConfigDict({{**config.data.to_dict(), "source": "synthetic", "num_examples": {examples}}})
+  config.data = ml_collections.ConfigDict({{**config.data.to_dict(), "source": "synthetic",
+                                           "num_examples": {examples}}})
   config.measures, config.knn_k = ("linear_cka", "mutual_knn"), 3
   return config
 '''
