@@ -25,15 +25,19 @@ def test_the_paper_variant_lists_every_missing_input_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, message", [
+    ("models_per_pass", -1, r"config\.models_per_pass=-1 must be >= 1, or 0 for every model at once"),
     ("draws", -1, r"config\.calibration\.draws=-1 must be an integer >= 0"),
     ("alpha", 1.5, r"config\.calibration\.alpha=1\.5 must be strictly between 0 and 1"),
     ("aggregate", "top", r"config\.calibration\.aggregate='top' is not one of \['matched', 'best', 'mean', 'last'\]"),
 ])
-def test_each_calibration_field_is_checked_by_name(field, value, message):
+def test_each_field_is_checked_by_name(field, value, message):
   from vitcnn_jax.analyses import many_models
   config = many_config.get_config("demo")
   with config.unlocked():
-    config.calibration[field] = value
+    if field == "models_per_pass":
+      config.models_per_pass = value
+    else:
+      config.calibration[field] = value
   with pytest.raises(ValueError, match=message):
     many_models.ManyModels(config, dict(config.models))
 

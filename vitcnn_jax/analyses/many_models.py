@@ -27,6 +27,9 @@ BASE = "cka"  # every field of the CKA analysis (protocol, measures, null, boots
 DEFAULTS = {
     "kept_dir": "",  # where each model's pass is kept (a folder per model); "": WORKDIR/passes
     "keep_only": False,  # keep the models' passes and stop (a cluster job each; one job compares)
+    # models whose passes run in lockstep, each step's images read once for them all (0: every
+    # model of the job, as a fused run; 1: one at a time, memory holding one model's parameters)
+    "models_per_pass": 0,
     "calibration": {
         "draws": 100,  # layer-search null draws per pair (0: none); p-values step by 1 / (draws + 1)
         "alpha": 0.05,  # the null's level: a calibrated score is 0 at its (1 - alpha) quantile
@@ -44,6 +47,9 @@ class ManyModels:
     if len(models) < 2 and not config.keep_only:
       raise ValueError(f"config.models has {list(models)}: many_models compares at least two (or "
                        "keeps one model's pass with config.keep_only=True).")
+    if not isinstance(config.models_per_pass, int) or config.models_per_pass < 0:
+      raise ValueError(f"config.models_per_pass={config.models_per_pass!r} must be >= 1, or 0 for every "
+                       "model at once.")
     cal = config.calibration
     if not isinstance(cal.draws, int) or cal.draws < 0:
       raise ValueError(f"config.calibration.draws={cal.draws!r} must be an integer >= 0 (0: no calibration).")

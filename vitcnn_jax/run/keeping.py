@@ -94,38 +94,60 @@ def _first_missing(out: kept.Pass, repeat: int, per_step: int) -> int | None:
 
 def keep(model: loading.Loaded, source: data.Source, how: Protocol, folder: str,
          precision: grams.Precision = grams.HIGHEST) -> kept.Pass:
-  """`model`'s pass kept in `folder`, a minibatch on each device of every host,
-  each process writing its own devices' minibatches (resumed from the first step
-  with a minibatch missing; nothing run if the pass is finished). A folder
-  holding another pass (other model, sample or protocol) is refused, naming what
-  differs."""
-  out = kept.Pass(folder, manifest(model, source, how))
-  _check_folder(out)
+  """`keep_together` of one model."""
+  return keep_together([model], source, how, [folder], precision)[0]
+
+
+def keep_together(models: Sequence[loading.Loaded], source: data.Source, how: Protocol,
+                  folders: Sequence[str], precision: grams.Precision = grams.HIGHEST) -> list[kept.Pass]:
+  """Each model's pass kept in its folder, the models in lockstep so that each
+  step's images are read and preprocessed once for all of them (as a fused run
+  reads them), a minibatch on each device of every host, each process writing
+  its own devices' minibatches; each pass resumed from its first step with a
+  minibatch missing, a finished one not run. A folder holding another pass
+  (other model, sample or protocol) is refused, naming what differs."""
+  outs = [kept.Pass(f, manifest(m, source, how)) for m, f in zip(models, folders)]
+  for out in outs:
+    _check_folder(out)
   mesh = parallel.mesh(1)
-  per_step = mesh.size
-  starts = {r: _first_missing(out, r, per_step) for r in range(how.repeats)}
-  todo = {r: s for r, s in starts.items() if s is not None}
-  if not todo and fileio.exists(os.path.join(folder, kept.COMPLETE)):
-    return out
-  total = sum(map(out.minibatches, range(how.repeats)))
-  steps = sum(pipeline.num_steps(len(how.indices(source, r)), how.batch_size) - s for r, s in todo.items())
-  if jax.process_index() == 0:
-    out.write_manifest()
-    print(f"Keeping {model.name}'s pass: {len(model.names)} layers x {total} minibatches of {how.batch_size}: "
-          f"{kept.describe_size(out.manifest['bytes'])} in {folder}.")
-  step = _step(model.model, tuple(model.names), model.policy, precision, mesh)
-  params = parallel.replicate(mesh, model.params)
-  with progress.Bar(steps, f"{model.name} pass", jax.process_index() == 0) as bar:
-    for r, start in todo.items():
+  starts = [{r: _first_missing(out, r, mesh.size) for r in range(how.repeats)} for out in outs]
+  run = [i for i, out in enumerate(outs) if any(v is not None for v in starts[i].values())
+         or not fileio.exists(os.path.join(out.folder, kept.COMPLETE))]
+  if not run:
+    return outs
+  for i in run:
+    _say(models[i], outs[i], jax.process_index() == 0)
+  steps = [_step(models[i].model, tuple(models[i].names), models[i].policy, precision, mesh) for i in run]
+  params = [parallel.replicate(mesh, models[i].params) for i in run]
+  firsts = {r: min((starts[i][r] for i in run if starts[i][r] is not None), default=None)
+            for r in range(how.repeats)}
+  total = sum(pipeline.num_steps(how.num_examples, how.batch_size) - s for s in firsts.values() if s is not None)
+  label = models[run[0]].name if len(run) == 1 else f"{len(run)} models'"
+  with progress.Bar(total, f"{label} pass", jax.process_index() == 0) as bar:
+    for r, first in ((r, s) for r, s in firsts.items() if s is not None):
       indices = how.indices(source, r)
-      for s, b in enumerate(pipeline.steps(mesh, source, indices, [model], how.batch_size, start=start,
-                                           digests=True), start):
-        _write_local(out, r, s, indices, how.batch_size, step(params, b.images[0], b.mask), b.digests)
+      for s, b in enumerate(pipeline.steps(mesh, source, indices, [models[i] for i in run], how.batch_size,
+                                           start=first, digests=True), first):
+        for k, i in enumerate(run):
+          if starts[i][r] is not None and s >= starts[i][r]:
+            _write_local(outs[i], r, s, indices, how.batch_size, steps[k](params[k], b.images[k], b.mask),
+                         b.digests)
         bar.update(1, b.examples)
-  multihost.sync_global_devices(f"kept pass {folder}")  # every process's files are written
+  multihost.sync_global_devices(f"kept passes {outs[run[0]].folder}")  # every process's files are written
   if jax.process_index() == 0:
-    out.complete()
-  return out
+    for i in run:
+      outs[i].complete()
+  return outs
+
+
+def _say(model: loading.Loaded, out: kept.Pass, say: bool) -> None:
+  """The pass's manifest written (process 0), and its size said before anything is."""
+  if not say:
+    return
+  out.write_manifest()
+  total = sum(map(out.minibatches, range(len(out.manifest["sample"]["repeats"]))))
+  print(f"Keeping {model.name}'s pass: {len(model.names)} layers x {total} minibatches of "
+        f"{out.manifest['protocol']['batch_size']}: {kept.describe_size(out.manifest['bytes'])} in {out.folder}.")
 
 
 def _write_local(out: kept.Pass, repeat: int, step: int, indices: np.ndarray, rows: int,
@@ -160,5 +182,5 @@ def _check_folder(new: kept.Pass) -> None:
 
 def passes_of(models: Sequence[loading.Loaded], source: data.Source, how: Protocol, root: str,
               precision: grams.Precision = grams.HIGHEST) -> list[kept.Pass]:
-  """Every model's kept pass under `root/NAME`, each run only if it is not finished."""
-  return [keep(m, source, how, os.path.join(root, m.name), precision) for m in models]
+  """Every model's kept pass under `root/NAME` (`keep_together`)."""
+  return keep_together(models, source, how, [os.path.join(root, m.name) for m in models], precision)

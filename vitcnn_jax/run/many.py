@@ -67,16 +67,23 @@ def _load(path: str) -> combining.Combined | None:
 
 def _kept_passes(config: ml_collections.ConfigDict, declared, sources: dict[str, data.Source],
                  workdir: str, precision: grams.Precision) -> tuple[dict[str, loading.Loaded], dict]:
-  """Each model loaded in turn, its pass kept (run only if not finished), its
-  parameters let go: memory holds one model's at a time, whatever their number."""
+  """The models' passes kept (run only if not finished), `config.models_per_pass`
+  of them at a time in lockstep (each step's images read once for them all;
+  0: every model), their parameters let go after: memory holds that many
+  models' parameters, whatever their number."""
   how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed,
                          config.get("gram_precision", "auto"))
   root = config.kept_dir or os.path.join(workdir, "passes")
+  names = list(config.models)
+  size = config.models_per_pass or len(names)
   models, passes = {}, {}
-  for name in config.models:
-    model = loading.load_model(config, name, declared.hint, [c for m, c in declared.needs if m in (name, "*")])
-    passes[name] = keeping.keep(model, sources["data"], how, os.path.join(root, name), precision)
-    models[name] = dataclasses.replace(model, params=None)
+  for start in range(0, len(names), size):
+    group = [loading.load_model(config, n, declared.hint, [c for m, c in declared.needs if m in (n, "*")])
+             for n in names[start:start + size]]
+    got = keeping.keep_together(group, sources["data"], how, [os.path.join(root, m.name) for m in group],
+                                precision)
+    for model, kept_pass in zip(group, got):
+      passes[model.name], models[model.name] = kept_pass, dataclasses.replace(model, params=None)
   return models, passes
 
 
