@@ -87,9 +87,9 @@ def _in_process(args):
 # ones start early and the short ones fill the end, instead of one worker idling
 # while the other finishes a long file. The other modules follow in name order.
 FIRST = ("test_cka_job", "test_hf_analyses", "test_training_ablations", "test_families_analyses",
-         "test_train", "test_reference_measures", "test_api", "test_more_measures", "test_zoo",
+         "test_kept_passes", "test_train", "test_reference_measures", "test_api", "test_more_measures", "test_zoo",
          "test_mixer_analyses", "test_measures", "test_readme", "test_runtime_venv",
-         "test_parity_timm", "test_resnet", "test_benchmarks", "test_cka", "test_onnx",
+         "test_parity_timm", "test_resnet", "test_benchmarks", "test_calibration", "test_cka", "test_onnx",
          "test_upstream_numerics")  # test_reference_measures: a fresh venv's `import dcor` takes 30 s
 
 
