@@ -62,7 +62,7 @@ def matrix(names: Sequence[str], arrays: dict[str, np.ndarray], prefix: str, lab
   else:
     similar = raw
   idx, tree = order(cal if cal is not None else similar)
-  clustered = "calibrated score" if cal is not None else "distance / its largest" if distance else "score"
+  apart = "1 − calibrated score" if cal is not None else "distance / its largest" if distance else "1 − score"
   labels = [names[i] for i in idx]
   side = max(3.6, 0.32 * n + 1.6)
   panels = 1 + (cal is not None)
@@ -75,7 +75,7 @@ def matrix(names: Sequence[str], arrays: dict[str, np.ndarray], prefix: str, lab
       row[0].plot(ys, (np.asarray(xs) - 5) / 10, color="0.3", lw=1)
     row[0].set_ylim(n - 0.5, -0.5)
     row[0].invert_xaxis()
-    row[0].set_xlabel(f"1 − {clustered}\n(average linkage)")
+    row[0].set_xlabel(f"{apart}\n(average linkage)")
     row[0].set_yticks([])
     for spine in ("top", "right", "left"):
       row[0].spines[spine].set_visible(False)
