@@ -21,6 +21,7 @@ from vitcnn_jax.plotting import style
 from vitcnn_jax.run import declaration
 from vitcnn_jax.similarity import calibration
 from vitcnn_jax.similarity import comparison
+from vitcnn_jax.similarity import layer_search
 from vitcnn_jax.similarity import measures
 
 BASE = "cka"  # every field of the CKA analysis (protocol, measures, null, bootstrap), and:
@@ -83,24 +84,15 @@ class ManyModels:
 
   def _calibrate(self, arrays: dict, draws: list[dict], names: list[str], a: str, b: str) -> dict:
     """Each measure's pair statistic (of its mean map over repeats) against the
-    same statistic of each draw's mean map: `calibration.calibrate`."""
+    same statistic of each draw's mean map (`layer_search.calibrated`)."""
     rows, tag = len(self.models[a].names), f"{a}_{b}"
-    count = self.config.calibration.draws
-    stat = calibration.AGGREGATES[self.config.calibration.aggregate]
-    maps: dict[str, np.ndarray] = {}
-    for sums in draws:
-      for k in range(count):
-        for m, v in measures.values({key: val[k] for key, val in sums.items()}, names, self.spec,
-                                    self.config.num_examples).items():
-          if m in self.spec.names and measures.REGISTRY[m].null:
-            maps.setdefault(m, np.zeros((count, rows, v.shape[1] - rows)))[k] += v[:rows, rows:] / len(draws)
+    per_repeat = [layer_search.null_blocks(d, names, self.spec, self.config.num_examples, rows) for d in draws]
+    null = {m: sum(r[m] for r in per_repeat) / len(per_repeat) for m in per_repeat[0]}
+    observed = {m: arrays[f"{comparison.prefix(m)}_{tag}"] for m in null}
     out = {}
-    for m, null_maps in maps.items():
-      distance, p = measures.REGISTRY[m].distance, comparison.prefix(m)
-      got = calibration.calibrate(stat(arrays[f"{p}_{tag}"], distance),
-                                  np.asarray([stat(d, distance) for d in null_maps]), distance,
-                                  self.config.calibration.alpha)
-      arrays[f"{p}_calibration_null_{tag}"] = got.null
+    for m, got in layer_search.calibrated(observed, null, self.config.calibration.aggregate,
+                                          self.config.calibration.alpha).items():
+      arrays[f"{comparison.prefix(m)}_calibration_null_{tag}"] = got.null
       out[m] = got.summary()
     return out
 

@@ -38,6 +38,14 @@ from vitcnn_jax.similarity import grams
 
 
 
+def precision_of(config: ml_collections.ConfigDict) -> grams.Precision:
+  """The Gram products' precision `config.gram_precision` names (a ValueError naming the field)."""
+  try:
+    return grams.gram_precision(config.get("gram_precision", "auto"))
+  except ValueError as e:
+    raise ValueError(f"config.gram_precision: {e}") from e
+
+
 def random_of(seed: int, pass_: int, repeat: int, first: int, abstract=None) -> tuple:
   """The step's randomness: the key of (seed, pass, repeat) and the index of its first
   minibatch, which each device adds its own to (`Forward.key`). With `abstract` (a
@@ -141,10 +149,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
   state = runstate.State(results.workdir_path(workdir, f"{name}_state.npz"),
                          runstate.identity(config, models, sources), jax.process_index() == 0)
   passes = list(analysis.passes())
-  try:
-    precision = grams.gram_precision(config.get("gram_precision", "auto"))
-  except ValueError as e:
-    raise ValueError(f"config.gram_precision: {e}") from e
+  precision = precision_of(config)
   layout, compiled = plan_devices(config, passes[0], models, precision)
   planned = compiled.get((layout.minibatch, layout.devices_per_minibatch))  # run, not compiled again
   mesh = parallel.mesh(layout.devices_per_minibatch)

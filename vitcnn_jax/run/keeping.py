@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 from typing import Sequence
 
@@ -33,6 +32,7 @@ from vitcnn_jax.run import parallel
 from vitcnn_jax.run import pipeline
 from vitcnn_jax.run import progress
 from vitcnn_jax.run import protocol
+from vitcnn_jax.run import results
 from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import registry
 
@@ -50,16 +50,12 @@ class Protocol:
     return data.sample(len(source), self.num_examples, self.seed, repeat)
 
 
-def _digest(a: np.ndarray) -> str:
-  return hashlib.sha256(np.ascontiguousarray(a, np.int64).tobytes()).hexdigest()[:16]
-
-
 def manifest(model: loading.Loaded, source: data.Source, how: Protocol) -> dict:
   """What a kept pass of `model` records of itself (see `kept`)."""
   reps = []
   for r in range(how.repeats):
     idx = how.indices(source, r)
-    reps.append({"examples": _digest(np.sort(idx)), "order": _digest(idx),
+    reps.append({"examples": results.fingerprint(sorted(idx.tolist())), "order": results.fingerprint(idx.tolist()),
                  "minibatches": -(-len(idx) // how.batch_size)})
   size = kept.bytes_per_minibatch(len(model.names), how.batch_size) * sum(r["minibatches"] for r in reps)
   return {"format": kept.FORMAT, "version": kept.VERSION,
@@ -110,9 +106,9 @@ def keep_together(models: Sequence[loading.Loaded], source: data.Source, how: Pr
   for out in outs:
     _check_folder(out)
   mesh = parallel.mesh(1)
-  starts = [{r: _first_missing(out, r, mesh.size) for r in range(how.repeats)} for out in outs]
-  run = [i for i, out in enumerate(outs) if any(v is not None for v in starts[i].values())
-         or not fileio.exists(os.path.join(out.folder, kept.COMPLETE))]
+  # A finished pass (its completion record written last) is not read again to find what is missing.
+  run = [i for i, out in enumerate(outs) if not fileio.exists(os.path.join(out.folder, kept.COMPLETE))]
+  starts = {i: {r: _first_missing(outs[i], r, mesh.size) for r in range(how.repeats)} for i in run}
   if not run:
     return outs
   for i in run:

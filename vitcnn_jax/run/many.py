@@ -94,10 +94,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict
   Returns (arrays, summary, the analysis), or None where only passes were kept."""
   declared.build(config, dict.fromkeys(config.models))  # its config checked before any model loads
   figures = control.plot_options(config)
-  try:
-    precision = grams.gram_precision(config.get("gram_precision", "auto"))
-  except ValueError as e:
-    raise ValueError(f"config.gram_precision: {e}") from e
+  precision = driver.precision_of(config)
   models, passes = _kept_passes(config, declared, sources, workdir, precision)
   if config.keep_only:
     if jax.process_index() == 0:

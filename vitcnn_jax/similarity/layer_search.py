@@ -113,14 +113,33 @@ def calibrate_layers(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], spec: m
       for k, v in new.items():
         acc[k] = acc.get(k, 0.0) + v
   names = [f"xs[{i}]" for i in range(len(xs))] + [f"ys[{j}]" for j in range(len(ys))]
-  chosen = [m for m in spec.names if measures.REGISTRY[m].null]
-  block = lambda sums: {m: v[:len(xs), len(xs):] for m, v in measures.values(sums, names, spec, total).items()
-                        if m in chosen}
-  maps, null = block(observed), [block({k: v[i] for k, v in draws.items()}) for i in range(num_null)]
+  observed = measures.values(observed, names, spec, total)
+  return calibrated({m: v[:len(xs), len(xs):] for m, v in observed.items() if m in spec.names},
+                    null_blocks(draws, names, spec, total, len(xs)), aggregate, alpha)
+
+
+def null_blocks(draws: dict[str, np.ndarray], names: Sequence[str], spec: measures.Spec, num_examples: int,
+                rows: int) -> dict[str, np.ndarray]:
+  """{each measure of `spec` with a null: (K, rows, columns)}: the block of the
+  first `rows` layers against the others in each draw's maps, from the draws'
+  float64 sums ({key: (K, ...)}, `draw_sums` summed over minibatches)."""
+  count = len(draws["hsic"])
+  out: dict[str, np.ndarray] = {}
+  for k in range(count):
+    for m, v in measures.values({key: val[k] for key, val in draws.items()}, names, spec, num_examples).items():
+      if m in spec.names and measures.REGISTRY[m].null:
+        out.setdefault(m, np.zeros((count, rows, v.shape[1] - rows)))[k] = v[:rows, rows:]
+  return out
+
+
+def calibrated(observed: dict[str, np.ndarray], null: dict[str, np.ndarray], aggregate: str,
+               alpha: float) -> dict[str, calibration.Calibrated]:
+  """Each measure of `null` (its (K, rows, columns) draws) calibrated: the
+  statistic `aggregate` of its `observed` block against that of each draw."""
   stat = calibration.AGGREGATES[aggregate]
   out = {}
-  for m in chosen:
+  for m, blocks in null.items():
     distance = measures.REGISTRY[m].distance
-    out[m] = calibration.calibrate(stat(maps[m], distance), np.asarray([stat(d[m], distance) for d in null]),
+    out[m] = calibration.calibrate(stat(observed[m], distance), np.asarray([stat(b, distance) for b in blocks]),
                                    distance, alpha)
   return out
