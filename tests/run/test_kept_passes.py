@@ -180,6 +180,34 @@ def test_a_damaged_or_foreign_pass_is_refused(vit_kept, tmp_path):
     kept.open_pass(str(copy))
 
 
+def test_a_finished_pass_is_reused_only_for_its_model_and_run(files, vit_kept, tmp_path, monkeypatch):
+  """`keeping.reuse` gives the model as its finished pass recorded it (what a
+  comparison reads, no parameters) for the same request, checkpoint bytes,
+  sample and protocol, and nothing for any other."""
+  from vitcnn_jax.models.formats import arrays
+  model, source, how, base = vit_kept
+  spec = _config(_args(files, tmp_path)).models.vit
+  got = keeping.reuse("vit", spec, source, how, base.folder)
+  assert got.params is None and got.model is None
+  for field in ("path", "label", "names", "policy", "setup", "capture", "outline", "request"):
+    assert getattr(got, field) == getattr(model, field), field
+  assert keeping.reuse("vit", spec, source, dataclasses.replace(how, seed=1), base.folder) is None
+  assert keeping.reuse("vit", spec, data.SyntheticSource(30, 32, 0), how, base.folder) is None
+  other = spec.copy_and_resolve_references()
+  other.policy = "imagenet"
+  assert keeping.reuse("vit", other, source, how, base.folder) is None
+  copy = tmp_path / "vit_copy.npz"
+  shutil.copyfile(files["vit"], copy)
+  mine = spec.copy_and_resolve_references()
+  mine.checkpoint = str(copy)
+  config = _config(_args({**files, "vit": str(copy)}, tmp_path))
+  keeping.keep(loading.load_model(config, "vit"), source, how, str(tmp_path / "copy"))
+  assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is not None
+  copy.write_bytes(open(files["mixer"], "rb").read())  # the same path, other bytes
+  monkeypatch.setattr(arrays, "_DIGESTS", {})  # as a later process, which has read nothing yet
+  assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is None
+
+
 def test_a_pass_killed_midway_resumes_and_is_never_read_half(vit_kept, tmp_path):
   """Nine minibatches over the 8 devices: two steps; killed while the second loads."""
   model, _, _, _ = vit_kept
@@ -218,23 +246,34 @@ def _many_config(files: dict[str, str], names: tuple[str, ...]):
 
 
 def test_a_model_added_costs_its_own_pass_and_its_pairs(files, tmp_path, monkeypatch):
-  """Two models, then a third in the same workdir: only the third's pass and its two
-  pairs run; the matrices then hold every pair, the first pair as it was."""
+  """Two models, then a third in the same workdir: only the third is loaded and
+  only its pass and its two pairs run; the matrices then hold every pair, the
+  first pair as it was, and the first two models as their manifests recorded
+  them; a model whose config now asks for other layers is loaded and refused."""
   from vitcnn_jax import jobs
-  calls = []
-  combine = combining.combine
+  calls, loaded = [], []
+  combine, load = combining.combine, loading.load_model
   monkeypatch.setattr(combining, "combine", lambda passes, *a, **k: (calls.append(tuple(p.name for p in passes)),
                                                                      combine(passes, *a, **k))[1])
+  monkeypatch.setattr(loading, "load_model", lambda config, name, *a: (loaded.append(name),
+                                                                       load(config, name, *a))[1])
   first = jobs.run(_many_config(files, ("vit", "resnet")), str(tmp_path))
-  assert first.arrays["cka_scores"].shape == (2, 2)
+  assert first.arrays["cka_scores"].shape == (2, 2) and sorted(loaded) == ["resnet", "vit"]
   kept_files = sorted((tmp_path / "passes").rglob("*.npz"))
   stamps = [f.stat().st_mtime_ns for f in kept_files]
   calls.clear()
+  loaded.clear()
   config = _many_config(files, ("vit", "resnet", "mixer"))
   config.models_per_pass = 1  # one model's parameters at a time
   second = jobs.run(config, str(tmp_path))
+  assert loaded == ["mixer"], loaded  # the others' finished passes say what the comparison reads of them
   assert sorted(calls) == [("mixer", "resnet"), ("mixer", "vit")], calls  # resnet x vit read back
   assert [f.stat().st_mtime_ns for f in kept_files] == stamps  # the old passes untouched
+  for name in ("vit", "resnet"):
+    assert second.summary["models"][name] == first.summary["models"][name]
+    assert second.summary["models loaded"][name] == first.summary["models loaded"][name]
+  assert {k: v["kind"] for k, v in second.summary["models"].items()} == {"vit": "ViT", "resnet": "CNN",
+                                                                         "mixer": "other"}
   names = list(second.summary["models"])
   i, j = names.index("resnet"), names.index("vit")
   assert second.arrays["cka_scores"][i, j] == first.arrays["cka_scores"][0, 1] or \
@@ -244,6 +283,9 @@ def test_a_model_added_costs_its_own_pass_and_its_pairs(files, tmp_path, monkeyp
     assert cal.shape == (3, 3) and np.all((cal >= 0) & (cal <= 1)) and np.all(np.diag(cal) == 1)
     assert np.all(p[~np.eye(3, dtype=bool)] >= 1 / 20), p  # 19 draws: p >= 1 / 20
   assert (tmp_path / "models_cka.png").exists() and (tmp_path / "many_models.json").exists()
+  config.models.vit.capture = ("all",)
+  with pytest.raises(kept.KeptError, match=r"passes/vit holds a kept pass of another run: its model\.capture"):
+    jobs.run(config, str(tmp_path))
 
 
 CONFIG_FILE = '''"""The many-model demo config on the tiny models {files}: `:NAME+NAME...`."""

@@ -179,7 +179,7 @@ def arrays_and_summary(config, models, per_repeat: dict[str, np.ndarray], spec: 
   summary = {
       "analysis": "cka",
       "models": {m.name: {"label": m.label, "checkpoint": m.path, "layers": m.names,
-                          "attention": bool(m.model.attention()), "tokens": m.model.grid is not None}
+                          "attention": m.outline.attention, "tokens": m.outline.tokens}
                  for m in models},
       "num_examples": config.num_examples, "batch_size": config.batch_size,
       "repeats": config.repeats, "devices": jax.device_count(),

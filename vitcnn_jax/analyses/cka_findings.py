@@ -27,15 +27,6 @@ def _lower_half_match(cross: np.ndarray) -> float:
   return float(np.mean(best / max(1, cross.shape[1] - 1)))
 
 
-def _is_vit(m) -> bool:
-  """Attention over one token grid (Fig 2's ViT); a Swin (maps) and a Mixer (no attention) are not."""
-  return m.model.grid is not None and bool(m.model.attention())
-
-
-def _is_cnn(m) -> bool:
-  return m.model.grid is None and not m.model.attention()
-
-
 def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray] | None = None) -> dict:
   """What the findings read from a (layers x layers) CKA matrix of every model's
   layers, each model's rows `keep[name]` (indices into its layers; default all)
@@ -48,14 +39,15 @@ def finding_statistics(cka: np.ndarray, models: list, keep: dict[str, np.ndarray
   block = lambda a, b: cka[np.ix_(index[a.name], index[b.name])]
   return {"mean_off_diagonal_cka": {m.name: off_diagonal(block(m, m)) for m in models},
           "lower_half_best_match": {f"{c.name}_in_{v.name}": _lower_half_match(block(c, v))
-                                    for c in models for v in models if _is_cnn(c) and _is_vit(v)}}
+                                    for c in models for v in models
+                                    if c.outline.kind == "CNN" and v.outline.kind == "ViT"}}
 
 
 def block_outputs(m) -> np.ndarray:
   """The indices of a model's captured layers that are its block outputs (its
   "blocks" preset), or of all of them where fewer than two are: the findings'
   other layer set."""
-  patterns = m.model.layer_presets.get("blocks", ())
+  patterns = m.outline.presets.get("blocks", ())
   found = [i for i, n in enumerate(m.names) if capturing.matches(n, patterns)]
   return np.asarray(found) if len(found) > 1 else np.arange(len(m.names))
 
@@ -70,7 +62,7 @@ def _block_outputs(models: list) -> dict[str, np.ndarray] | None:
 def _layer_set(models: list) -> str:
   """The name of the layers every model captured: their preset where it is one for all."""
   one = lambda c: c if isinstance(c, str) else c[0] if len(c) == 1 else ""
-  captures = {one(m.capture) if one(m.capture) in m.model.layer_presets else "" for m in models}
+  captures = {one(m.capture) if one(m.capture) in m.outline.presets else "" for m in models}
   return captures.pop() if len(captures) == 1 and "" not in captures else "as captured"
 
 

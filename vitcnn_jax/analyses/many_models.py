@@ -112,7 +112,7 @@ class ManyModels:
       arrays.update(got)
       raw = got[f"{comparison.prefix(m)}_scores"]
       entries[m]["scores"] = {f"{a}_{b}": float(raw[self.names.index(a), self.names.index(b)]) for a, b in pairs}
-    models = {k: {"label": m.label, "checkpoint": m.path, "kind": kind(m)} for k, m in self.models.items()}
+    models = {k: {"label": m.label, "checkpoint": m.path, "kind": m.outline.kind} for k, m in self.models.items()}
     summary = {"analysis": "many_models", "models": models, "pairs": {f"{a}_{b}": [a, b] for a, b in pairs},
                "num_examples": self.config.num_examples,
                "batch_size": self.config.batch_size, "repeats": self.config.repeats,
@@ -155,12 +155,6 @@ class ManyModels:
     shown = [(comparison.prefix(m), measures.REGISTRY[m].label, measures.REGISTRY[m].distance)
              for m in self.spec.names]
     return figures_of.matrices(self.names, arrays, summary, workdir, figures, shown)
-
-
-def kind(m) -> str:
-  """"ViT" (attention over one token grid), "CNN" (neither) or "other" (a Swin's maps, a Mixer)."""
-  grid, attention = m.model.grid is not None, bool(m.model.attention())
-  return "ViT" if grid and attention else "CNN" if not grid and not attention else "other"
 
 
 def by_architecture(s: dict, measure: str) -> declaration.Verdict:

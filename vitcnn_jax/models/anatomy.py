@@ -76,6 +76,34 @@ class Anatomy(Protocol):
     parameters alone (e.g. weight standardisation) done once, not in every step."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Outline:
+  """What a comparison of models reads of each one's anatomy: kept with a model's
+  pass (`run/kept.py`), so that kept passes are compared without loading a model."""
+  tokens: bool  # one token grid (`grid` is set)
+  attention: bool  # it has attention layers
+  presets: dict[str, tuple[str, ...]]  # `layer_presets`
+
+  @property
+  def kind(self) -> str:
+    """"ViT" (attention over one token grid), "CNN" (neither) or "other" (a Swin's
+    attention over maps, a Mixer's tokens without attention)."""
+    return "ViT" if self.tokens and self.attention else "CNN" if not (self.tokens or self.attention) else "other"
+
+  def record(self) -> dict[str, Any]:
+    return {"tokens": self.tokens, "attention": self.attention,
+            "presets": {k: list(v) for k, v in self.presets.items()}}
+
+  @classmethod
+  def of_record(cls, record: dict[str, Any]) -> Outline:
+    return cls(bool(record["tokens"]), bool(record["attention"]),
+               {k: tuple(v) for k, v in record["presets"].items()})
+
+
+def outline(model: Anatomy) -> Outline:
+  return Outline(model.grid is not None, bool(model.attention()), dict(model.layer_presets))
+
+
 def require(model: Anatomy, what: str, where: str) -> None:
   """Raises, naming the model and what it lacks, unless it has `what`: "attention",
   "tokens" (a token grid) or "residuals"."""

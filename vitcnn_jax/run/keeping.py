@@ -19,13 +19,17 @@ import os
 from typing import Sequence
 
 import jax
+import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils as multihost
 from jax.sharding import PartitionSpec as P
 
+from vitcnn_jax import checkpoints
 from vitcnn_jax import fileio
 from vitcnn_jax.inputs import data
+from vitcnn_jax.models import anatomy
 from vitcnn_jax.models.formats import arrays
+from vitcnn_jax.models.formats import in_memory
 from vitcnn_jax.run import kept
 from vitcnn_jax.run import loading
 from vitcnn_jax.run import parallel
@@ -50,20 +54,57 @@ class Protocol:
     return data.sample(len(source), self.num_examples, self.seed, repeat)
 
 
-def manifest(model: loading.Loaded, source: data.Source, how: Protocol) -> dict:
-  """What a kept pass of `model` records of itself (see `kept`)."""
+def shared(source: data.Source, how: Protocol) -> dict:
+  """What a kept pass records of the run beyond its model (`kept.SHARED`)."""
   reps = []
   for r in range(how.repeats):
     idx = how.indices(source, r)
     reps.append({"examples": results.fingerprint(sorted(idx.tolist())), "order": results.fingerprint(idx.tolist()),
                  "minibatches": -(-len(idx) // how.batch_size)})
-  size = kept.bytes_per_minibatch(len(model.names), how.batch_size) * sum(r["minibatches"] for r in reps)
-  return {"format": kept.FORMAT, "version": kept.VERSION,
-          "model": {"name": model.name, "checkpoint": model.path, "digest": arrays.digest(model.path),
-                    "label": model.label, "points": list(model.names), "policy": model.policy,
-                    "size": model.size},
-          "sample": {"source": source.identity, "repeats": reps},
-          "protocol": dataclasses.asdict(how), "bytes": size}
+  return {"format": kept.FORMAT, "version": kept.VERSION, "sample": {"source": source.identity, "repeats": reps},
+          "protocol": dataclasses.asdict(how)}
+
+
+def manifest(model: loading.Loaded, source: data.Source, how: Protocol) -> dict:
+  """What a kept pass of `model` records of itself (see `kept`)."""
+  out = shared(source, how)
+  minibatches = sum(r["minibatches"] for r in out["sample"]["repeats"])
+  capture = model.capture if isinstance(model.capture, str) else list(model.capture)
+  return {**out, "model": {"name": model.name, "checkpoint": model.path, "digest": arrays.digest(model.path),
+                           "points": list(model.names), "policy": model.policy, "size": model.size,
+                           "capture": capture, "request": model.request, "outline": model.outline.record()},
+          "shown": {"label": model.label, "setup": model.setup},
+          "bytes": kept.bytes_per_minibatch(len(model.names), how.batch_size) * minibatches}
+
+
+def reuse(name: str, spec: ml_collections.ConfigDict, source: data.Source, how: Protocol,
+          folder: str) -> loading.Loaded | None:
+  """Model `name` (its config `spec`) as its finished kept pass in `folder`
+  records it, without loading it (no parameters): where that pass was kept from
+  the same request (`loading.request`), checkpoint bytes, sample and protocol.
+  None where there is no such pass: the model is loaded and its pass kept."""
+  if not fileio.exists(os.path.join(folder, kept.COMPLETE)):
+    return None
+  try:
+    old = kept.read_json(os.path.join(folder, kept.MANIFEST))
+  except kept.KeptError:
+    return None
+  model = old.get("model") or {}
+  if any(old.get(k) != v for k, v in shared(source, how).items()) or model.get("request") != loading.request(spec):
+    return None
+  path = spec.checkpoint
+  if not path.startswith(in_memory.IN_MEMORY):
+    try:
+      path = checkpoints.locate(path)[0]
+    except Exception:  # unreachable: loading it says why
+      return None
+  if path != model["checkpoint"] or arrays.digest(path) != model["digest"]:
+    return None
+  capture = model["capture"] if isinstance(model["capture"], str) else tuple(model["capture"])
+  label, label_from = loading.label_of(spec, old["shown"]["setup"]["family"])
+  return loading.Loaded(name, path, label, None, None, list(model["points"]), model["policy"],
+                        {**old["shown"]["setup"], "label": label, "label from": label_from}, capture,
+                        anatomy.Outline.of_record(model["outline"]), model["request"])
 
 
 @functools.lru_cache(maxsize=8)
@@ -169,7 +210,7 @@ def _check_folder(new: kept.Pass) -> None:
   if not os.path.exists(path):
     return
   old = kept.read_json(path)
-  diff = [d for d in kept.differences(old, new.manifest) if d != "bytes"]
+  diff = [d for d in kept.differences(old, new.manifest) if d != "bytes" and not d.startswith("shown")]
   if diff:
     raise kept.KeptError(f"{new.folder} holds a kept pass of another run: its {', '.join(diff[:4])} "
                          f"differ from this run's. Delete the folder to keep this pass there, or "

@@ -8,7 +8,8 @@ the same examples is then compared without running a model again (`combining`).
 A kept pass is a folder:
 
 - `manifest.json`, written first: the format and its version, the model
-  (checkpoint and its digest, capture list, preprocessing, input size), the
+  (checkpoint and its digest, capture list, preprocessing, input size, the
+  config fields that chose them, and what comparisons read of its anatomy), the
   sample (the source's identity and each repeat's examples, in order), the
   protocol (minibatch size, examples, repeats, seed, Gram precision) and the
   size of what is kept;
@@ -35,7 +36,7 @@ import numpy as np
 from vitcnn_jax import fileio
 from vitcnn_jax.run import results
 
-FORMAT, VERSION = "vitcnn_jax kept pass", 1
+FORMAT, VERSION = "vitcnn_jax kept pass", 2
 MANIFEST, COMPLETE = "manifest.json", "complete.json"
 # The stack's arrays (`registry.Stack`'s fields) and what identifies the minibatch.
 STACK = ("gram", "proj", "rowmean", "mean_sq", "mean_4th", "features", "e")

@@ -6,6 +6,7 @@ be, by `demos.resolve` before a job starts."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Sequence
 
@@ -35,6 +36,8 @@ class Loaded:
   policy: str
   setup: dict = dataclasses.field(default_factory=dict)  # how it was loaded, for every json
   capture: str | tuple[str, ...] = ""  # what chose `names`: a preset ("paper") or patterns
+  outline: anatomy.Outline | None = None  # what comparisons read of its anatomy
+  request: dict = dataclasses.field(default_factory=dict)  # its config fields (`request`)
 
   @property
   def key(self) -> str:
@@ -61,6 +64,16 @@ def unreachable(path: str) -> str | None:
     return str(e)
   except Exception as e:  # network or credential errors of remote filesystems
     return f"{type(e).__name__}: {e}"
+
+
+def request(spec: ml_collections.ConfigDict) -> dict:
+  """The fields of a model's spec that decide what its forward computes (its
+  label only names it): with the checkpoint's bytes, what a kept pass of it is
+  reused for (`run/keeping.py`). JSON values, as a manifest holds them."""
+  capture = spec.get("capture") or ""
+  return json.loads(json.dumps({"checkpoint": spec.get("checkpoint") or "", "policy": spec.get("policy") or "",
+                                "capture": capture if isinstance(capture, str) else list(capture),
+                                "overrides": overrides(spec)}, default=str))
 
 
 def overrides(spec: ml_collections.ConfigDict) -> dict:
@@ -109,6 +122,7 @@ def load_model(config: ml_collections.ConfigDict, name: str, hint: str = "",
     out = loaded(name, c.path, label, c.model, c.params, spec.capture, policy)
   except ValueError as e:
     raise ValueError(f"config.{key}.{e}") from e
+  out.request = request(spec)
   size = c.model.image_size
   out.setup = {"label": label, "label from": label_from,
                "checkpoint": path, "file": c.path, "format": c.fmt, "family": c.model.family,
@@ -159,4 +173,4 @@ def loaded(name: str, path: str, label: str, model, params, capture: str | Seque
   policy = policy or model.default_policy
   preprocess.check_policy(policy)
   return Loaded(name, path, label, model, params, names, policy,
-                capture=capture if isinstance(capture, str) else tuple(capture))
+                capture=capture if isinstance(capture, str) else tuple(capture), outline=anatomy.outline(model))

@@ -67,24 +67,31 @@ def _load(path: str) -> combining.Combined | None:
 
 def _kept_passes(config: ml_collections.ConfigDict, declared, sources: dict[str, data.Source],
                  workdir: str, precision: grams.Precision) -> tuple[dict[str, loading.Loaded], dict]:
-  """The models' passes kept (run only if not finished), `config.models_per_pass`
-  of them at a time in lockstep (each step's images read once for them all;
-  0: every model), their parameters let go after: memory holds that many
-  models' parameters, whatever their number."""
+  """The models' passes kept. A model whose pass is finished and was kept from
+  its request and checkpoint bytes is not loaded (`keeping.reuse`: its manifest
+  holds what the comparison reads of it); the others are loaded and their
+  passes run (or resumed), `config.models_per_pass` of them at a time in
+  lockstep (each step's images read once for them all; 0: every model), their
+  parameters let go after: memory holds that many models' parameters, whatever
+  their number."""
   how = keeping.Protocol(config.num_examples, config.batch_size, config.repeats, config.seed,
                          config.get("gram_precision", "auto"))
   root = config.kept_dir or os.path.join(workdir, "passes")
-  names = list(config.models)
-  size = config.models_per_pass or len(names)
-  models, passes = {}, {}
-  for start in range(0, len(names), size):
-    group = [loading.load_model(config, n, declared.hint, [c for m, c in declared.needs if m in (n, "*")])
-             for n in names[start:start + size]]
-    got = keeping.keep_together(group, sources["data"], how, [os.path.join(root, m.name) for m in group],
-                                precision)
-    for model, kept_pass in zip(group, got):
-      passes[model.name], models[model.name] = kept_pass, dataclasses.replace(model, params=None)
-  return models, passes
+  needs = lambda n: [c for m, c in declared.needs if m in (n, "*")]
+  models = {}
+  for n in config.models:
+    got = None if needs(n) else keeping.reuse(n, config.models[n], sources["data"], how, os.path.join(root, n))
+    if got is not None:
+      models[n] = got
+  if models and jax.process_index() == 0:
+    print(f"Reusing the finished kept passes of {list(models)} in {root} (their models not loaded).")
+  run = [n for n in config.models if n not in models]
+  size = config.models_per_pass or len(run) or 1
+  for start in range(0, len(run), size):
+    group = [loading.load_model(config, n, declared.hint, needs(n)) for n in run[start:start + size]]
+    keeping.keep_together(group, sources["data"], how, [os.path.join(root, m.name) for m in group], precision)
+    models.update({m.name: dataclasses.replace(m, model=None, params=None) for m in group})
+  return {n: models[n] for n in config.models}, {n: os.path.join(root, n) for n in config.models}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict[str, data.Source]
@@ -95,15 +102,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict
   declared.build(config, dict.fromkeys(config.models))  # its config checked before any model loads
   figures = control.plot_options(config)
   precision = driver.precision_of(config)
-  models, passes = _kept_passes(config, declared, sources, workdir, precision)
+  models, folders = _kept_passes(config, declared, sources, workdir, precision)
   if config.keep_only:
     if jax.process_index() == 0:
-      root = os.path.dirname(next(iter(passes.values())).folder)
-      print(f"Kept the passes of {list(passes)} in {root} (config.keep_only): compare them with "
+      root = os.path.dirname(next(iter(folders.values())))
+      print(f"Kept the passes of {list(folders)} in {root} (config.keep_only): compare them with "
             f"config.kept_dir={root} and the full model list.")
     return None
   analysis = declared.build(config, models)
-  opened = {k: kept.open_pass(p.folder) for k, p in passes.items()}
+  opened = {k: kept.open_pass(f) for k, f in folders.items()}
   kept.check_shared([p for p, _ in opened.values()])
   pairs = {}
   for a, b in analysis.pairs():
