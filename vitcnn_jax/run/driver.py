@@ -191,11 +191,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
         state.finish(pi, repeat, p.repeats, steps.fetch())
   analysis.replicates = [state.pooled.get(pi, {}) for pi in range(len(passes))]
   arrays, summary = analysis.finalize(state.done)
-  summary["models loaded"] = {k: m.setup for k, m in models.items()}
-  summary["data"] = {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}
+  summary.update(inputs(models, sources))
   summary["memory_plan"] = dataclasses.asdict(layout)  # peak_bytes 0: not planned (no device memory known)
   write(workdir, name, summary, arrays, analysis.plot, figures)
   return arrays, summary
+
+
+def inputs(models: dict[str, loading.Loaded], sources: dict[str, data.Source]) -> dict:
+  """What a result's json says of its inputs: how each model was loaded, each source."""
+  return {"models loaded": {k: m.setup for k, m in models.items()},
+          "data": {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}}
 
 
 def _say_if_finished(state: runstate.State, passes: int, workdir: str, name: str) -> None:

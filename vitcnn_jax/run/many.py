@@ -125,7 +125,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict
   arrays, summary = analysis.finalize(pairs)
   summary["passes"] = {k: {"folder": p.folder, "bytes": p.manifest["bytes"],
                            "size": kept.describe_size(p.manifest["bytes"])} for k, (p, _) in opened.items()}
-  summary["models loaded"] = {k: m.setup for k, m in models.items()}
-  summary["data"] = {k: {"source": s.name, "labels": data.labels_are(s)} for k, s in sources.items()}
+  summary.update(driver.inputs(models, sources))
   driver.write(workdir, declared.name, summary, arrays, analysis.plot, figures)
   return arrays, summary, analysis
