@@ -18,6 +18,7 @@ from vitcnn_jax.plotting import axes
 from vitcnn_jax.plotting import cka
 from vitcnn_jax.plotting import lines
 from vitcnn_jax.plotting import localization
+from vitcnn_jax.plotting import many_models
 from vitcnn_jax.plotting import probes
 from vitcnn_jax.plotting import receptive_field
 from vitcnn_jax.plotting import skip_ratio
@@ -253,3 +254,24 @@ def test_drawing_leaves_the_session_as_it_was(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.split() == ["Figure", "FigureCanvasBase"]
   assert (tmp_path / "h.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("n", [3, 5, 12, 30])
+def test_the_models_order_is_scipy_s_average_linkage_dendrogram(n):
+  """Merges, heights and leaf order equal scipy's on random similarities (no
+  ties); each link joins its two children's rows at its height."""
+  from scipy.cluster import hierarchy
+  rng = np.random.default_rng(n)
+  for _ in range(5):
+    x = rng.random((n, n))
+    similar = (x + x.T) / 2
+    np.fill_diagonal(similar, 1.0)
+    apart = 1.0 - similar
+    want = hierarchy.linkage(apart[np.triu_indices(n, 1)], method="average")
+    got = many_models.average_linkage(apart)
+    np.testing.assert_array_equal(np.asarray([m[:2] for m in got]), want[:, :2])
+    np.testing.assert_allclose([m[2] for m in got], want[:, 2], rtol=8 * n * np.finfo(float).eps)
+    leaves, links = many_models.order(similar)
+    assert leaves == hierarchy.dendrogram(want, no_plot=True)["leaves"]
+    assert [h[1] for h, _ in links] == [m[2] for m in got] and len(links) == n - 1
+    assert all(rows[0] == rows[1] and rows[2] == rows[3] and rows[0] != rows[2] for _, rows in links)

@@ -16,25 +16,57 @@ SCORES = {"matched": "depth-monotone layer matching", "best": "best pair of laye
           "mean": "mean over layer pairs", "last": "last layers"}
 
 
-def order(similar: np.ndarray) -> tuple[list[int], dict | None]:
+def average_linkage(apart: np.ndarray) -> list[tuple[int, int, float]]:
+  """The merges (cluster, cluster, height) of average-linkage clustering of a
+  symmetric distance matrix, clusters numbered as scipy numbers them (the models
+  0..n-1, then each merge n, n+1, ...; the smaller number first): a dozen
+  lines where scipy's import would be a second of every job's start."""
+  n = len(apart)
+  d = np.array(apart, np.float64)
+  np.fill_diagonal(d, np.inf)
+  ids, sizes, merges = list(range(n)), [1] * n, []
+  alive = np.ones(n, bool)
+  for new in range(n, 2 * n - 1):
+    masked = np.where(np.outer(alive, alive), d, np.inf)
+    i, j = sorted(np.unravel_index(int(np.argmin(masked)), masked.shape))
+    merges.append((min(ids[i], ids[j]), max(ids[i], ids[j]), float(masked[i, j])))
+    d[i] = d[:, i] = (sizes[i] * d[i] + sizes[j] * d[j]) / (sizes[i] + sizes[j])  # the mean over members
+    d[i, i] = np.inf
+    alive[j], ids[i], sizes[i] = False, new, sizes[i] + sizes[j]
+  return merges
+
+
+def order(similar: np.ndarray) -> tuple[list[int], list[tuple[list[float], list[float]]] | None]:
   """The models' order by average-linkage clustering of 1 - `similar` (a
-  similarity in [0, 1]), and the dendrogram's line coordinates (None for fewer
-  than three models)."""
-  import scipy.cluster.hierarchy as hierarchy  # here alone: scipy's import is a second of a job's start
+  similarity in [0, 1]) and the dendrogram's links as (heights, rows) lines,
+  model k of the order at row k (None for fewer than three models)."""
   n = len(similar)
   if n < 3:
     return list(range(n)), None
   apart = np.clip(1.0 - (similar + similar.T) / 2, 0.0, None)
-  np.fill_diagonal(apart, 0.0)
-  tree = hierarchy.linkage(apart[np.triu_indices(n, 1)], method="average")
-  drawn = hierarchy.dendrogram(tree, no_plot=True)
-  return [int(i) for i in drawn["leaves"]], drawn
+  merges = average_linkage(apart)
+  children = {n + k: (a, b) for k, (a, b, _) in enumerate(merges)}
+  leaves, stack = [], [2 * n - 2]
+  while stack:  # depth first, the smaller-numbered cluster first (above)
+    c = stack.pop()
+    if c < n:
+      leaves.append(c)
+    else:
+      stack.extend(reversed(children[c]))
+  row = {leaf: float(k) for k, leaf in enumerate(leaves)}
+  height = dict.fromkeys(range(n), 0.0)
+  links = []
+  for k, (a, b, h) in enumerate(merges):
+    links.append(([height[a], h, h, height[b]], [row[a], row[a], row[b], row[b]]))
+    row[n + k], height[n + k] = (row[a] + row[b]) / 2, h
+  return leaves, links
 
 
 def _heat(ax, values: np.ndarray, labels: Sequence[str], title: str, cmap: str, vmin: float, vmax: float,
           fig, lo: np.ndarray | None = None, hi: np.ndarray | None = None, show_y: bool = True) -> None:
   n = len(labels)
-  im = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+  # aspect "auto": the cells fill the panel, so each row lines up with its dendrogram leaf
+  im = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
   fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
   ax.set_xticks(range(n), labels, rotation=90)
   ax.set_yticks(range(n), labels if show_y else [""] * n)
@@ -71,8 +103,8 @@ def matrix(names: Sequence[str], arrays: dict[str, np.ndarray], prefix: str, lab
   widths = ([0.35] if tree is not None else []) + [1.0] * panels
   row = fig.subplots(1, len(widths), gridspec_kw={"width_ratios": widths}, squeeze=False)[0]
   if tree is not None:
-    for xs, ys in zip(tree["icoord"], tree["dcoord"]):  # leaves at 5, 15, ...: model k at row k
-      row[0].plot(ys, (np.asarray(xs) - 5) / 10, color="0.3", lw=1)
+    for heights, rows in tree:
+      row[0].plot(heights, rows, color="0.3", lw=1)
     row[0].set_ylim(n - 0.5, -0.5)
     row[0].invert_xaxis()
     row[0].set_xlabel(f"{apart}\n(average linkage)")

@@ -4,8 +4,9 @@
 WORKDIR/passes; `keeping`: run only if not finished; `config.keep_only` stops
 there, as a cluster's job per model would), then combines every pair of models (`combining`) whose sums are
 not yet kept under WORKDIR/pairs/ for this program (measures, bootstrap, draws,
-seed) and these two passes, and hands the pairs to the analysis. A longer model
-list in the same workdir runs the new models' passes and the new pairs only.
+seed) and these two passes (the processes of a job share the new pairs, each
+writing its own), and hands the pairs to the analysis. A longer model list in
+the same workdir runs the new models' passes and the new pairs only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils as multihost
 
 from vitcnn_jax import fileio
 from vitcnn_jax.inputs import data
@@ -112,13 +114,19 @@ def run(config: ml_collections.ConfigDict, workdir: str, declared, sources: dict
   analysis = declared.build(config, models)
   opened = {k: kept.open_pass(f) for k, f in folders.items()}
   kept.check_shared([p for p, _ in opened.values()])
+  paths = {(a, b): _pair_path(workdir, opened[a][0], opened[b][0], analysis.program()) for a, b in analysis.pairs()}
+  combine = lambda a, b: combining.combine(
+      [opened[a][0], opened[b][0]], [opened[a][1], opened[b][1]], analysis.spec, config.seed,
+      config.get("bootstrap", 0), precision, config.calibration.draws)
+  todo = [k for k, path in paths.items() if not fileio.exists(path)]
+  for a, b in todo[jax.process_index()::jax.process_count()]:  # the processes share the new pairs
+    _save(paths[a, b], combine(a, b))
+  multihost.sync_global_devices(f"many_models pairs {workdir}")  # every new pair's sums written
   pairs = {}
-  for a, b in analysis.pairs():
-    path = _pair_path(workdir, opened[a][0], opened[b][0], analysis.program())
+  for (a, b), path in paths.items():
     got = _load(path)
-    if got is None:
-      got = combining.combine([opened[a][0], opened[b][0]], [opened[a][1], opened[b][1]], analysis.spec,
-                              config.seed, config.get("bootstrap", 0), precision, config.calibration.draws)
+    if got is None:  # a damaged file, or a workdir the processes do not share
+      got = combine(a, b)
       if jax.process_index() == 0:
         _save(path, got)
     pairs[a, b] = analysis.pair(a, b, got)
