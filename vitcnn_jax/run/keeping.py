@@ -174,6 +174,7 @@ def keep_together(models: Sequence[loading.Loaded], source: data.Source, how: Pr
   if jax.process_index() == 0:
     for i in run:
       outs[i].complete()
+  multihost.sync_global_devices(f"kept passes finished {outs[run[0]].folder}")  # then read by any process
   return outs
 
 
