@@ -203,8 +203,20 @@ def test_a_finished_pass_is_reused_only_for_its_model_and_run(files, vit_kept, t
   config = _config(_args({**files, "vit": str(copy)}, tmp_path))
   keeping.keep(loading.load_model(config, "vit"), source, how, str(tmp_path / "copy"))
   assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is not None
-  copy.write_bytes(open(files["mixer"], "rb").read())  # the same path, other bytes
   monkeypatch.setattr(arrays, "_DIGESTS", {})  # as a later process, which has read nothing yet
+  with monkeypatch.context() as m:  # files of the recorded sizes and times are not read again
+    m.setattr(arrays, "digest", lambda path: pytest.fail(f"{path} read again"))
+    assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is not None
+  flipped = bytearray(copy.read_bytes())
+  flipped[-1] ^= 1
+  copy.write_bytes(bytes(flipped))  # the same path and size, other bytes (and a later time)
+  monkeypatch.setattr(arrays, "_DIGESTS", {})  # each check below as a later process
+  assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is None
+  copy.write_bytes(open(files["vit"], "rb").read())
+  monkeypatch.setattr(arrays, "_DIGESTS", {})
+  assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is not None  # touched only
+  copy.write_bytes(open(files["mixer"], "rb").read())  # the same path, other bytes
+  monkeypatch.setattr(arrays, "_DIGESTS", {})
   assert keeping.reuse("vit", mine, source, how, str(tmp_path / "copy")) is None
 
 

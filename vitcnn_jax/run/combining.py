@@ -16,7 +16,6 @@ import functools
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.run import driver
@@ -32,11 +31,18 @@ from vitcnn_jax.similarity import scales
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "precision"))
-def _sums(stack: registry.Stack, mask: jax.Array, key: jax.Array, spec: measures.Spec,
+def _sums(stacks: list[registry.Stack], mask: jax.Array, key: jax.Array, spec: measures.Spec,
           precision: grams.Precision) -> dict[str, jax.Array]:
-  return measures.stack_sums(stack, mask, spec, key=key, precision=precision)
+  return measures.stack_sums(registry.Stack.join(stacks), mask, spec, key=key, precision=precision)
 
 
+@functools.partial(jax.jit, static_argnames=("spec", "precision"))
+def _draws(stacks: list[registry.Stack], mask: jax.Array, keys: jax.Array, spec: measures.Spec,
+           precision: grams.Precision) -> dict[str, jax.Array]:
+  return layer_search.draw_sums(registry.Stack.join(stacks[:-1]), stacks[-1], mask, spec, keys, precision)
+
+
+@functools.lru_cache(maxsize=64)  # the same for every pair of a comparison
 def minibatch_key(seed: int, repeat: int, minibatch: int) -> jax.Array:
   """The key a fused run's step gives minibatch `minibatch` of `repeat` (pass 0)."""
   key, first = driver.random_of(seed, 0, repeat, minibatch)
@@ -54,9 +60,6 @@ def check_minibatch(passes: Sequence[kept.Pass], parts: Sequence[dict], repeat: 
                              f"({p.path(repeat, minibatch)}) holds {what} than that of "
                              f"{passes[0].name!r} ({passes[0].path(repeat, minibatch)}). Keep both "
                              "passes from the same config.data and seed.")
-
-
-_draws = jax.jit(layer_search.draw_sums, static_argnames=("spec", "precision"))
 
 
 def draw_keys(seed: int, repeat: int, minibatch: int, num: int) -> jax.Array:
@@ -91,16 +94,15 @@ def combine(passes: Sequence[kept.Pass], digests: Sequence[dict[str, str]], spec
       for b in range(passes[0].minibatches(r)):
         parts = [p.read(r, b, d) for p, d in zip(passes, digests)]
         check_minibatch(passes, parts, r, b)
-        stacks = [registry.Stack(*(jnp.asarray(x[k]) for k in kept.STACK)) for x in parts]
-        mask = jnp.asarray(parts[0]["mask"])
-        got = jax.device_get(_sums(registry.Stack.join(stacks), mask, minibatch_key(seed, r, b), spec, precision))
+        stacks = [registry.Stack(*(x[k] for k in kept.STACK)) for x in parts]
+        mask = parts[0]["mask"]
+        got = jax.device_get(_sums(stacks, mask, minibatch_key(seed, r, b), spec, precision))
         if bootstrap:
           got = {k if k == "log2_scale" else protocol.BOOT + k: v if k == "log2_scale" else v[None]
                  for k, v in got.items()}
         sums = boot.add(sums, scales.unscale(got, measures.SCALES), 0, r, b)
         if draws:
-          new = jax.device_get(_draws(registry.Stack.join(stacks[:-1]), stacks[-1], mask, spec,
-                                      draw_keys(seed, r, b, draws), precision))
+          new = jax.device_get(_draws(stacks, mask, draw_keys(seed, r, b, draws), spec, precision))
           drawn = runstate.add(drawn, scales.unscale(new, measures.SCALES))
         bar.update(1, int(parts[0]["mask"].sum()))
       out.sums.append(sums)

@@ -73,7 +73,7 @@ def manifest(model: loading.Loaded, source: data.Source, how: Protocol) -> dict:
   return {**out, "model": {"name": model.name, "checkpoint": model.path, "digest": arrays.digest(model.path),
                            "points": list(model.names), "policy": model.policy, "size": model.size,
                            "capture": capture, "request": model.request, "outline": model.outline.record()},
-          "shown": {"label": model.label, "setup": model.setup},
+          "shown": {"label": model.label, "setup": model.setup}, "stamp": arrays.stamp(model.path),
           "bytes": kept.bytes_per_minibatch(len(model.names), how.batch_size) * minibatches}
 
 
@@ -98,7 +98,10 @@ def reuse(name: str, spec: ml_collections.ConfigDict, source: data.Source, how: 
       path = checkpoints.locate(path)[0]
     except Exception:  # unreachable: loading it says why
       return None
-  if path != model["checkpoint"] or arrays.digest(path) != model["digest"]:
+  if path != model["checkpoint"]:
+    return None
+  now = arrays.stamp(path)  # the same files, sizes and times: the same bytes, not read again
+  if (now is None or now != old.get("stamp")) and arrays.digest(path) != model["digest"]:
     return None
   capture = model["capture"] if isinstance(model["capture"], str) else tuple(model["capture"])
   label, label_from = loading.label_of(spec, old["shown"]["setup"]["family"])
@@ -211,7 +214,7 @@ def _check_folder(new: kept.Pass) -> None:
   if not os.path.exists(path):
     return
   old = kept.read_json(path)
-  diff = [d for d in kept.differences(old, new.manifest) if d != "bytes" and not d.startswith("shown")]
+  diff = [d for d in kept.differences(old, new.manifest) if d != "bytes" and not d.startswith(("shown", "stamp"))]
   if diff:
     raise kept.KeptError(f"{new.folder} holds a kept pass of another run: its {', '.join(diff[:4])} "
                          f"differ from this run's. Delete the folder to keep this pass there, or "

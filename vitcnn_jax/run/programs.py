@@ -29,11 +29,16 @@ def users_compilation_cache() -> str | None:
 
 
 def use_compilation_cache(folder: str | None) -> None:
-  """JAX's persistent compilation cache in `folder` (None: off), for programs that
-  took at least JAX's minimum compile time (`jax_persistent_cache_min_compile_time_secs`,
-  1 s unless set): a later process compiling the same program reads it back
-  instead of compiling. Grouped CPU steps still stay out of it (`parallel.uncached`)."""
+  """JAX's persistent compilation cache in `folder` (None: off), every program
+  written to it: a later process compiling the same program reads it back
+  instead of compiling. JAX's default skips programs compiled in under a second,
+  and those are most of a job's (a comparison's pair programs, a measure's steps
+  at a new shape): a process would compile them all again. Grouped CPU steps
+  still stay out of it (`parallel.uncached`)."""
   users_compilation_cache()  # read before the first change
+  if folder is not None:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
   if folder == (jax.config.jax_compilation_cache_dir or None):
     return
   jax.config.update("jax_enable_compilation_cache", folder is not None)

@@ -46,6 +46,23 @@ def digest(path: str) -> str:
   return _DIGESTS[file]
 
 
+def stamp(path: str) -> list | None:
+  """The size and modification time (ns) of each local file whose bytes `digest`
+  reads for `path`: unchanged, its digest is unchanged too (a file rewritten in
+  place at the same size and the same nanosecond aside), so a caller holding an
+  earlier digest and stamp need not read the bytes again. None for a remote or
+  in-memory checkpoint, or a missing file."""
+  file, _ = split_tower(path)
+  if path.startswith(in_memory.IN_MEMORY) or fileio.is_remote(file) or not os.path.exists(file):
+    return None
+  if os.path.isdir(file):
+    files = [os.path.join(file, n) for n in sorted(os.listdir(file)) if n.endswith((".safetensors", ".json"))]
+  else:
+    beside = os.path.join(os.path.dirname(file), "config.json")
+    files = [file] + ([beside] if file.endswith(".safetensors") and os.path.exists(beside) else [])
+  return [[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files]
+
+
 def _combined(folder: str, names: list[str]) -> str:
   h = hashlib.sha256()
   for name in sorted(names):
