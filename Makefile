@@ -26,6 +26,7 @@ $(VENV)/.runtime: requirements.txt | $(VENV)/bin/python
 
 $(VENV)/.test: requirements.txt tests/requirements.txt | $(VENV)/bin/python
 	$(PIP) -r tests/requirements.txt
+	$(PY) -c "import dcor"  # numba compiles dcor's functions on their first import (30 s) and keeps them
 	touch $(VENV)/.runtime $@
 
 install: $(VENV)/.runtime
