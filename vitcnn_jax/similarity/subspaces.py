@@ -141,13 +141,14 @@ def _nuclear(m: jax.Array) -> jax.Array:
   return jnp.linalg.svd(m, compute_uv=False).sum(-1)
 
 
-def _procrustes(a: jax.Array, b: jax.Array, precision) -> dict[str, jax.Array]:
-  """The squared Procrustes distances of (P, n, r) factors of unit norm as the
-  residual ‖a Q − b‖_F² at the optimal rotation Q = W Vᵀ (aᵀb = W Σ Vᵀ), a sum of
-  squares that is 0 for equal layers and keeps its relative precision for close
-  ones, and the nuclear norms Σ σ (the shape metric's at α = 1). Any completion
-  of W, V past aᵀb's rank gives the same residual, 2 − 2 Σ σ in exact arithmetic."""
-  w, sigma, vt = svd(jnp.einsum("pnr,pns->prs", a, b, precision=precision))
+def _procrustes(a: jax.Array, b: jax.Array, m: jax.Array, precision) -> dict[str, jax.Array]:
+  """The squared Procrustes distances of (P, n, r) factors of unit norm (`m`: their
+  products aᵀb) as the residual ‖a Q − b‖_F² at the optimal rotation Q = W Vᵀ
+  (aᵀb = W Σ Vᵀ), a sum of squares that is 0 for equal layers and keeps its
+  relative precision for close ones, and the nuclear norms Σ σ (the shape
+  metric's at α = 1). Any completion of W, V past aᵀb's rank gives the same
+  residual, 2 − 2 Σ σ in exact arithmetic."""
+  w, sigma, vt = svd(m)
   fitted = jnp.einsum("pnr,prs->pns", a, jnp.matmul(w, vt, precision=precision), precision=precision)
   return {"pro_sq": jnp.sum(jnp.square(fitted - b), axis=(1, 2)), "nuc_p": sigma.sum(-1)}
 
@@ -165,30 +166,28 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
           "pwcca~": weighted(jnp.einsum("pk,pik->pi", wy, vt * vt))}
 
 
-def _chunk_sums(x: dict, ys: tuple, names, precision) -> dict[str, jax.Array]:
-  """The SVD measures of one chunk of P pairs: row factors `x` against column
-  factors `ys` (the layers, and for the null their re-indexed examples), each
-  kind of SVD in one call for both, one call after another."""
+def _chunk_sums(x: dict, ys: tuple, chunk, rows: dict, cols: tuple, names, precision) -> dict[str, jax.Array]:
+  """The SVD measures of one chunk of P pairs (`chunk`, a `layerpairs.Chunk`): the
+  row layers' factors `rows` against the column layers' `cols` (the layers, and
+  for the null their re-indexed examples), `x` and `ys` the chunk's per-layer
+  values; each kind of SVD in one call for both, one call after another."""
   lapack = _OneAtATime()
-  both = lambda k: (jnp.concatenate([x[k]] * len(ys)),
-                    jnp.concatenate([y[k] for y in ys]))
-  prod = lambda a, b: jnp.einsum("pnr,pns->prs", a, b, precision=precision)
-  nuclear = lambda a, b: _nuclear(prod(a, b))
+  both = lambda k: (jnp.concatenate([x[k]] * len(ys)), jnp.concatenate([y[k] for y in ys]))
+  prod = lambda k: jnp.concatenate([chunk.products(rows[k], c[k], precision) for c in cols])
   got = {}
-  if "a" in x:
-    got["nuc"] = lapack(nuclear, *both("a"))
-  if "pro" in x:
-    got.update(lapack(functools.partial(_procrustes, precision=precision), *both("pro")))
+  if "a" in rows:
+    got["nuc"] = lapack(_nuclear, prod("a"))
+  if "pro" in rows:
+    got.update(lapack(functools.partial(_procrustes, precision=precision), *both("pro"), prod("pro")))
   if "pwcca" in names:
-    got.update(lapack(lambda a, b, wx, wy: _pwcca(prod(a, b), wx, wy), *both("q"), *both("w")))
+    got.update(lapack(_pwcca, prod("q"), *both("w")))
   elif "mean_cca" in names:
-    got["cca"] = lapack(nuclear, *both("q"))
+    got["cca"] = lapack(_nuclear, prod("q"))
   if "svcca" in names and "cca" in got:  # the same subspaces where no layer keeps fewer
     short = (x["short"] | ys[0]["short"]).any()
-    got["cca_sv"] = lapack(lambda a, b, c: jax.lax.cond(short, nuclear, lambda *_: c, a, b),
-                           *both("q_sv"), got["cca"])
+    got["cca_sv"] = lapack(lambda m, c: jax.lax.cond(short, _nuclear, lambda _: c, m), prod("q_sv"), got["cca"])
   elif "svcca" in names:
-    got["cca_sv"] = lapack(nuclear, *both("q_sv"))
+    got["cca_sv"] = lapack(_nuclear, prod("q_sv"))
   parts = lambda v: jnp.split(v, len(ys))
   return {pre + k: part for k, v in got.items() for pre, part in zip(("", "null/"), parts(v))}
 
@@ -229,8 +228,10 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
   rows = {k: f[k] for k in keys}
   cols = (rows,) if order is None else (
       rows, {k: v[:, order] if v.ndim == 3 else v for k, v in rows.items()})
-  fn = functools.partial(_chunk_sums, names=names, precision=precision)
-  got = lapack(lambda r, c: layerpairs.pairwise(fn, r, c), rows, cols)
+  small = lambda tree: {k: v for k, v in tree.items() if v.ndim < 3 or k == "pro"}  # gathered per pair
+  got = lapack(lambda r, c: layerpairs.pairwise(
+      lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, c, names, precision), small(r), tuple(map(small, c))),
+      rows, cols)
   out = {}
   for pre in ("", "null/")[:len(cols)]:
     if "mean_cca" in names:
