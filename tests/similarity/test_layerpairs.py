@@ -28,9 +28,16 @@ def test_every_pair_once_with_its_own_product(num):
     return {"pair": 1000 * x["id"] + y["id"], "row": x["id"], "row~": y["id"],
             "err": (jnp.abs(got - want) / bound).max((1, 2))}
 
-  out = layerpairs.pairwise(fn, ids)
+  out = layerpairs.pairwise(fn, num, ids)
   i, j = np.indices((num, num))
   np.testing.assert_array_equal(out["pair"], 1000 * np.minimum(i, j) + np.maximum(i, j))
   np.testing.assert_array_equal(out["row"], i)  # below the diagonal: the reversed pair's value
   assert float(np.max(out["err"])) <= 1.0
   assert seen == [num + 1]  # L + 1 pairs a chunk
+
+
+def test_nothing_gathered_per_pair():
+  """A measure that reads only whole stacks (the shape metric alone) gathers nothing per pair."""
+  out = layerpairs.pairwise(lambda x, y, chunk: {"col": chunk.col}, 5, {})
+  i, j = np.indices((5, 5))
+  np.testing.assert_array_equal(out["col"], np.maximum(i, j))

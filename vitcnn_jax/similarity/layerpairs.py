@@ -65,13 +65,13 @@ def _chunks(num: int) -> np.ndarray:
   return np.asarray(out, np.int32)
 
 
-def pairwise(fn, a, b=None) -> dict[str, jax.Array]:
-  """(L, L) values of `fn` for every pair i ≤ j of the rows of the stacked pytrees
-  `a` (the row layers) and `b` (the column layers; default `a`), leading axis L,
+def pairwise(fn, num: int, a, b=None) -> dict[str, jax.Array]:
+  """(L, L) values of `fn` for every pair i ≤ j of `num` layers, the rows of the
+  stacked pytrees `a` (the row layers) and `b` (the column layers; default `a`),
+  leading axis L (either may hold nothing: `fn` may read whole stacks itself),
   L + 1 pairs at a time. `fn` maps two (P, ...) chunks and their `Chunk` to a dict
   of (P,) values; a key ending "~" gives the reversed pair's value, which fills
   the lower triangle of its key without the "~"; a key without one is mirrored."""
-  num = jax.tree.leaves(a)[0].shape[0]
   chunks = _chunks(num)
   rows, cols = chunks[..., 0].reshape(-1), chunks[..., 1].reshape(-1)
   heads = np.stack([chunks[:, 0, 0], num - 1 - chunks[:, 0, 0]], -1).astype(np.int32)

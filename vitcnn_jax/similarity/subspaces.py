@@ -230,7 +230,8 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
       rows, {k: v[:, order] if v.ndim == 3 else v for k, v in rows.items()})
   small = lambda tree: {k: v for k, v in tree.items() if v.ndim < 3 or k == "pro"}  # gathered per pair
   got = lapack(lambda r, c: layerpairs.pairwise(
-      lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, c, names, precision), small(r), tuple(map(small, c))),
+      lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, c, names, precision), f["norm"].shape[0], small(r),
+      tuple(map(small, c))),
       rows, cols)
   out = {}
   for pre in ("", "null/")[:len(cols)]:
