@@ -57,4 +57,4 @@ demo: install dataset
 
 test: install-test dataset browser real
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)

@@ -82,24 +82,6 @@ def _in_process(args):
   return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-# The longest modules first (their seconds in a fresh clone's `make test`, largest
-# first): `make test` hands whole files to its workers in collection order (it
-# turns off pytest-xdist's own reordering, by test count, which left a 40 s
-# module of one test to the end), so the long ones start early and the short
-# ones fill the end, instead of one worker idling while the other finishes a
-# long file. The other modules follow in name order.
-FIRST = ("test_cka_job", "test_families_analyses", "test_more_measures", "test_training_ablations", "test_cka",
-         "test_train", "test_kept_passes", "test_models", "test_hf_analyses", "test_zoo", "test_measures",
-         "test_readme", "test_api", "test_mixer_analyses", "test_parity_timm", "test_hf_vit",
-         "test_upstream_numerics", "test_linear_probe", "test_calibration", "test_runtime_venv",
-         "test_subspaces", "test_benchmarks", "test_timm_hub", "test_swin")
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.stem, len(FIRST)))  # stable: files stay whole
-
-
 def pytest_addoption(parser):
   parser.addoption("--tolerances", action="store_true",
                    help="print the largest error/bound ratio of every float32 comparison")

@@ -289,10 +289,3 @@ def test_the_tests_are_laid_out_like_the_package():
   folders = {d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d)) and not d.startswith((".", "_"))}
   assert not glob.glob(os.path.join(tests, "test_*.py")) + glob.glob(os.path.join(tests, "support", "test_*.py"))
   assert package <= folders and folders <= package | set(TEST_FOLDERS), folders ^ package
-
-
-def test_the_modules_scheduled_first_exist():
-  """conftest.FIRST names test modules; a renamed one would quietly lose its place."""
-  from conftest import FIRST
-  missing = [m for m in FIRST if not glob.glob(os.path.join(ROOT, "tests", "*", f"{m}.py"))]
-  assert not missing, f"conftest.FIRST names modules that are gone: {missing}"
