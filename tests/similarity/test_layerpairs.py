@@ -10,7 +10,7 @@ import pytest
 from vitcnn_jax.similarity import layerpairs
 
 
-@pytest.mark.parametrize("num", [1, 2, 5, 6])
+@pytest.mark.parametrize("num", [1, 5, 6])  # one layer, odd and even counts
 def test_every_pair_once_with_its_own_product(num):
   rng = np.random.default_rng(num)
   rows, cols = (rng.standard_normal((num, 7, k)).astype(np.float32) for k in (3, 4))
