@@ -28,19 +28,30 @@ def split_tower(path: str) -> tuple[str, str | None]:
   return (m[1], m[2]) if m else (str(path), None)
 
 
+def _folder_files(folder: str) -> list[str]:
+  """A model folder's files that decide it: its weights and settings."""
+  return sorted(n for n in os.listdir(folder) if n.endswith((".safetensors", ".json")))
+
+
+def _settings_beside(file: str) -> str | None:
+  """The config.json beside a local safetensors file, which may decide its architecture."""
+  beside = os.path.join(os.path.dirname(file), "config.json")
+  if str(file).endswith(".safetensors") and not fileio.is_remote(file) and os.path.exists(beside):
+    return beside
+  return None
+
+
 def digest(path: str) -> str:
   """Content hash of a checkpoint file (`file.npz:tower` hashes the file): the bytes
   this process loaded from it, or read now if it loaded none."""
   if path.startswith(in_memory.IN_MEMORY):
     return path[len(in_memory.IN_MEMORY):]
   file, _ = split_tower(path)
-  if file not in _DIGESTS and os.path.isdir(file):  # a model folder: its weights and settings
-    names = [n for n in os.listdir(file) if n.endswith((".safetensors", ".json"))]
-    _DIGESTS[file] = _combined(file, names)
+  if file not in _DIGESTS and os.path.isdir(file):
+    _DIGESTS[file] = _combined(file, _folder_files(file))
   if file not in _DIGESTS:
     _DIGESTS[file] = hashlib.sha256(fileio.read_bytes(file)).hexdigest()[:16]
-  beside = os.path.join(os.path.dirname(file), "config.json")  # it may decide the architecture
-  if str(file).endswith(".safetensors") and not fileio.is_remote(file) and os.path.exists(beside):
+  if _settings_beside(file):
     return hashlib.sha256(f"{_DIGESTS[file]};{_combined(os.path.dirname(file), ['config.json'])}"
                           .encode()).hexdigest()[:16]
   return _DIGESTS[file]
@@ -56,11 +67,11 @@ def stamp(path: str) -> list | None:
   if path.startswith(in_memory.IN_MEMORY) or fileio.is_remote(file) or not os.path.exists(file):
     return None
   if os.path.isdir(file):
-    files = [os.path.join(file, n) for n in sorted(os.listdir(file)) if n.endswith((".safetensors", ".json"))]
+    files = [os.path.join(file, n) for n in _folder_files(file)]
   else:
-    beside = os.path.join(os.path.dirname(file), "config.json")
-    files = [file] + ([beside] if file.endswith(".safetensors") and os.path.exists(beside) else [])
-  return [[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files]
+    files = [file, *filter(None, [_settings_beside(file)])]
+  stats = [os.stat(f) for f in files]
+  return [[f, st.st_size, st.st_mtime_ns] for f, st in zip(files, stats)]
 
 
 def _combined(folder: str, names: list[str]) -> str:
