@@ -19,7 +19,7 @@ import textwrap
 import pytest
 from packaging.requirements import Requirement
 
-from conftest import ROOT
+from conftest import ROOT, users_env
 from support import upstream_files as uf
 from vitcnn_jax import fileio
 
@@ -65,7 +65,7 @@ def runtime_venv():
 
 
 def _run(python, *args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = users_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   return subprocess.run([str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=timeout)
 
@@ -117,7 +117,7 @@ def test_pip_install_then_the_notebook_example_elsewhere(runtime_venv, tmp_path)
   work.mkdir()
   vit = uf.save(work / "vit.npz", uf.vt_vit(0, width=48, depth=2, heads=3, mlp=96, patch=8))
   bit = uf.save(work / "bit.npz", uf.bt_bit(0, depth=(1, 1)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site), MPLBACKEND="Agg")
+  env = users_env(JAX_PLATFORMS="cpu", PYTHONPATH=str(site), MPLBACKEND="Agg")
   r = subprocess.run([runtime_venv, "-c", NOTEBOOK, vit, bit], cwd=work, env=env,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -152,7 +152,7 @@ def test_devices_with_different_scales_share_exponents_exactly():
   f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(parallel.AXIS), P(parallel.AXIS)),
                             out_specs=P()))
   got = scales.unscale(jax.device_get(f(x.reshape(-1, 20), y.reshape(-1, 12))), measures.SCALES)
-  want = sum(scales.unscale(jax.device_get(hsic.activation_sums([x[d], y[d]])), measures.SCALES)["hsic"]
+  want = sum(scales.unscale(jax.device_get(jax.jit(hsic.activation_sums)([x[d], y[d]])), measures.SCALES)["hsic"]
              for d in range(n_dev))
   scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
   # Each device's term: two float32 compilations of one HSIC (cka_bound relative to

@@ -17,7 +17,8 @@ from vitcnn_jax.similarity import scales
 def hsic_matrix(acts, mask=None) -> np.ndarray:
   """The library's HSIC matrix of one minibatch (`hsic.activation_sums`), float64
   at the features' own scale."""
-  got = hsic.activation_sums([jnp.asarray(a) for a in acts], None if mask is None else jnp.asarray(mask))
+  got = jax.jit(hsic.activation_sums)([jnp.asarray(a) for a in acts],
+                                     None if mask is None else jnp.asarray(mask))  # one program, not op by op
   return scales.unscale(jax.device_get(got), measures.SCALES)["hsic"]
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping, Sequence
 
 import jax
@@ -38,26 +39,33 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
   if x.shape[0] < need:
     raise ValueError(f"linear_cka{' (debiased)' if debiased else ''} needs at least {need} "
                      f"examples, got {x.shape[0]}.")
-  scaled = []
   for name, a in (("x", x), ("y", y)):
     if not np.isfinite(a).all():
       raise ValueError(f"linear_cka: {name} holds {a.size - np.isfinite(a).sum()} NaN or inf values.")
-    scaled.append(jnp.asarray(a, jnp.float32))
-  e = grams.log2_scales(scaled)  # CKA is scale-free: a power of two keeps float32 in range, exactly
-  center = grams.center_unbiased if debiased else _double_centred
-  centred, floors = [], []
-  for i, a in enumerate(scaled):
-    gram, mean = grams.gram_and_mean(a * grams.pow2(-e[i]), None)
-    centred.append(center(gram))
+  kk, ll, kl, m4 = map(np.asarray, _full_batch_dots(x.astype(np.float32), y.astype(np.float32), debiased))
+  for name, v, moment in (("x", kk, m4[0]), ("y", ll, m4[1])):
     # Unnormalised dots: n^2 times the floor for a normalised self-HSIC.
-    floors.append(layer_checks.noise_floor(x.shape[0] ** 2 * float(grams.fourth_moment(mean))))
-  k, l = centred
-  kk, ll = float(_dot(k, k)), float(_dot(l, l))
-  for name, v, floor in (("x", kk, floors[0]), ("y", ll, floors[1])):
-    if v <= floor:
+    if v <= layer_checks.noise_floor(x.shape[0] ** 2 * float(moment)):
       raise FloatingPointError(f"linear_cka: {name} is constant over the examples, so its CKA "
                                "with anything is meaningless.")
-  return float(_dot(k, l)) / float(np.sqrt(kk * ll))
+  return float(kl) / float(np.sqrt(float(kk) * float(ll)))
+
+
+@functools.partial(jax.jit, static_argnames="debiased")
+def _full_batch_dots(x: jax.Array, y: jax.Array, debiased: bool) -> tuple[jax.Array, ...]:
+  """<K, K>, <L, L>, <K, L> of the two centred Grams and each mean's fourth
+  moment, in one program (run op by op, a first call compiled each of about a
+  hundred small programs). Each array is scaled by a power of two first: CKA is
+  scale-free, and float32 stays in range, exactly."""
+  e = grams.log2_scales([x, y])
+  center = grams.center_unbiased if debiased else _double_centred
+  centred, moments = [], []
+  for i, a in enumerate((x, y)):
+    gram, mean = grams.gram_and_mean(a * grams.pow2(-e[i]), None)
+    centred.append(center(gram))
+    moments.append(grams.fourth_moment(mean))
+  k, l = centred
+  return _dot(k, k), _dot(l, l), _dot(k, l), jnp.stack(moments)
 
 
 @dataclasses.dataclass
