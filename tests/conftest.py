@@ -20,7 +20,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests' programs are tiny and their time is XLA compiling them: on CPU they are
 # compiled with LLVM's optimizations off (XLA's own HLO passes run as for users),
-# which cuts the suite's compile time by about a fifth. The arithmetic is the same
+# which cuts most of LLVM's share of the compile. The arithmetic is the same
 # up to the order of float32 sums, which every bound here allows for (as for
 # another CPU). The runtime venv's notebook run keeps the users' default (`users_env`).
 TEST_ONLY_XLA_FLAG = "--xla_backend_optimization_level=0"

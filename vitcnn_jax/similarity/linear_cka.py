@@ -54,8 +54,8 @@ def linear_cka(x, y, *, debiased: bool = False) -> float:
 @functools.partial(jax.jit, static_argnames="debiased")
 def _full_batch_dots(x: jax.Array, y: jax.Array, debiased: bool) -> tuple[jax.Array, ...]:
   """<K, K>, <L, L>, <K, L> of the two centred Grams and each mean's fourth
-  moment, in one program (run op by op, a first call compiled each of about a
-  hundred small programs). Each array is scaled by a power of two first: CKA is
+  moment, in one program (run op by op, a first call compiled each operation
+  as a program of its own). Each array is scaled by a power of two first: CKA is
   scale-free, and float32 stays in range, exactly."""
   e = grams.log2_scales([x, y])
   center = grams.center_unbiased if debiased else _double_centred
