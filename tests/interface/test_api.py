@@ -211,8 +211,9 @@ def test_notices_and_errors_speak_the_notebook_s_words(tiny_vit_bit, images, cap
 
 def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog):
   """A notebook's next call with the same models, layers and measures runs the step
-  the first call compiled (`programs.Step`): its step is neither traced nor compiled
-  again, nor read from the persistent cache. Another measure is another program."""
+  the first call compiled (`programs.Step`; kept for later processes as
+  `kept_step`, `run/exported`): its step is neither traced nor compiled again,
+  nor read from the persistent cache. Another measure is another program."""
   import jax
   vit, bit = tiny_vit_bit
   grey = images[0][:16]
@@ -223,11 +224,12 @@ def test_a_second_call_traces_and_compiles_nothing(tiny_vit_bit, images, caplog)
     caplog.clear()
     with jax.log_compiles(), caplog.at_level("DEBUG"):
       r = vj.cka(models, grey, **kw, **more)
-    return [m for m in caplog.messages if "jit(local)" in m or "local for pjit" in m
-            or "'jit_local'" in m], r
+    return [m for m in caplog.messages if any(s in m for s in (
+        "jit(local)", "local for pjit", "'jit_local'", "jit(kept_step)", "kept_step for pjit"))], r
 
   first, r1 = step_events()
-  assert any("Finished XLA compilation of jit(local)" in m or "'jit_local'" in m for m in first), first
+  assert any(f"Finished XLA compilation of jit({name})" in m for m in first for name in ("local", "kept_step")
+             ), first
   again, r2 = step_events()
   assert again == [], again
   np.testing.assert_array_equal(r1["cka_resnet_vit"], r2["cka_resnet_vit"])

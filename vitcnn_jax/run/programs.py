@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from vitcnn_jax.run import exported
 from vitcnn_jax.run import memory
 
 _JAX_OWN: list[str | None] = []  # JAX's cache folder as the user set it, before ours
@@ -58,8 +59,9 @@ class Step:
   freed handed back (`memory.release_freed`: run at once, the step's buffers
   would add to it). A pass that says what its program is (`Pass.program`) shares
   its compiled steps with every later run of the same program in this process:
-  no trace, no compile. The cache holds compiled programs, not the pass or its
-  models' parameters."""
+  no trace, no compile; and, through `exported`, with later processes: no trace
+  of the models. The cache holds compiled programs, not the pass or its models'
+  parameters."""
 
   def __init__(self, fn: Callable, key: tuple | None):
     self._fn, self._key, self._own = fn, key, {}
@@ -73,7 +75,8 @@ class Step:
       if cache is _COMPILED:
         _COMPILED.move_to_end(key)
       return cache[key]
-    cache[key] = self._fn.lower(*args).compile()
+    path = None if self._key is None else exported.path_for(self._key, signature)
+    cache[key] = exported.compile_step(self._fn, args, path)
     memory.release_freed()
     while len(_COMPILED) > KEEP_COMPILED:
       _COMPILED.popitem(last=False)
