@@ -61,6 +61,9 @@ def test_what_the_program_depends_on_names_another_file(tmp_path, monkeypatch):
     assert exported.path_for(key, signature) != path  # the package's code changed
     assert exported.path_for((object(),), signature) is None  # an address: could hide a difference
     assert exported.path_for((np.arange(2000),), signature) is None  # numpy elides long arrays
+    jax.config.update("jax_compilation_cache_dir", "gs://bucket/xla")
+    assert exported.path_for(key, signature) is None  # kept in local folders only
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e30)
     assert exported.path_for(key, signature) is None  # `parallel.uncached`: grouped CPU steps
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -50,11 +50,11 @@ def source_digest() -> str:
 
 def path_for(key: Any, signature: Any) -> str | None:
   """Where the step of `key` for inputs of `signature` is kept; None where it is
-  not kept (no persistent cache taking every program, several processes, or a
-  key whose text does not say all of it)."""
+  not kept (no local persistent cache taking every program, several processes,
+  or a key whose text does not say all of it)."""
   folder = jax.config.jax_compilation_cache_dir
-  if (not jax.config.jax_enable_compilation_cache or not folder or jax.process_count() > 1
-      or jax.config.jax_persistent_cache_min_compile_time_secs > 0):
+  if (not jax.config.jax_enable_compilation_cache or not folder or fileio.is_remote(folder)
+      or jax.process_count() > 1 or jax.config.jax_persistent_cache_min_compile_time_secs > 0):
     return None
   text = repr((key, signature))
   if " at 0x" in text or "..." in text:  # an object's address, or an array numpy elided
