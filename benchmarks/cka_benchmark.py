@@ -23,11 +23,14 @@ the 16 block convs the widths that variant has at 32 px.
 Each part runs in its own process, so peak memory (ru_maxrss) is its own. Ours
 runs twice, both with JAX's persistent compilation cache in a fresh folder: the
 first run compiles and fills it (what a user pays the first time), the second
-reads it back. Per tool it prints the end-to-end time (ours: compile included),
-the time beyond the forward passes (a peer: minus torch's forward of the same
-networks over the same images, timed in its process; ours: minus our forward),
-peak memory, max |CKA - float64| and each tool's ratios to ours (`--json PATH`
-writes the rows). Every tool computes the unbiased (HSIC_1) minibatch CKA, read
+reads it back. Every part runs `--rounds` times in turn (ours cold, ours warm,
+each peer; then again), and each tool's figures are those of its round of
+median end-to-end time, every round's printed beside them. Per tool it prints
+the end-to-end time (ours: compile included), the time beyond the forward
+passes (a peer: minus torch's forward of the same networks over the same
+images, timed in its process; ours: minus our forward), peak memory,
+max |CKA - float64| and each tool's ratios to ours (`--json PATH` writes the
+rows). Every tool computes the unbiased (HSIC_1) minibatch CKA, read
 from its source; the error columns say how far each is from it in float64, from
 the same with the tool's own change to it (pytorch-cka clips to [0, 1],
 cka-pytorch adds 1e-4 under the root: what is left is its float32 arithmetic)
@@ -126,14 +129,20 @@ def compare(rev: str, s: workload.Setup, rounds: int) -> None:
         f"{here['peak_gib'] / there['peak_gib']:.3f}x peak")
 
 
-def peer_row(s: workload.Setup, tool: str, ref: dict) -> dict:
-  """A peer's part, or why it did not run, and its CKA's distance from each reference."""
-  row = dict(tool=tool, estimator=peers.PEERS[tool][2], how=peers.HOW[tool].format(device=s.device))
+def peer_part(s: workload.Setup, tool: str) -> dict:
+  """A peer's part as timed, or why it did not run."""
   try:
-    got = parts.run_part(tool, s)
+    return parts.run_part(tool, s)
   except RuntimeError as e:
     lines = [x for x in str(e).splitlines() if x.strip()]
-    return dict(row, error=lines[-1][:160] if lines else "failed")
+    return dict(error=lines[-1][:160] if lines else "failed")
+
+
+def peer_row(s: workload.Setup, tool: str, got: dict, ref: dict) -> dict:
+  """A peer's row from its part `got`, and its CKA's distance from each reference."""
+  row = dict(tool=tool, estimator=peers.PEERS[tool][2], how=peers.HOW[tool].format(device=s.device))
+  if "error" in got:
+    return dict(row, error=got["error"])
   row.update(version=got["version"], end_to_end_s=got["total_s"], forward_s=got["forward_s"],
              beyond_forward_s=got["total_s"] - got["forward_s"], peak_gib=got["peak_gib"],
              second_s=got.get("second_s"), device_peak_gib=got.get("device_peak_gib"),
@@ -156,8 +165,8 @@ def peer_row(s: workload.Setup, tool: str, ref: dict) -> dict:
   return row
 
 
-def peer_rows(s: workload.Setup, peer_names: list[str], lx: int) -> list[dict]:
-  """Each peer's row, printed as it finishes, against the float64 references of
+def peer_rows(s: workload.Setup, timed: dict[str, dict], lx: int) -> list[dict]:
+  """Each peer's row from its part `timed`, against the float64 references of
   timm's activations (where `s.reference`); `lx`: the first network's layers."""
   torch_ref = {}
   if s.reference:
@@ -168,38 +177,57 @@ def peer_rows(s: workload.Setup, peer_names: list[str], lx: int) -> list[dict]:
     ours = np.load(s.path("ours.npy"))[:lx, lx:]
     print(f"ours vs the float64 CKA of timm's activations (the same networks): max |diff| = "
           f"{np.abs(ours - references.plain(torch_ref['hsic'], lx)).max():.2e}")
-  rows = []
-  for tool in peer_names:
-    rows.append(peer_row(s, tool, torch_ref))
-    cka_report.print_peer(rows[-1])
-  return rows
+  return [peer_row(s, tool, got, torch_ref) for tool, got in timed.items()]
 
 
-def run_all(s: workload.Setup, peer_names: list[str], json_path: str) -> None:
-  """Every part in its own process, then the table (and the `--json` record)."""
+def median_round(runs: list[dict]) -> dict:
+  """The round of median end-to-end time (of an even count, the slower middle one),
+  whole, so that its parts add up; a failed round where any failed."""
+  failed = [r for r in runs if "error" in r]
+  return failed[0] if failed else sorted(runs, key=lambda r: r["total_s"])[len(runs) // 2]
+
+
+def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: int) -> None:
+  """Every part in its own process, `rounds` times in turn (ours cold in a fresh
+  compilation cache, ours again with it, each peer), then the table of each tool's
+  round of median end-to-end time (and the `--json` record)."""
   if s.workload == "resnet18":
     parts.run_part("weights", s)
-  cache = s.path("jax_cache")
-  os.makedirs(cache, exist_ok=True)
-  cold = parts.run_part("ours", dataclasses.replace(s, cache=cache))
-  warm = parts.run_part("ours", dataclasses.replace(s, second=False, cache=cache))
+  runs: dict[str, list[dict]] = {"ours (cold)": [], "ours (warm cache)": [], **{p: [] for p in peer_names}}
+  for r in range(rounds):
+    cache = s.path(f"jax_cache_{r}")
+    os.makedirs(cache, exist_ok=True)
+    runs["ours (cold)"].append(parts.run_part("ours", dataclasses.replace(s, cache=cache)))
+    runs["ours (warm cache)"].append(parts.run_part("ours", dataclasses.replace(s, second=False, cache=cache)))
+    for tool in peer_names:
+      runs[tool].append(peer_part(s, tool))
+    print(f"round {r + 1} of {rounds}, end to end: " + ", ".join(
+        f"{k} " + ("failed" if "error" in v[-1] else f"{v[-1]['total_s']:.1f} s") for k, v in runs.items()),
+        flush=True)
+  cold, warm = median_round(runs["ours (cold)"]), median_round(runs["ours (warm cache)"])
   ref = parts.run_part("reference", s) if s.reference else {}
   what = ("ViT-B/16 x BiT-R50x1; ours at our random init, the peers timm's at timm's" if s.workload == "W"
           else "ResNet-18 x ResNet-18, timm's at random init (seeds 0, 1), the same weights in ours")
   print(f"{s.workload}: {s.images} images of {s.size} px in minibatches of {s.batch}, {cold['layers_x']} x "
         f"{cold['layers_y']} layers ({what}); {os.cpu_count()} CPU cores; ours on {cold['backend']}, the "
-        f"peers on torch's {s.device}", flush=True)
+        f"peers on torch's {s.device}; each figure from the tool's round of median end-to-end time, of "
+        f"{rounds} rounds in turn", flush=True)
   cka_report.print_ours(s, cold, warm, ref)
   rows = cka_report.ours_rows(cold, warm, ref)
   if peer_names:
-    rows += peer_rows(s, peer_names, cold["layers_x"])
+    rows += peer_rows(s, {p: median_round(runs[p]) for p in peer_names}, cold["layers_x"])
+    for r in rows[2:]:
+      cka_report.print_peer(r)
   print()
   print("\n".join(cka_report.table(rows)))
+  if rounds > 1:
+    by_round = lambda v: " / ".join("failed" if "error" in x else f"{x['total_s']:.1f} s" for x in v)
+    print("end to end by round: " + "; ".join(f"{k} {by_round(v)}" for k, v in runs.items()))
   cka_report.print_notes(rows)
   if s.workload == "W":
     cka_report.print_targets(rows)
   if json_path:
-    cka_report.write_record(s, cold, rows, json_path)
+    cka_report.write_record(s, cold, rows, json_path, runs)
 
 
 def setup_of(args) -> workload.Setup:
@@ -231,7 +259,8 @@ def main():
   ap.add_argument("--work", default="", help="the parts' shared folder (default: a fresh temporary one)")
   ap.add_argument("--cache", default="", help=argparse.SUPPRESS)  # a part's compilation cache
   ap.add_argument("--compare", default="", metavar="REV")
-  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--rounds", type=int, default=3,
+                  help="rounds of the parts in turn: each tool's figures from its round of median time")
   ap.add_argument("--device", default="cpu", help="torch's device for the peers (cuda: ours on JAX's GPU too)")
   ap.add_argument("--no_reference", action="store_true",
                   help="skip the float64 references (minutes on CPU at W's scale): no error columns")
@@ -252,12 +281,14 @@ def main():
   with tempfile.TemporaryDirectory(prefix="cka_bench_") as tmp:
     args.work = args.work or tmp
     s = setup_of(args)
+    if args.rounds < 1:
+      raise SystemExit(f"--rounds {args.rounds} must be at least 1.")
     if args.compare:
       compare(args.compare, s, args.rounds)
     elif args.overhead:
       overhead(s, args.rounds)
     else:
-      run_all(s, names, args.json)
+      run_all(s, names, args.json, args.rounds)
 
 
 if __name__ == "__main__":

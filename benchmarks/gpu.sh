@@ -35,10 +35,10 @@ if [ "$stage" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $py -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__)"
     step "ResNet-18 shape: ours cold, warm, a second call; pytorch-cka, cka-pytorch"
-    timeout 240 $py -m $bench --workload resnet18 --device cuda --peers pytorch-cka,cka-pytorch --second \
+    timeout 240 $py -m $bench --workload resnet18 --device cuda --peers pytorch-cka,cka-pytorch --second --rounds 1 \
       --work /tmp/r18 --json "$out/r18.json"
     step "W at 10,240 images, batch 256: ours cold and warm; pytorch-cka"
-    timeout 240 $py -m $bench --images 10240 --batch 256 --device cuda --peers pytorch-cka --no_reference \
+    timeout 240 $py -m $bench --images 10240 --batch 256 --device cuda --peers pytorch-cka --no_reference --rounds 1 \
       --work /tmp/w256 --json "$out/w256.json"
     if [ -n "$base" ]; then
       step "before: $base, ours cold (ResNet-18 shape, then W)"
