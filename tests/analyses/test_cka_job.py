@@ -476,3 +476,32 @@ def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device,
   summary = json.loads((one_device / "cka.json").read_text())
   assert summary["bootstrap"]["replicates"] == 16
   assert summary["measures"]["rsa"]["null"]["like_null_method"].startswith("bootstrap")
+
+
+def test_models_of_one_architecture_run_as_one_loop_equal_to_each_alone(tiny_vit_bit, blocks_one_device, tmp_path,
+                                                                        monkeypatch):
+  """Two models of one architecture (one checkpoint twice) share one loop over
+  their stacked parameters in the step: each point's Gram is traced once for
+  both, not once per model, and each model's CKA equals the two-model run's."""
+  import ml_collections
+  from configs import cka_vit_resnet, common
+  from vitcnn_jax import jobs
+  from vitcnn_jax.run import protocol
+  from vitcnn_jax.similarity import grams
+  counts = collections.Counter()
+  real_layer, real_sums = grams.scaled_layer, protocol.Forward.measure_sums
+  monkeypatch.setattr(grams, "scaled_layer", lambda *a, **k: counts.update(["grams"]) or real_layer(*a, **k))
+  monkeypatch.setattr(protocol.Forward, "measure_sums",
+                      lambda *a, **k: counts.update(["steps"]) or real_sums(*a, **k))
+  vit, _ = tiny_vit_bit
+  config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
+  config.models = ml_collections.ConfigDict({"a": common.model(vit, "blocks", "ViT"),
+                                             "b": common.model(vit, "blocks", "ViT")})
+  config.data = zoo.data_spec("synthetic", num_examples=64)
+  config.plot.format = "none"
+  jobs.run(config, str(tmp_path / "wd"))
+  z = np.load(tmp_path / "wd" / "cka.npz")
+  points = len(z["cka_a_a"])
+  assert counts["steps"] >= 1 and counts["grams"] == points * counts["steps"], (counts, points)
+  assert_close(z["cka_a_a"], np.load(blocks_one_device / "cka.npz")["cka_vit_vit"], RUNS_BOUND, "a_a")
+  assert np.array_equal(z["cka_a_b"], z["cka_a_a"]) and np.array_equal(z["cka_b_b"], z["cka_a_a"])

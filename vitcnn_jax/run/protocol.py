@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.inputs import preprocess
@@ -63,7 +64,10 @@ class Forward:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
                                      self._precision)
-    layers = [lay for name, names in points.items() for lay in self.layers(name, names, mask)]
+    got: dict[str, list[grams.Layer]] = {}
+    for group in self._alike(points):
+      got.update(self._group_layers(group, points[group[0]], mask))
+    layers = [lay for name in points for lay in got[name]]
     return measures.stack_sums(registry.Stack.of(layers), mask, spec, parallel.AXES, self.key,
                                self._precision)
 
@@ -71,10 +75,45 @@ class Forward:
     """`grams.scaled_layer` of each of `points` of model `name`, made inside the
     forward as each is computed (`capturing.Capture.reduce`): in a scan over
     identical blocks its activation dies in its block and its code is compiled once."""
+    return self._layers(name, self._params[name], self._images[name], points, mask)
+
+  def _layers(self, name: str, params: Any, images: jax.Array, points: Sequence[str], mask: jax.Array
+              ) -> list[grams.Layer]:
     capture = capturing.Capture(tuple(points), reduce=lambda a: grams.scaled_layer(a, mask, self._precision))
-    out = self.models[name].model.apply({"params": self._params[name]}, self.inputs(name),
-                                        capture=capture)[1]
+    x = preprocess.normalize(images, self.models[name].policy)
+    out = self.models[name].model.apply({"params": params}, x, capture=capture)[1]
     return [out[p] for p in points]
+
+  def _alike(self, points: dict[str, Sequence[str]]) -> list[list[str]]:
+    """The models in groups that run the same program: one architecture,
+    preprocessing, points, input shape and parameter shapes (seeds or checkpoints
+    of one network), in the order of `points`."""
+    def signature(name):
+      leaves, tree = jax.tree.flatten(self._params[name])
+      shapes = tuple((a.shape, a.dtype) for a in leaves)
+      return (self.models[name].model, self.models[name].policy, tuple(points[name]), tree, shapes,
+              self._images[name].shape, self._images[name].dtype)
+    groups: list[tuple[Any, list[str]]] = []
+    for name in points:
+      sig = signature(name)
+      match = next((g for s, g in groups if s == sig), None)
+      if match is None:
+        groups.append((sig, [name]))
+      else:
+        match.append(name)
+    return [g for _, g in groups]
+
+  def _group_layers(self, group: list[str], points: Sequence[str], mask: jax.Array
+                    ) -> dict[str, list[grams.Layer]]:
+    """`layers` of each model of `group` (`_alike`): for two or more, one loop over
+    their stacked parameters and inputs, so that the forward and Gram code is
+    compiled once for the group, not once per model."""
+    if len(group) == 1:
+      return {group[0]: self.layers(group[0], points, mask)}
+    stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
+    got = jax.lax.map(lambda pi: self._layers(group[0], pi[0], pi[1], points, mask),
+                      (stack([self._params[n] for n in group]), stack([self._images[n] for n in group])))
+    return {n: jax.tree.map(lambda a, i=i: a[i], got) for i, n in enumerate(group)}
 
   def inputs(self, name: str) -> jax.Array:
     """Model `name`'s input images, float32, normalised as its policy says."""
