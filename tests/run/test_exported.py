@@ -86,3 +86,16 @@ def test_a_damaged_kept_step_is_named_and_made_again(tmp_path, caplog):
     assert float(exported.compile_step(fn, (x,), path)(x)) == 55.0
   assert f"The kept step {path} could not be read" in caplog.text
   assert open(path, "rb").read() == good  # written again
+
+
+def test_a_damaged_kept_step_another_process_removed_first_is_made_again(tmp_path, monkeypatch):
+  fn = jax.jit(lambda x: jnp.sum(x * x))
+  x = jnp.arange(6.0)
+  path = str(tmp_path / exported.FOLDER / "step.jax_exported")
+  exported.compile_step(fn, (x,), path)
+
+  def damaged_and_gone(data):  # read as damaged, and removed by another process meanwhile
+    os.remove(path)
+    raise ValueError("damaged")
+  monkeypatch.setattr(jax.export, "deserialize", damaged_and_gone)
+  assert float(exported.compile_step(fn, (x,), path)(x)) == 55.0

@@ -19,6 +19,7 @@ CPU steps stay out, `parallel.uncached`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -99,13 +100,18 @@ def _export(fn: Callable, args: tuple, path: str) -> jax.export.Exported | None:
 
 
 def _read(path: str) -> jax.export.Exported | None:
-  if not os.path.exists(path):
-    return None
+  """The kept step at `path`; None where there is none, or only a damaged file
+  (removed: another process may have removed it first)."""
   try:
     with open(path, "rb") as f:
-      return jax.export.deserialize(bytearray(f.read()))
+      data = f.read()
+  except FileNotFoundError:
+    return None
+  try:
+    return jax.export.deserialize(bytearray(data))
   except Exception as e:  # any damage to the file: it is only a cache
     _LOG.warning("The kept step %s could not be read (%s: %s); it is removed and compiled again.",
                  path, type(e).__name__, e)
-    os.remove(path)
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
     return None
