@@ -375,24 +375,36 @@ def test_bad_config_fields_are_named(tiny_vit_bit, tmp_path):
   assert r.returncode != 0 and "config.devices_per_minibatch=3 must divide both the 8 devices" in r.stderr
 
 
-def test_three_models_as_a_mapping(tiny_vit_bit, blocks_one_device, tmp_path):
+def test_four_models_as_a_mapping_two_of_one_architecture_as_one_loop(tiny_vit_bit, blocks_one_device, tmp_path,
+                                                                      monkeypatch):
   """config.models = {name: spec}: every pair's block from one HSIC matrix, equal to
   the two-model run's blocks for the same two models (each block's output: the
-  mapping, not the layers, is under test)."""
+  mapping, not the layers, is under test). Two models of one architecture (here
+  one checkpoint twice) share one loop over their stacked parameters in the step:
+  each of their points' Gram is traced once for both, not once per model."""
   import ml_collections
   from configs import cka_vit_resnet, common
   from vitcnn_jax import jobs
+  from vitcnn_jax.run import protocol
+  from vitcnn_jax.similarity import grams
+  counts = collections.Counter()
+  real_layer, real_sums = grams.scaled_layer, protocol.Forward.measure_sums
+  monkeypatch.setattr(grams, "scaled_layer", lambda *a, **k: counts.update(["grams"]) or real_layer(*a, **k))
+  monkeypatch.setattr(protocol.Forward, "measure_sums",
+                      lambda *a, **k: counts.update(["steps"]) or real_sums(*a, **k))
   vit, bit = tiny_vit_bit
   third = uf.save(tmp_path / "gap.npz", uf.bv_vit(1, pool="gap", width=48, depth=2, heads=3, mlp=96, patch=8))
   config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
   config.models = ml_collections.ConfigDict({
       "a_vit": common.model(vit, "blocks", "ViT"),
       "b_bit": common.model(bit, "blocks", "BiT", resolution=32),
-      "c_gap": common.model(third, "blocks", "ViT GAP")})
+      "c_gap": common.model(third, "blocks", "ViT GAP"),
+      "d_vit": common.model(vit, "blocks", "ViT again")})
   config.data = zoo.data_spec("synthetic", num_examples=64)
   jobs.run(config, str(tmp_path / "wd"))
   z = np.load(tmp_path / "wd" / "cka.npz")
-  pairs = ["a_vit_a_vit", "a_vit_b_bit", "a_vit_c_gap", "b_bit_b_bit", "b_bit_c_gap", "c_gap_c_gap"]
+  names = ["a_vit", "b_bit", "c_gap", "d_vit"]
+  pairs = [f"{a}_{b}" for i, a in enumerate(names) for b in names[i:]]
   assert sorted(k[4:] for k in z.files if k.startswith("cka_")) == sorted(pairs)
   assert z["cka_a_vit_c_gap"].shape == (2, 2) and z["cka_b_bit_c_gap"].shape == (2, 2)
   for tag in pairs:
@@ -401,6 +413,10 @@ def test_three_models_as_a_mapping(tiny_vit_bit, blocks_one_device, tmp_path):
   for three_tag, two_tag in (("a_vit_a_vit", "vit_vit"), ("b_bit_b_bit", "resnet_resnet")):
     assert_close(z[f"cka_{three_tag}"], two[f"cka_{two_tag}"], RUNS_BOUND, three_tag)
   assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")
+  for tag in ("a_vit_d_vit", "d_vit_d_vit"):
+    assert np.array_equal(z[f"cka_{tag}"], z["cka_a_vit_a_vit"]), tag
+  one_loop = sum(len(z[f"cka_{n}_{n}"]) for n in names[:3])  # d_vit's points traced with a_vit's
+  assert counts["steps"] >= 1 and counts["grams"] == one_loop * counts["steps"], (counts, one_loop)
 
 
 def test_every_measure_and_its_null_on_eight_devices_equal_one_device(blocks_one_device, eight_devices):
@@ -477,31 +493,3 @@ def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device,
   assert summary["bootstrap"]["replicates"] == 16
   assert summary["measures"]["rsa"]["null"]["like_null_method"].startswith("bootstrap")
 
-
-def test_models_of_one_architecture_run_as_one_loop_equal_to_each_alone(tiny_vit_bit, blocks_one_device, tmp_path,
-                                                                        monkeypatch):
-  """Two models of one architecture (one checkpoint twice) share one loop over
-  their stacked parameters in the step: each point's Gram is traced once for
-  both, not once per model, and each model's CKA equals the two-model run's."""
-  import ml_collections
-  from configs import cka_vit_resnet, common
-  from vitcnn_jax import jobs
-  from vitcnn_jax.run import protocol
-  from vitcnn_jax.similarity import grams
-  counts = collections.Counter()
-  real_layer, real_sums = grams.scaled_layer, protocol.Forward.measure_sums
-  monkeypatch.setattr(grams, "scaled_layer", lambda *a, **k: counts.update(["grams"]) or real_layer(*a, **k))
-  monkeypatch.setattr(protocol.Forward, "measure_sums",
-                      lambda *a, **k: counts.update(["steps"]) or real_sums(*a, **k))
-  vit, _ = tiny_vit_bit
-  config = cka_vit_resnet.get_config(f"b16_r50,examples={EXAMPLES},batch={BATCH},repeats={REPEATS}")
-  config.models = ml_collections.ConfigDict({"a": common.model(vit, "blocks", "ViT"),
-                                             "b": common.model(vit, "blocks", "ViT")})
-  config.data = zoo.data_spec("synthetic", num_examples=64)
-  config.plot.format = "none"
-  jobs.run(config, str(tmp_path / "wd"))
-  z = np.load(tmp_path / "wd" / "cka.npz")
-  points = len(z["cka_a_a"])
-  assert counts["steps"] >= 1 and counts["grams"] == points * counts["steps"], (counts, points)
-  assert_close(z["cka_a_a"], np.load(blocks_one_device / "cka.npz")["cka_vit_vit"], RUNS_BOUND, "a_a")
-  assert np.array_equal(z["cka_a_b"], z["cka_a_a"]) and np.array_equal(z["cka_b_b"], z["cka_a_a"])
