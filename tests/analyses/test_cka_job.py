@@ -413,8 +413,8 @@ def test_four_models_as_a_mapping_two_of_one_architecture_as_one_loop(tiny_vit_b
   for three_tag, two_tag in (("a_vit_a_vit", "vit_vit"), ("b_bit_b_bit", "resnet_resnet")):
     assert_close(z[f"cka_{three_tag}"], two[f"cka_{two_tag}"], RUNS_BOUND, three_tag)
   assert_close(z["cka_a_vit_b_bit"], two["cka_resnet_vit"].T, RUNS_BOUND, "a_vit_b_bit")
-  for tag in ("a_vit_d_vit", "d_vit_d_vit"):
-    assert np.array_equal(z[f"cka_{tag}"], z["cka_a_vit_a_vit"]), tag
+  for tag in ("a_vit_d_vit", "d_vit_d_vit"):  # one checkpoint twice: its self-CKA
+    assert_close(z[f"cka_{tag}"], z["cka_a_vit_a_vit"], RUNS_BOUND, tag)
   one_loop = sum(len(z[f"cka_{n}_{n}"]) for n in names[:3])  # d_vit's points traced with a_vit's
   assert counts["steps"] >= 1 and counts["grams"] == one_loop * counts["steps"], (counts, one_loop)
 
