@@ -492,4 +492,3 @@ def test_bootstrap_intervals_on_any_device_count_and_across_a_resume(one_device,
   summary = json.loads((one_device / "cka.json").read_text())
   assert summary["bootstrap"]["replicates"] == 16
   assert summary["measures"]["rsa"]["null"]["like_null_method"].startswith("bootstrap")
-

@@ -94,9 +94,11 @@ class Forward:
       return (self.models[name].policy, tuple(points[name]), tree, shapes,
               self._images[name].shape, self._images[name].dtype)
 
+    signatures = {name: signature(name) for name in points}
+
     def alike(a, b):
       try:  # a module field holding an array (training's skip gates) compares as an array
-        return signature(a) == signature(b) and bool(self.models[a].model == self.models[b].model)
+        return signatures[a] == signatures[b] and bool(self.models[a].model == self.models[b].model)
       except (TypeError, ValueError):
         return False
     groups: list[list[str]] = []
