@@ -187,6 +187,11 @@ def median_round(runs: list[dict]) -> dict:
   return failed[0] if failed else sorted(runs, key=lambda r: r["total_s"])[len(runs) // 2]
 
 
+def _end_to_end(run: dict) -> str:
+  """A part's end-to-end time as printed, or that it failed."""
+  return "failed" if "error" in run else f"{run['total_s']:.1f} s"
+
+
 def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: int) -> None:
   """Every part in its own process, `rounds` times in turn (ours cold in a fresh
   compilation cache, ours again with it, each peer), then the table of each tool's
@@ -201,9 +206,8 @@ def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: in
     runs["ours (warm cache)"].append(parts.run_part("ours", dataclasses.replace(s, second=False, cache=cache)))
     for tool in peer_names:
       runs[tool].append(peer_part(s, tool))
-    print(f"round {r + 1} of {rounds}, end to end: " + ", ".join(
-        f"{k} " + ("failed" if "error" in v[-1] else f"{v[-1]['total_s']:.1f} s") for k, v in runs.items()),
-        flush=True)
+    print(f"round {r + 1} of {rounds}, end to end: "
+          + ", ".join(f"{k} {_end_to_end(v[-1])}" for k, v in runs.items()), flush=True)
   cold, warm = median_round(runs["ours (cold)"]), median_round(runs["ours (warm cache)"])
   ref = parts.run_part("reference", s) if s.reference else {}
   what = ("ViT-B/16 x BiT-R50x1; ours at our random init, the peers timm's at timm's" if s.workload == "W"
@@ -221,8 +225,8 @@ def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: in
   print()
   print("\n".join(cka_report.table(rows)))
   if rounds > 1:
-    by_round = lambda v: " / ".join("failed" if "error" in x else f"{x['total_s']:.1f} s" for x in v)
-    print("end to end by round: " + "; ".join(f"{k} {by_round(v)}" for k, v in runs.items()))
+    print("end to end by round: "
+          + "; ".join(f"{k} " + " / ".join(map(_end_to_end, v)) for k, v in runs.items()))
   cka_report.print_notes(rows)
   if s.workload == "W":
     cka_report.print_targets(rows)
