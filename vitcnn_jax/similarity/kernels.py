@@ -28,6 +28,8 @@ Each is a family of its own (`registry.Family`); what two read alike
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,22 +120,48 @@ def knn_masks(idx: jax.Array, ok: jax.Array) -> jax.Array:
       jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None], idx].set(ok.astype(jnp.float32))
 
 
-def cknna_hsic(cos: jax.Array, knn: jax.Array, cos_b: jax.Array, knn_b: jax.Array, n: jax.Array,
+class ByExample(NamedTuple):
+  """One side of CKNNA's products, each (n, L, n) with the example k first: [k, a, i]
+  holds layer a's cosine K[k, i] (`cos`), whether i is among k's neighbours (`knn`),
+  and whether k is among i's (`back`, the mask transposed). With k first every
+  product is a batch of (L, n) x (n, L) matmuls that needs no transposing."""
+  cos: jax.Array
+  knn: jax.Array
+  back: jax.Array
+
+
+def by_example(cos: jax.Array, idx: jax.Array, ok: jax.Array) -> ByExample:
+  """`ByExample` of (L, n, n) cosines and the (L, n, k) neighbour lists
+  (`neighbours.neighbours`), the masks scattered straight into that layout."""
+  num, n, _ = idx.shape
+  layer, row = jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None]
+  zeros = jnp.zeros((n, num, n), jnp.float32)
+  on = ok.astype(jnp.float32)
+  return ByExample(jnp.swapaxes(cos, 0, 1), zeros.at[row, layer, idx].set(on),
+                   zeros.at[idx, layer, row].set(on))
+
+
+def _per_example(x: jax.Array, y: jax.Array, precision: grams.Precision) -> jax.Array:
+  """(n, L, L) Σ_i x[k, a, i] y[k, b, i] for each example k."""
+  return jnp.einsum("kai,kbi->kab", x, y, precision=precision)
+
+
+def _cknna_trace(x: ByExample, y: ByExample, precision: grams.Precision) -> jax.Array:
+  """(L, L) tr(A Bᵀ) = <M ∘ Mᵀ ∘ K, M' ∘ M'ᵀ ∘ K'> of every pair."""
+  s = lambda side: side.knn * side.back * side.cos
+  return _per_example(s(x), s(y), precision).sum(0)
+
+
+def cknna_hsic(trace: jax.Array, x: ByExample, y: ByExample, n: jax.Array,
                precision: grams.Precision) -> jax.Array:
-  """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b, for stacked (L, n, n)
-  cosine kernels and k-NN masks, as sums over flattened matrices: with P = M K,
-  tr(A B^T) = <M M^T K, M M^T K'>, 1^T A 1 = <P_a, M_b>, 1^T A B 1 = sum_k
-  (P_a[:, k] . M_b[:, k]) (M_a[k] . P_b[k])."""
-  num = cos.shape[0]
-  p, p_b = knn * cos, knn_b * cos_b
-  s = (knn * jnp.swapaxes(knn, 1, 2) * cos).reshape(num, -1)
-  s_b = (knn_b * jnp.swapaxes(knn_b, 1, 2) * cos_b).reshape(cos_b.shape[0], -1)
-  trace = jnp.matmul(s, s_b.T, precision=precision)
-  a_b = jnp.matmul(p.reshape(num, -1), knn_b.reshape(knn_b.shape[0], -1).T, precision=precision)
-  b_a = jnp.matmul(knn.reshape(num, -1), p_b.reshape(p_b.shape[0], -1).T, precision=precision)
-  cols = jnp.einsum("aik,bik->kab", p, knn_b, precision=precision)
-  rows = jnp.einsum("aki,bki->kab", knn, p_b, precision=precision)
-  hs = trace + a_b * b_a / jnp.maximum((n - 1) * (n - 2), 1.0) - 2 * (cols * rows).sum(0) / jnp.maximum(n - 2, 1.0)
+  """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b of the row layers
+  `x` and the column layers `y`, given their `_cknna_trace`: with P = M ∘ K, 1ᵀ A
+  1 = <P_a, M_b> = Σ_k cols_k, 1ᵀ B 1 = Σ_k rows_k and 1ᵀ A B 1 = Σ_k cols_k rows_k,
+  where cols_k = P_a[:, k] · M_b[:, k] and rows_k = M_a[k] · P_b[k]."""
+  rows = _per_example(x.knn, y.knn * y.cos, precision)
+  cols = _per_example(x.back * x.cos, y.back, precision)  # the cosines are symmetric
+  hs = (trace + cols.sum(0) * rows.sum(0) / jnp.maximum((n - 1) * (n - 2), 1.0)
+        - 2 * (cols * rows).sum(0) / jnp.maximum(n - 2, 1.0))
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 
 
@@ -326,12 +354,15 @@ MUTUAL_KNN = registry.Family((registry.Measure(
 
 def _cknna_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
   del chosen
-  n, cos, knn, order = valid_count(mb.mask), mb.shared(registry.cosines), mb.shared(_knn), mb.order
-  out = {"cknna_hsic": cknna_hsic(cos, knn, cos, knn, n, mb.precision)}
-  if order is not None:
-    moved = layerpairs.permuted(cos, order), layerpairs.permuted(knn, order)  # one-way: 1ᵀ A B 1 is not symmetric
-    out["null/cknna_hsic"] = layerpairs.one_way(cknna_hsic(cos, knn, *moved, n, mb.precision),
-                                                cknna_hsic(*moved, cos, knn, n, mb.precision))
+  n, cos, (idx, ok), order = valid_count(mb.mask), mb.shared(registry.cosines), mb.shared(neighbours.lists), mb.order
+  x = by_example(cos, idx, ok)
+  out = {"cknna_hsic": cknna_hsic(_cknna_trace(x, x, mb.precision), x, x, n, mb.precision)}
+  if order is not None:  # one-way: 1ᵀ A B 1 is not symmetric; tr(A Bᵀ) is
+    # The permuted layers' lists re-indexed, as in `neighbours.neighbour_sums`.
+    moved = by_example(layerpairs.permuted(cos, order), jnp.argsort(order)[idx[:, order]], ok[:, order])
+    trace = _cknna_trace(x, moved, mb.precision)
+    out["null/cknna_hsic"] = layerpairs.one_way(cknna_hsic(trace, x, moved, n, mb.precision),
+                                                cknna_hsic(trace.T, moved, x, n, mb.precision))
   return out
 
 
