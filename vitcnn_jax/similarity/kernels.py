@@ -28,8 +28,6 @@ Each is a family of its own (`registry.Family`); what two read alike
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,46 +118,20 @@ def knn_masks(idx: jax.Array, ok: jax.Array) -> jax.Array:
       jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None], idx].set(ok.astype(jnp.float32))
 
 
-class ByExample(NamedTuple):
-  """One side of CKNNA's products, each (n, L, n) with the example k first: [k, a, i]
-  holds layer a's cosine K[k, i] (`cos`), whether i is among k's neighbours (`knn`),
-  and whether k is among i's (`back`, the mask transposed). With k first every
-  product is a batch of (L, n) x (n, L) matmuls that needs no transposing."""
-  cos: jax.Array
-  knn: jax.Array
-  back: jax.Array
-
-
-def by_example(cos: jax.Array, idx: jax.Array, ok: jax.Array) -> ByExample:
-  """`ByExample` of (L, n, n) cosines and the (L, n, k) neighbour lists
-  (`neighbours.neighbours`), the masks scattered straight into that layout."""
-  num, n, _ = idx.shape
-  layer, row = jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None]
-  zeros = jnp.zeros((n, num, n), jnp.float32)
-  on = ok.astype(jnp.float32)
-  return ByExample(jnp.swapaxes(cos, 0, 1), zeros.at[row, layer, idx].set(on),
-                   zeros.at[idx, layer, row].set(on))
-
-
-def _per_example(x: jax.Array, y: jax.Array, precision: grams.Precision) -> jax.Array:
-  """(n, L, L) Σ_i x[k, a, i] y[k, b, i] for each example k."""
-  return jnp.einsum("kai,kbi->kab", x, y, precision=precision)
-
-
-def _cknna_trace(x: ByExample, y: ByExample, precision: grams.Precision) -> jax.Array:
+def _cknna_trace(x: neighbours.ByExample, y: neighbours.ByExample, precision: grams.Precision) -> jax.Array:
   """(L, L) tr(A Bᵀ) = <M ∘ Mᵀ ∘ K, M' ∘ M'ᵀ ∘ K'> of every pair."""
   s = lambda side: side.knn * side.back * side.cos
-  return _per_example(s(x), s(y), precision).sum(0)
+  return neighbours.per_example(s(x), s(y), precision).sum(0)
 
 
-def cknna_hsic(trace: jax.Array, x: ByExample, y: ByExample, n: jax.Array,
+def cknna_hsic(trace: jax.Array, x: neighbours.ByExample, y: neighbours.ByExample, n: jax.Array,
                precision: grams.Precision) -> jax.Array:
   """(L, L) HSIC_1(M_ab K_a, M_ab K_b) with M_ab = knn_a * knn_b of the row layers
   `x` and the column layers `y`, given their `_cknna_trace`: with P = M ∘ K, 1ᵀ A
   1 = <P_a, M_b> = Σ_k cols_k, 1ᵀ B 1 = Σ_k rows_k and 1ᵀ A B 1 = Σ_k cols_k rows_k,
   where cols_k = P_a[:, k] · M_b[:, k] and rows_k = M_a[k] · P_b[k]."""
-  rows = _per_example(x.knn, y.knn * y.cos, precision)
-  cols = _per_example(x.back * x.cos, y.back, precision)  # the cosines are symmetric
+  rows = neighbours.per_example(x.knn, y.knn * y.cos, precision)
+  cols = neighbours.per_example(x.back * x.cos, y.back, precision)  # the cosines are symmetric
   hs = (trace + cols.sum(0) * rows.sum(0) / jnp.maximum((n - 1) * (n - 2), 1.0)
         - 2 * (cols * rows).sum(0) / jnp.maximum(n - 2, 1.0))
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
@@ -354,12 +326,10 @@ MUTUAL_KNN = registry.Family((registry.Measure(
 
 def _cknna_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
   del chosen
-  n, cos, (idx, ok), order = valid_count(mb.mask), mb.shared(registry.cosines), mb.shared(neighbours.lists), mb.order
-  x = by_example(cos, idx, ok)
+  n, x = valid_count(mb.mask), mb.shared(neighbours.by_example)
   out = {"cknna_hsic": cknna_hsic(_cknna_trace(x, x, mb.precision), x, x, n, mb.precision)}
-  if order is not None:  # one-way: 1ᵀ A B 1 is not symmetric; tr(A Bᵀ) is
-    # The permuted layers' lists re-indexed, as in `neighbours.neighbour_sums`.
-    moved = by_example(layerpairs.permuted(cos, order), jnp.argsort(order)[idx[:, order]], ok[:, order])
+  if mb.order is not None:  # one-way: 1ᵀ A B 1 is not symmetric; tr(A Bᵀ) is
+    moved = mb.shared(neighbours.moved_by_example)
     trace = _cknna_trace(x, moved, mb.precision)
     out["null/cknna_hsic"] = layerpairs.one_way(cknna_hsic(trace, x, moved, n, mb.precision),
                                                 cknna_hsic(trace.T, moved, x, n, mb.precision))

@@ -15,13 +15,16 @@ every example of every minibatch:
   cosine similarities to the neighbours of either layer, N_i ∪ N'_i, in one
   layer and in the other (ReSi's code uses cosine distances instead).
 
-Each is computed for every pair of layers at once, k examples i at a time:
-the shared neighbours and their two ranks by looking up each row layer's
-neighbours in each column layer's ranks, the cosine sums as matmuls over the
-examples j of which are a layer's neighbours.
+Each is computed for every pair of layers at once. The shared neighbours and
+their two ranks, k examples i at a time, by looking up each row layer's
+neighbours in each column layer's ranks; the second-order cosine's sums of
+cosines over the examples j that are a layer's neighbours as one batch of
+matmuls over j, a matmul per example i (`per_example`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +33,8 @@ from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import registry
 
-NAMES = ("knn_jaccard", "rank_similarity", "second_order_cosine")
+RANKED = ("knn_jaccard", "rank_similarity")  # from the lists' ranks
+NAMES = RANKED + ("second_order_cosine",)
 
 
 def neighbours(cos: jax.Array, mask: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -46,6 +50,47 @@ def lists(mb: registry.Minibatch) -> tuple[jax.Array, jax.Array]:
   return neighbours(mb.shared(registry.cosines), mb.mask, mb.spec.knn_k)
 
 
+class ByExample(NamedTuple):
+  """A minibatch's layers as (n, L, n) arrays with the example k first: [k, a, i]
+  holds layer a's cosine K[k, i] (`cos`), whether i is among k's neighbours (`knn`),
+  and whether k is among i's (`back`, the mask transposed). With k first, a sum
+  over i for every example and pair of layers is a batch of (L, n) x (n, L)
+  matmuls (`per_example`) that needs no transposing."""
+  cos: jax.Array
+  knn: jax.Array
+  back: jax.Array
+
+
+def _by_example(cos: jax.Array, idx: jax.Array, ok: jax.Array) -> ByExample:
+  """`ByExample` of (L, n, n) cosines and their (L, n, k) `neighbours` lists, the
+  masks scattered straight into that layout."""
+  num, n, _ = idx.shape
+  layer, row = jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None]
+  zeros = jnp.zeros((n, num, n), jnp.float32)
+  on = ok.astype(jnp.float32)
+  return ByExample(jnp.swapaxes(cos, 0, 1), zeros.at[row, layer, idx].set(on),
+                   zeros.at[idx, layer, row].set(on))
+
+
+def by_example(mb: registry.Minibatch) -> ByExample:
+  """The minibatch's `ByExample`; read through `mb.shared`."""
+  return _by_example(mb.shared(registry.cosines), *mb.shared(lists))
+
+
+def moved_by_example(mb: registry.Minibatch) -> ByExample:
+  """`by_example` of the null's layers (examples re-indexed by `mb.order`, see
+  `layerpairs`): their lists are the lists re-indexed, not a second top-k; read
+  through `mb.shared`."""
+  idx, ok = mb.shared(lists)
+  return _by_example(layerpairs.permuted(mb.shared(registry.cosines), mb.order),
+                     jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order])
+
+
+def per_example(x: jax.Array, y: jax.Array, precision) -> jax.Array:
+  """(n, L, L) Σ_i x[k, a, i] y[k, b, i] of (n, L, n) arrays, for each example k."""
+  return jnp.einsum("kai,kbi->kab", x, y, precision=precision)
+
+
 def check_k(spec: registry.Spec, smallest: int, chosen: tuple[str, ...]) -> None:
   """`knn_k` of a chosen neighbour measure, against the smallest minibatch."""
   if chosen and not 1 <= spec.knn_k < smallest:
@@ -53,21 +98,12 @@ def check_k(spec: registry.Spec, smallest: int, chosen: tuple[str, ...]) -> None
                      f"smallest here has {smallest} examples; knn_k must be 1..{smallest - 1}.")
 
 
-def _one_hot(idx: jax.Array, ok: jax.Array, n: int) -> jax.Array:
-  """(..., n, k): 1 where example j is the r-th neighbour (r < k) in the list."""
-  return ((idx[..., None, :] == jnp.arange(n)[:, None]) & ok[..., None, :]).astype(jnp.float32)
-
-
-def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
-  """One example's (L, L) value of each measure for every pair of a row layer of
-  `x` and a column layer of `y`, each a (cos (L, n), idx (L, k), ok (L, k)) of
-  that example: shared neighbours and their ranks from the two k-lists; sums of
-  cosines over the examples j that are neighbours as matmuls of per-layer
-  indicators over j (N_i ∪ N'_i as N_i and the rest of N'_i)."""
-  (cos_x, idx_x, ok_x), (cos_y, idx_y, ok_y) = x, y
-  n = cos_x.shape[-1]
-  in_x, in_y = _one_hot(idx_x, ok_x, n).sum(-1), _one_hot(idx_y, ok_y, n).sum(-1)  # (L, n): j is a neighbour
-  mm = lambda a, b: jnp.matmul(a, b.T, precision=precision)  # Σ_j a[row, j] b[col, j]
+def _example_sums(x, y, n: int, k: int) -> dict[str, jax.Array]:
+  """One example's (L, L) k-NN Jaccard and rank similarity for every pair of a row
+  layer of `x` and a column layer of `y`, each an (idx (L, k), ok (L, k)) of that
+  example's neighbours among `n`: shared neighbours and their ranks from the two
+  k-lists."""
+  (idx_x, ok_x), (idx_y, ok_y) = x, y
   r = jnp.arange(1, k + 1, dtype=jnp.float32)
   weight = 2 / ((1 + jnp.abs(r[:, None] - r[None, :])) * (r[:, None] + r[None, :]))
   harmonic = jnp.cumsum(jnp.r_[0.0, 1 / r])  # harmonic[c] = Σ_{t ≤ c} 1/t
@@ -86,52 +122,59 @@ def _example_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
   valid = (count_x > 0).astype(jnp.float32)[:, None]
   jaccard = shared / jnp.maximum(count_x[:, None] + count_y[None, :] - shared, 1.0)
   ranks = agree / jnp.maximum(harmonic[shared.astype(jnp.int32)], 1.0)  # (none shared: 0 / 1)
-  out_x = 1 - in_x  # Σ over N ∪ N' = Σ over N + Σ over N' outside N
-  dot = mm(in_x * cos_x, cos_y) + mm(out_x * cos_x, in_y * cos_y)
-  norm_x = (in_x * cos_x * cos_x).sum(-1)[:, None] + mm(out_x * cos_x * cos_x, in_y)
-  norm_y = mm(in_x, cos_y * cos_y) + mm(out_x, in_y * cos_y * cos_y)
-  second = dot * jax.lax.rsqrt(jnp.maximum(norm_x * norm_y, 1e-30))
-  return {"knn_jaccard": jaccard * valid, "rank_similarity": ranks * valid,
-          "second_order_cosine": second * valid}
+  return {"knn_jaccard": jaccard * valid, "rank_similarity": ranks * valid}
 
 
-def _pair_sums(x, y, k: int, precision) -> dict[str, jax.Array]:
+def _pair_sums(x, y, k: int) -> dict[str, jax.Array]:
   """(L, L) sums over the examples of `_example_sums`, k examples at a time: each
-  holds a few (L, L) arrays of its sums and (L, n, k) one-hots of its neighbours."""
+  holds a few (L, L) arrays of its sums and (L, L, k) ranks of its neighbours."""
   xs, ys = jax.tree.map(lambda v: jnp.swapaxes(v, 0, 1), (x, y))  # leading axis: the example
   n = xs[0].shape[0]
   block = min(n, k)
   pad = -n % block
   blocks = lambda t: jax.tree.map(  # padding examples have no neighbours
       lambda v: jnp.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)).reshape(-1, block, *v.shape[1:]), t)
-  one = jax.vmap(lambda a, b: _example_sums(a, b, k, precision))
-  zero = {m: jnp.zeros_like(x[0], shape=(x[0].shape[0], y[0].shape[0])) for m in NAMES}  # as varying as x
+  one = jax.vmap(lambda a, b: _example_sums(a, b, n, k))
+  zero = {m: jnp.zeros_like(x[0], jnp.float32, shape=(x[0].shape[0], y[0].shape[0]))  # as varying as x
+          for m in RANKED}
   add = lambda sums, ab: ({m: sums[m] + v.sum(0) for m, v in one(*ab).items()}, None)
   return jax.lax.scan(add, zero, (blocks(xs), blocks(ys)))[0]
 
 
-def neighbour_sums(cos: jax.Array, mask: jax.Array, lists: tuple[jax.Array, jax.Array],
-                   names: tuple[str, ...], k: int, order: jax.Array | None,
-                   precision) -> dict[str, jax.Array]:
-  """One minibatch's (L, L) sums over its examples of each measure of `names` from
-  the layers' (L, n, n) cosine similarities and their neighbour `lists`
-  (`neighbours`; with `order`, of the null too: the examples of one layer
-  re-indexed, see `layerpairs`), and `neighbour_count`, its examples."""
-  idx, ok = lists
-  out = {"neighbour_count": mask.astype(jnp.float32).sum()}
-  got = {m: layerpairs.mirror(v) for m, v in _pair_sums((cos, idx, ok), (cos, idx, ok), k, precision).items()}
-  if order is not None:
-    # The permuted layers' lists are the lists re-indexed, not a second top-k: example i
-    # of the moved layer is example order[i], and j there is order[j] (padding stays put).
-    moved = layerpairs.permuted(cos, order)
-    null = _pair_sums((cos, idx, ok), (moved, jnp.argsort(order)[idx[:, order]], ok[:, order]), k, precision)
-    got.update({f"null/{m}": layerpairs.mirror(v) for m, v in null.items()})
-  return {**out, **{m: v for m, v in got.items() if m.rsplit("/", 1)[-1] in names}}
+def _second_order(x: ByExample, y: ByExample, precision) -> jax.Array:
+  """(L, L) sums over the examples of the second-order cosine of every row layer of
+  `x` and column layer of `y`: for example k, sums of the cosines K[k, j] over j in
+  N ∪ N' (as N and the rest of N') for every pair of layers at once (`per_example`)."""
+  e = lambda a, b: per_example(a, b, precision)
+  cos_x, cos_y, in_x, in_y = x.cos, y.cos, x.knn, y.knn
+  out_x = 1 - in_x
+  dot = e(in_x * cos_x, cos_y) + e(out_x * cos_x, in_y * cos_y)
+  norm_x = (in_x * cos_x * cos_x).sum(-1)[:, :, None] + e(out_x * cos_x * cos_x, in_y)
+  norm_y = e(in_x, cos_y * cos_y) + e(out_x, in_y * cos_y * cos_y)
+  valid = (in_x.sum(-1) > 0)[:, :, None]  # the example has neighbours in the row layer
+  return jnp.sum(jnp.where(valid, dot * jax.lax.rsqrt(jnp.maximum(norm_x * norm_y, 1e-30)), 0.0), 0)
 
 
 def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
-  return neighbour_sums(mb.shared(registry.cosines), mb.mask, mb.shared(lists), chosen, mb.spec.knn_k,
-                        mb.order, mb.precision)
+  """One minibatch's (L, L) sums over its examples of each chosen measure, and with
+  `mb.order` of the null's (the examples of one layer re-indexed, see `layerpairs`),
+  and `neighbour_count`, its examples."""
+  out = {"neighbour_count": mb.mask.astype(jnp.float32).sum()}
+  got = {}
+  if set(RANKED) & set(chosen):
+    idx, ok = mb.shared(lists)
+    got.update(_pair_sums((idx, ok), (idx, ok), mb.spec.knn_k))
+    if mb.order is not None:
+      # The permuted layers' lists are the lists re-indexed, not a second top-k: example i
+      # of the moved layer is example order[i], and j there is order[j] (padding stays put).
+      moved = (jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order])
+      got.update({f"null/{m}": v for m, v in _pair_sums((idx, ok), moved, mb.spec.knn_k).items()})
+  if "second_order_cosine" in chosen:
+    x = mb.shared(by_example)
+    got["second_order_cosine"] = _second_order(x, x, mb.precision)
+    if mb.order is not None:
+      got["null/second_order_cosine"] = _second_order(x, mb.shared(moved_by_example), mb.precision)
+  return {**out, **{m: layerpairs.mirror(v) for m, v in got.items() if m.rsplit("/", 1)[-1] in chosen}}
 
 
 def _measure(name: str, label: str, estimator: str) -> registry.Measure:
