@@ -182,7 +182,8 @@ def test_probe_and_reference_figures_readable(tmp_path):
 
 def test_measure_maps_wrap_at_five_and_give_a_distance_its_own_scale(tmp_path):
   """Seven measures (one a distance) with their nulls: two rows of panels, five
-  and two, none overlapping another or the figure's edge; similarities on the CKA scale, the distance from 0 to
+  and two, none overlapping another or the figure's edge, one colour bar beside each
+  map and its null; similarities on the CKA scale, the distance from 0 to
   its largest value with the colour map reversed (alike is bright everywhere)."""
   rng = np.random.default_rng(3)
   names = [f"m{i}" for i in range(6)] + ["GULP distance"]
@@ -195,6 +196,10 @@ def test_measure_maps_wrap_at_five_and_give_a_distance_its_own_scale(tmp_path):
   box = {ax.get_title(): ax.get_position() for ax in panels}
   assert len({round(b.x0, 6) for b in box.values()}) == 5 and len({round(b.y0, 6) for b in box.values()}) == 4
   assert box["m5"].x0 == box["m0"].x0 and box["m5"].y0 < box["m0 of the null (permuted)"].y0
+  bars = [ax.get_position() for ax in fig.axes if ax.get_label() == "<colorbar>"]
+  assert len(bars) == 7  # a map and its null share a scale: one bar beside both
+  null = box["m0 of the null (permuted)"]
+  assert any(np.isclose(b.y0, null.y0) and np.isclose(b.y1, box["m0"].y1) and b.x0 > null.x1 for b in bars)
   every = [ax.get_position() for ax in fig.axes]  # the colour bars too
   assert all(0 < b.x0 and b.x1 < 1 and 0 < b.y0 and b.y1 < 1 for b in every)
   assert not any(a.overlaps(b) for i, a in enumerate(every) for b in every[i + 1:])

@@ -62,7 +62,8 @@ def _panel_grid(fig_rows: Sequence[bool], ncols: int, title: str, x_ticks: int, 
   """A figure of `ncols` columns and one row of panels per entry of `fig_rows`
   (True: a row whose x axis is labelled below it), each panel with a colour bar;
   `x_ticks` / `y_ticks`: the widest tick text in characters (the margins it needs).
-  Returns (fig, rectangle maker: (row, col) -> (panel axes, colour bar axes))."""
+  Returns (fig, rectangle maker: (row, col, rows its colour bar spans, 0: none) ->
+  (panel axes, colour bar axes or None))."""
   char = 0.085  # inches a character of 8.5 pt takes, roughly
   left = 0.45 + char * y_ticks
   below = 0.5 + char * x_ticks  # tick text (rotated if long) and the axis label
@@ -74,12 +75,16 @@ def _panel_grid(fig_rows: Sequence[bool], ncols: int, title: str, x_ticks: int, 
   fig.suptitle(title, y=1 - 0.15 / height, va="top")
   tops = np.cumsum([top] + heights[:-1]) + _TITLE
 
-  def place(row: int, col: int):
+  def place(row: int, col: int, bar_rows: int = 1):
     x = left + col * column
-    y = height - tops[row] - _PANEL[1]
+    bottom = lambda r: height - tops[r] - _PANEL[1]
+    y = bottom(row)
     ax = fig.add_axes((x / width, y / height, _PANEL[0] / width, _PANEL[1] / height))
-    bar = fig.add_axes(((x + _PANEL[0] + _BAR_GAP) / width, y / height, _BAR / width, _PANEL[1] / height),
-                       label="<colorbar>")
+    if not bar_rows:
+      return ax, None
+    low = bottom(row + bar_rows - 1)
+    bar = fig.add_axes(((x + _PANEL[0] + _BAR_GAP) / width, low / height, _BAR / width,
+                        (y + _PANEL[1] - low) / height), label="<colorbar>")
     return ax, bar
   return fig, place
 
@@ -122,12 +127,14 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       panels.append((widths[name], "viridis", 0, None, f"{name}: 95% interval width"))
     for i, (matrix, cm, lo, hi, text) in enumerate(panels):
       row = top + (i if i < len(shown) else per - 1)
-      ax, bar = place(row, col)
+      # The map and its null share a scale, so one colour bar beside both.
+      ax, bar = place(row, col, len(shown) if i == 0 else int(i >= len(shown)))
       im = ax.imshow(matrix, origin="lower", cmap=cm, vmin=lo, vmax=hi, aspect="auto",
                      interpolation="nearest")
       score = _overlays(ax, matrix, (flat or {}).get(name), (matches or {}).get(name), j == 0) if i == 0 else ""
       ax.set_title(text + score)
-      fig.colorbar(im, cax=bar)
+      if bar is not None:
+        fig.colorbar(im, cax=bar)
       last = row % per == per - 1
       xs, ys = axes.block_axis(ax, cols, "x", ticks=last), axes.block_axis(ax, rows, "y", ticks=col == 0)
       if last:
