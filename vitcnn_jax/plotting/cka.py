@@ -60,7 +60,7 @@ _TITLE, _ROW_GAP, _MARGIN = 0.5, 0.12, 0.15
 
 def _panel_grid(fig_rows: Sequence[bool], ncols: int, title: str, x_ticks: int, y_ticks: int):
   """A figure of `ncols` columns and one row of panels per entry of `fig_rows`
-  (True: a row whose x axis is labelled below it), each panel with a colour bar;
+  (True: a row whose x axis is labelled below it), each panel with room for a colour bar;
   `x_ticks` / `y_ticks`: the widest tick text in characters (the margins it needs).
   Returns (fig, rectangle maker: (row, col, rows its colour bar spans, 0: none) ->
   (panel axes, colour bar axes or None))."""
