@@ -141,16 +141,20 @@ def _pair_sums(x, y, k: int) -> dict[str, jax.Array]:
   return jax.lax.scan(add, zero, (blocks(xs), blocks(ys)))[0]
 
 
-def _second_order(x: ByExample, y: ByExample, precision) -> jax.Array:
+def _second_order(x: ByExample, y: ByExample | None, precision) -> jax.Array:
   """(L, L) sums over the examples of the second-order cosine of every row layer of
-  `x` and column layer of `y`: for example k, sums of the cosines K[k, j] over j in
-  N ∪ N' (as N and the rest of N') for every pair of layers at once (`per_example`)."""
+  `x` and column layer of `y` (None: `x`): for example k, sums of the cosines K[k, j]
+  over j in N ∪ N' (as N and the rest of N') for every pair of layers at once
+  (`per_example`)."""
   e = lambda a, b: per_example(a, b, precision)
-  cos_x, cos_y, in_x, in_y = x.cos, y.cos, x.knn, y.knn
+  cos_x, in_x = x.cos, x.knn
+  cos_y, in_y = (cos_x, in_x) if y is None else (y.cos, y.knn)
   out_x = 1 - in_x
   dot = e(in_x * cos_x, cos_y) + e(out_x * cos_x, in_y * cos_y)
   norm_x = (in_x * cos_x * cos_x).sum(-1)[:, :, None] + e(out_x * cos_x * cos_x, in_y)
-  norm_y = e(in_x, cos_y * cos_y) + e(out_x, in_y * cos_y * cos_y)
+  # Within one set of layers the column layer's sum over N ∪ N' is the row layer's, swapped.
+  norm_y = (jnp.swapaxes(norm_x, 1, 2) if y is None
+            else e(in_x, cos_y * cos_y) + e(out_x, in_y * cos_y * cos_y))
   valid = (in_x.sum(-1) > 0)[:, :, None]  # the example has neighbours in the row layer
   return jnp.sum(jnp.where(valid, dot * jax.lax.rsqrt(jnp.maximum(norm_x * norm_y, 1e-30)), 0.0), 0)
 
@@ -171,7 +175,7 @@ def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Arra
       got.update({f"null/{m}": v for m, v in _pair_sums((idx, ok), moved, mb.spec.knn_k).items()})
   if "second_order_cosine" in chosen:
     x = mb.shared(by_example)
-    got["second_order_cosine"] = _second_order(x, x, mb.precision)
+    got["second_order_cosine"] = _second_order(x, None, mb.precision)
     if mb.order is not None:
       got["null/second_order_cosine"] = _second_order(x, mb.shared(moved_by_example), mb.precision)
   return {**out, **{m: layerpairs.mirror(v) for m, v in got.items() if m.rsplit("/", 1)[-1] in chosen}}
