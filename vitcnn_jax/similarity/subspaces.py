@@ -93,8 +93,11 @@ def spectra(gram: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax
   return u, jnp.where(kept, s, 0.0), kept
 
 
-def _outer(u: jax.Array, w: jax.Array, precision) -> jax.Array:
-  """(L, n, n) U diag(w) Uᵀ of each layer."""
+def _outer(u: jax.Array, w: jax.Array, precision, width: int | None = None) -> jax.Array:
+  """(L, n, n) U diag(w) Uᵀ of each layer; `width`: w is 0 past its first `width`
+  components, which are then all that is multiplied (a top-32 projector of 256
+  rows: an eighth of the full product)."""
+  u, w = (u, w) if width is None else (u[:, :, :width], w[:, :width])
   return jnp.einsum("lik,ljk->lij", u * w[:, None, :], u, precision=precision)
 
 
@@ -277,7 +280,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   sw = s * wide / jnp.where(share > 0, share, 1.0)[:, None]  # the top `width`, of trace 1
   a = (u * ((alpha * jnp.sqrt(sw) + (1 - alpha)) * wide)[:, None, :])[:, :, :width]
   f = {"smaller": smaller(top.sum(1).astype(jnp.float32)), "a": a,
-       "p": _outer(u, top.astype(s.dtype), precision) if has("cca_r2", "regression") else None,
+       "p": _outer(u, top.astype(s.dtype), precision, dims) if has("cca_r2", "regression") else None,
        "k": _outer(u, s, precision) if has("regression") else None,  # the Gram of trace 1
        "q": (u * top[:, None, :])[:, :, :dims],  # the top components only: dims x dims SVDs
        "w": s[:, :dims] * top[:, :dims], "norm": jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2))),
@@ -287,7 +290,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
        "short": (sv != top).any(1)}  # a layer whose SVCCA keeps fewer than its top components
   if has("eigenspace_overlap"):
     top_raw = kept_raw & first
-    f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision)
+    f["overlap"] = _outer(ur, top_raw.astype(sr.dtype), precision, dims)
     r = top_raw.sum(1).astype(jnp.float32)
     f["larger"] = jnp.maximum(jnp.maximum(r[:, None], r[None, :]), 1.0)
   valid = (mask.astype(jnp.float32).sum() >= 2).astype(jnp.float32)
