@@ -109,15 +109,6 @@ def distances(gram: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.sqrt(_squared_distances(gram)) * m[:, None] * m[None, :]
 
 
-def knn_masks(idx: jax.Array, ok: jax.Array) -> jax.Array:
-  """(L, n, n) 1 where column j is among row i's k most similar examples, from
-  the layers' (L, n, k) lists (`neighbours.neighbours`: itself and padding
-  excluded, fewer where fewer are valid; padding rows have none)."""
-  num, n, _ = idx.shape
-  return jnp.zeros((num, n, n), jnp.float32).at[
-      jnp.arange(num)[:, None, None], jnp.arange(n)[None, :, None], idx].set(ok.astype(jnp.float32))
-
-
 def _cknna_trace(x: neighbours.ByExample, y: neighbours.ByExample, precision: grams.Precision) -> jax.Array:
   """(L, L) tr(A Bᵀ) = <M ∘ Mᵀ ∘ K, M' ∘ M'ᵀ ∘ K'> of every pair."""
   s = lambda side: side.knn * side.back * side.cos
@@ -215,11 +206,6 @@ def _distances(mb: registry.Minibatch) -> jax.Array:
   return jax.vmap(distances, (0, None))(mb.stack.gram, mb.mask)
 
 
-def _knn(mb: registry.Minibatch) -> jax.Array:
-  """(L, n, n) the layers' k-NN masks (`knn_masks`); read through `mb.shared`."""
-  return knn_masks(*mb.shared(neighbours.lists))
-
-
 def _centred_pairs(mb: registry.Minibatch, name: str, kernels, biased_scale) -> dict:
   """`_pairs` of the layers' (L, n, n) kernels (`kernels(mb)`) centred for
   `spec.estimator`: HSIC_1 if unbiased, else H K H times `biased_scale(n)`."""
@@ -310,9 +296,11 @@ DISTANCE_CORRELATION = registry.Family((registry.Measure(
 
 def _mutual_knn_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Array]:
   del chosen
-  n, out = valid_count(mb.mask), {}
-  _pairs(out, "knn", mb.shared(_knn), mb.order, mb.precision, 1 / mb.spec.knn_k)
-  out["knn_count"] = n
+  x, k = mb.shared(neighbours.by_example), mb.spec.knn_k
+  shared = lambda y: neighbours.per_example(x.knn, y.knn, mb.precision).sum(0) / k  # neighbours in both
+  out = {"knn": shared(x), "knn_count": valid_count(mb.mask)}
+  if mb.order is not None:
+    out["null/knn"] = layerpairs.mirror(shared(mb.shared(neighbours.moved_by_example)))
   return out
 
 

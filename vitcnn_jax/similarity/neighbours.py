@@ -77,13 +77,17 @@ def by_example(mb: registry.Minibatch) -> ByExample:
   return _by_example(mb.shared(registry.cosines), *mb.shared(lists))
 
 
-def moved_by_example(mb: registry.Minibatch) -> ByExample:
-  """`by_example` of the null's layers (examples re-indexed by `mb.order`, see
-  `layerpairs`): their lists are the lists re-indexed, not a second top-k; read
-  through `mb.shared`."""
+def moved_lists(mb: registry.Minibatch) -> tuple[jax.Array, jax.Array]:
+  """`lists` of the null's layers (examples re-indexed by `mb.order`, see
+  `layerpairs`): the lists re-indexed, not a second top-k. Example i of the moved
+  layer is example order[i], and j there is order[j] (padding stays put)."""
   idx, ok = mb.shared(lists)
-  return _by_example(layerpairs.permuted(mb.shared(registry.cosines), mb.order),
-                     jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order])
+  return jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order]
+
+
+def moved_by_example(mb: registry.Minibatch) -> ByExample:
+  """`by_example` of the null's layers; read through `mb.shared`."""
+  return _by_example(layerpairs.permuted(mb.shared(registry.cosines), mb.order), *moved_lists(mb))
 
 
 def per_example(x: jax.Array, y: jax.Array, precision) -> jax.Array:
@@ -169,10 +173,7 @@ def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Arra
     idx, ok = mb.shared(lists)
     got.update(_pair_sums((idx, ok), (idx, ok), mb.spec.knn_k))
     if mb.order is not None:
-      # The permuted layers' lists are the lists re-indexed, not a second top-k: example i
-      # of the moved layer is example order[i], and j there is order[j] (padding stays put).
-      moved = (jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order])
-      got.update({f"null/{m}": v for m, v in _pair_sums((idx, ok), moved, mb.spec.knn_k).items()})
+      got.update({f"null/{m}": v for m, v in _pair_sums((idx, ok), moved_lists(mb), mb.spec.knn_k).items()})
   if "second_order_cosine" in chosen:
     x = mb.shared(by_example)
     got["second_order_cosine"] = _second_order(x, None, mb.precision)
