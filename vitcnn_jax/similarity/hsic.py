@@ -25,7 +25,7 @@ from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
-from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, fourth_moment, scaled_layer
+from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment, scaled_layer
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
@@ -119,7 +119,7 @@ def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
   """All pairs of stacked, flattened U-centred Grams (`g` with `g2`, default `g`)
   in one matmul, normalised."""
   n = _valid_rows(n_all, mask)
-  hs = jnp.matmul(g, (g if g2 is None else g2).T, precision=precision)
+  hs = flat_products(g, g if g2 is None else g2, precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
 
 
@@ -144,7 +144,7 @@ def _group_sums(acts: Sequence[jax.Array], mask: jax.Array | None,
     grams.append(block.ravel())
     moments.append(m.sum() * fourth_moment(mean))  # the group's shares add up to n's
     exps.append(e)
-  hs = jnp.matmul(jnp.stack(grams), jnp.stack(grams).T, precision=precision)
+  hs = flat_products(jnp.stack(grams), jnp.stack(grams), precision)
   hsic = jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
   return scales.shared_scale(
       {"hsic": hsic, "moments": jnp.stack(moments), "log2_scale": jnp.stack(exps)}, axis_name, SCALES)

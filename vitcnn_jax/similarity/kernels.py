@@ -153,10 +153,10 @@ def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, preci
            scale: jax.Array | float = 1.0) -> None:
   """Every pair of layers' flattened (L, n, n) matrices, and the null (see `layerpairs`)."""
   flat = mats.reshape(mats.shape[0], -1)
-  out[name] = scale * jnp.matmul(flat, flat.T, precision=precision)
+  out[name] = scale * grams.flat_products(flat, flat, precision)
   if order is not None:
     moved = layerpairs.permuted(mats, order).reshape(flat.shape)
-    out[f"null/{name}"] = layerpairs.mirror(scale * jnp.matmul(flat, moved.T, precision=precision))
+    out[f"null/{name}"] = layerpairs.mirror(scale * grams.flat_products(flat, moved, precision))
 
 
 RSM_SPAN = 64  # pairs of layers at most 2^RSM_SPAN apart in scale sum (D_a - D_b)² on the device
@@ -336,11 +336,11 @@ def _rsa_sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.
   del chosen
   corr = correlation(mb.stack, mb.mask)
   z, valid = rsa_vectors(corr, mb.mask, mb.spec.rsa_method)
-  out = {"rsa": jnp.matmul(z, z.T, precision=mb.precision),
+  out = {"rsa": grams.flat_products(z, z, mb.precision),
          "rsa_count": (valid.sum() > 1).astype(jnp.float32)}  # 1 per minibatch with pairs
   if mb.order is not None:
     z_null, _ = rsa_vectors(layerpairs.permuted(corr, mb.order), mb.mask, mb.spec.rsa_method)
-    out["null/rsa"] = layerpairs.mirror(jnp.matmul(z, z_null.T, precision=mb.precision))
+    out["null/rsa"] = layerpairs.mirror(grams.flat_products(z, z_null, mb.precision))
   return out
 
 

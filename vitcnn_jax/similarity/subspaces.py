@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax.similarity import grams
 from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import registry
 
@@ -200,7 +201,7 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
   with `order`, their nulls (see `layerpairs`)."""
   flat = lambda m: m.reshape(m.shape[0], -1)
   moved = (lambda m: m) if order is None else (lambda m: layerpairs.permuted(m, order))
-  pairs = lambda x, y: jnp.matmul(flat(x), flat(moved(y)).T, precision=precision)
+  pairs = lambda x, y: grams.flat_products(flat(x), flat(moved(y)), precision)
   both_ways = (lambda v: v) if order is None else layerpairs.mirror
   out = {}
   if "cca_r2" in names:
@@ -208,7 +209,7 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
   if "regression" in names:  # below the diagonal: the row layer's examples re-indexed instead
     reg = pairs(f["p"], f["k"])
     out["regression"] = reg if order is None else layerpairs.one_way(
-        reg, jnp.matmul(flat(moved(f["p"])), flat(f["k"]).T, precision=precision))
+        reg, grams.flat_products(flat(moved(f["p"])), flat(f["k"]), precision))
   if "eigenspace_overlap" in names:
     out["eigenspace_overlap"] = both_ways(pairs(f["overlap"], f["overlap"])) / f["larger"]
   if "gulp" in names:  # ‖R_a − R_b‖² term by term: the expansion in float32 gave equal layers ~1e-3;

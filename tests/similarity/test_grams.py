@@ -1,0 +1,43 @@
+"""How a layer's Gram and the flattened Grams' products are cut into cache slices."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from support.numerics import assert_close, worst
+from vitcnn_jax.similarity import grams
+
+
+@pytest.mark.parametrize("columns, rows, want", [
+    (802816, 32, 28672),  # BiT stage 1 at 32 rows: 28 slices, where 32768 would leave a tail
+    (151296, 32, 25216),  # ViT-B/16 tokens: 6 slices
+    (4096, 1000, 1024),  # ResNet-18 layer 1 at 1,000 rows
+    (7919, 1, 7919),  # fits one slice
+    (1000003, 8, 131072),  # prime: no divisor, the cap and a tail
+])
+def test_a_slice_divides_the_columns_where_a_divisor_is_near_the_cap(columns, rows, want):
+  width = grams.slice_width(columns, rows)
+  assert width == want
+  assert 4 * rows * width <= grams.CACHE_SLICE_BYTES or width == 1
+
+
+@pytest.mark.parametrize("columns", [480, 479], ids=["slices alone", "slices and a tail"])
+def test_flat_products_in_slices_equal_one_float64_product(columns, monkeypatch):
+  """Operands past `SLICED_PRODUCT_SLICES` cache slices are summed over slices of
+  their columns (a loop, and a tail where no divisor fits): the same product as
+  one dot, within float32's worst case for sums of `columns` terms."""
+  monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", 4 * 7 * 32)  # 7 rows: 32 columns a slice
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((3, columns)).astype(np.float32)
+  b = rng.standard_normal((4, columns)).astype(np.float32)
+  jitted = jax.jit(grams.flat_products)
+  text = jitted.lower(jnp.asarray(a), jnp.asarray(b)).as_text()
+  assert "while" in text  # sliced, not one dot
+  got = jax.device_get(jitted(jnp.asarray(a), jnp.asarray(b)))
+  want = a.astype(np.float64) @ b.astype(np.float64).T
+  scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T
+  # A slice or the tail left out would be off by about sqrt(32), far past this.
+  assert_close(got, want, worst(columns) * scale.max(), "sliced product")
