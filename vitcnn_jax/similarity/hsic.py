@@ -117,7 +117,8 @@ def pair_mask(mask: jax.Array) -> jax.Array:
 def _hsic_of_grams(g: jax.Array, n_all: int, mask: jax.Array | None,
                    precision: Precision = HIGHEST, g2: jax.Array | None = None) -> jax.Array:
   """All pairs of stacked, flattened U-centred Grams (`g` with `g2`, default `g`)
-  in one matmul, normalised."""
+  in one matmul (on CPU, past a size, summed over cache slices of its columns:
+  `grams.flat_products`), normalised."""
   n = _valid_rows(n_all, mask)
   hs = flat_products(g, g if g2 is None else g2, precision)
   return jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
