@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -115,21 +115,29 @@ def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precis
     return (gram + jnp.matmul(c, c.T, precision=precision),
             proj + jnp.matmul(c, mu, precision=HIGHEST), rowsum + c.sum(1))
 
-  slices, tail = divmod(features, width)
   zeros = lambda *shape: jnp.zeros_like(x, shape=shape)  # varying as `x` is, in shard_map
-  sums = (zeros(rows, rows), zeros(rows), zeros(rows))
+  return _over_slices(add, features, width, (zeros(rows, rows), zeros(rows), zeros(rows)))
+
+
+def _over_slices(add: Callable[[Any, int, int], Any], columns: int, width: int, sums: Any) -> Any:
+  """`sums` after `add(sums, start, size)` of every slice of `width` of `columns`:
+  one loop over the whole slices (straight code where there is one: no loop for
+  XLA to compile), then the tail slice, if any."""
+  slices, tail = divmod(columns, width)
   if slices > 1:
     sums = jax.lax.fori_loop(0, slices, lambda i, sums: add(sums, i * width, width), sums)
-  else:  # a layer in one slice: no loop for XLA to compile
+  else:
     sums = add(sums, 0, width)
   return add(sums, slices * width, tail) if tail else sums
 
 
-# Flattened (n, n) Grams of many layers longer than this are multiplied a slice of
-# their columns at a time (`flat_products`): at 1,000 rows XLA:CPU's one dot over
-# (36, n^2) took 86 ms, in slices of `CACHE_SLICE_BYTES` 45 ms (187 layers of 1,024
-# rows: 752 -> 504 ms); at 110 layers of 256 rows (29 MB) slices were 10% slower.
-SLICED_PRODUCT_SLICES = 8
+# Flattened (n, n) Grams whose two operands together pass this many cache slices
+# are multiplied a slice of their columns at a time (`flat_products`). A layer's
+# Gram times itself, on a 2-core Xeon: 36 layers of 1,000 rows took 88 ms as one
+# dot, 42 ms in slices of `CACHE_SLICE_BYTES`; 10 of 1,024 rows (80 MiB together)
+# 32 -> 12 ms; 55 of 512, 58 -> 31 ms. At 256 rows slices gained nothing, and at
+# 110 layers (55 MiB together, one dot here) they were 20% slower.
+SLICED_PRODUCT_SLICES = 16
 
 
 def flat_products(a: jax.Array, b: jax.Array, precision: Precision = HIGHEST) -> jax.Array:
@@ -140,16 +148,13 @@ def flat_products(a: jax.Array, b: jax.Array, precision: Precision = HIGHEST) ->
   if (jax.default_backend() not in SLICED_BACKENDS
       or 4 * rows * columns <= SLICED_PRODUCT_SLICES * CACHE_SLICE_BYTES):
     return jnp.matmul(a, b.T, precision=precision)
-  width = slice_width(columns, rows)
 
   def add(total, start, size):
     part = lambda v: jax.lax.dynamic_slice_in_dim(v, start, size, 1)
     return total + jnp.matmul(part(a), part(b).T, precision=precision)
 
-  slices, tail = divmod(columns, width)
-  total = jax.lax.fori_loop(0, slices, lambda i, total: add(total, i * width, width),
-                            jnp.zeros_like(a, shape=(a.shape[0], b.shape[0])))
-  return add(total, slices * width, tail) if tail else total
+  return _over_slices(add, columns, slice_width(columns, rows),
+                      jnp.zeros_like(a, shape=(a.shape[0], b.shape[0])))
 
 
 def center_unbiased(gram: jax.Array, mask: jax.Array | None = None) -> jax.Array:

@@ -145,7 +145,8 @@ def _group_sums(acts: Sequence[jax.Array], mask: jax.Array | None,
     grams.append(block.ravel())
     moments.append(m.sum() * fourth_moment(mean))  # the group's shares add up to n's
     exps.append(e)
-  hs = flat_products(jnp.stack(grams), jnp.stack(grams), precision)
+  stacked = jnp.stack(grams)
+  hs = flat_products(stacked, stacked, precision)
   hsic = jnp.where(n >= MIN_BATCH, hs / jnp.maximum(n * (n - 3), 1.0), 0.0)
   return scales.shared_scale(
       {"hsic": hsic, "moments": jnp.stack(moments), "log2_scale": jnp.stack(exps)}, axis_name, SCALES)
