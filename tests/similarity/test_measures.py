@@ -111,6 +111,25 @@ def test_biased_linear_and_rbf_cka_equal_their_definitions(gram_path):
     assert_close(_normalised(got["rbf_hsic"]), _normalised(rbf), bound, f"RBF CKA, {estimator}")
 
 
+def test_the_rbf_bandwidths_median_is_exact_with_padding_and_ties():
+  """The median of a minibatch's squared distances, the RBF bandwidth's scale, is
+  an order statistic: the float32 entries' own median exactly (each entry, the
+  diagonal's zeros, the middle pair of an even count, repeated values), padding
+  rows left out."""
+  rng = np.random.default_rng(3)
+  median = jax.jit(kernels._symmetric_median)
+  for n, valid, integer in ((7, 7, False), (8, 8, False), (8, 5, False), (9, 6, True), (16, 16, True),
+                            (6, 2, True), (5, 1, False)):
+    a = rng.standard_normal((n, 3))
+    a = np.round(a) if integer else a  # integer rows: many equal distances
+    g = a @ a.T
+    sq = np.maximum(np.diag(g)[:, None] + np.diag(g)[None, :] - 2 * g, 0).astype(np.float32)
+    x = np.full((n, n), np.inf, np.float32)
+    x[:valid, :valid] = sq[:valid, :valid]
+    middle = np.sort(sq[:valid, :valid].ravel())[[(valid ** 2 - 1) // 2, valid ** 2 // 2]]
+    assert float(median(x, np.int32(valid ** 2))) == np.float32(0.5) * (middle[0] + middle[1]), (n, valid)
+
+
 def _knn_gap(acts, sizes, k: int) -> float:
   """The smallest float64 gap between an example's k-th and (k+1)-th most similar
   neighbours: rounding below it cannot change a neighbour set."""
