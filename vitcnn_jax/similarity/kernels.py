@@ -75,11 +75,9 @@ def _symmetric_median(x: jax.Array, count: jax.Array) -> jax.Array:
   diagonal once and the strict upper triangle twice, 31 passes over half the
   entries; the upper middle, where it differs, is the next larger entry. A sort of
   a 256-row minibatch's 65,536 distances per layer cost 10x more on CPU."""
-  n = x.shape[0]
-  above = np.triu_indices(n, 1)
-  bits = lambda v: jax.lax.bitcast_convert_type(v, jnp.int32)
-  diag, upper = bits(jnp.diagonal(x)), bits(x[above])
-  at_most = lambda t: (diag <= t).sum() + 2 * (upper <= t).sum()
+  diag, upper = jnp.diagonal(x), x[np.triu_indices(x.shape[0], 1)]
+  diag_bits, upper_bits = (jax.lax.bitcast_convert_type(v, jnp.int32) for v in (diag, upper))
+  at_most = lambda t: (diag_bits <= t).sum() + 2 * (upper_bits <= t).sum()
   low_k, high_k = jnp.maximum(count - 1, 0) // 2, count // 2
 
   def halve(_, bounds):
@@ -88,11 +86,11 @@ def _symmetric_median(x: jax.Array, count: jax.Array) -> jax.Array:
     enough = at_most(mid) > low_k
     return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
 
-  lo = jnp.zeros_like(diag[0])  # varying as `x` is, in shard_map
+  lo = jnp.zeros_like(diag_bits[0])  # varying as `x` is, in shard_map
   lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, lo + 0x7F800000))  # [0, +inf]
   low = jax.lax.bitcast_convert_type(lo, jnp.float32)
   above_low = lambda v: jnp.min(jnp.where(v > low, v, jnp.inf))
-  next_up = jnp.minimum(above_low(jnp.diagonal(x)), above_low(x[above]))
+  next_up = jnp.minimum(above_low(diag), above_low(upper))
   return 0.5 * (low + jnp.where(at_most(lo) > high_k, low, next_up))
 
 
