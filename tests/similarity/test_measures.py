@@ -278,6 +278,16 @@ def test_the_null_flags_every_cell_of_independent_features(estimator):
       assert np.asarray(reps)[:, 0, 1].mean() > 0.3  # high, yet no more than the null
 
 
+@pytest.mark.parametrize("repeats", [2, 3, 5, 30])
+def test_the_t_interval_is_scipy_stats_student_t(repeats):
+  """Half the 95% interval of the mean over repeats, per cell, equals the one from
+  scipy.stats' Student t quantile (the quantile's tails are where a wrong degree of
+  freedom shows: 12.7 at two repeats against 4.30 at three)."""
+  x = np.random.default_rng(repeats).standard_normal((repeats, 3, 4))
+  want = scipy.stats.t.ppf(0.975, repeats - 1) * x.std(axis=0, ddof=1) / np.sqrt(repeats)
+  np.testing.assert_allclose(comparison.t_half_width(x), want, rtol=1e-12)
+
+
 def test_the_streaming_bootstrap_weights_each_minibatch_by_its_own_draws():
   from vitcnn_jax.run import runstate
   boot = runstate.Bootstrap(seed=3, replicates=5, pooled={})

@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 # What main.py's runs import; each server imports them once.
-PRELOAD = ("jax", "jax.numpy", "flax.linen", "optax", "ml_collections", "scipy.stats", "main",
+PRELOAD = ("jax", "jax.numpy", "flax.linen", "optax", "ml_collections", "scipy.special", "main",
            "vitcnn_jax.jobs", "vitcnn_jax.analyses", "vitcnn_jax.plotting.cka")
 _context = None
 
