@@ -28,7 +28,27 @@ def _cpu_threads() -> None:
     _os.environ["PJRT_NPROC"] = str(2 * (cores or 1))
 
 
+# XLA:CPU hands every dot that stands alone to YNNPACK, which computes a small
+# output on one thread however long the inner dimension: a Gram of 32 rows of
+# 150,528 features (a ViT-B/16 layer at W's minibatch) took 4.2 ms on one core
+# there and 2.6 ms from Eigen's contraction, which splits the inner dimension over
+# XLA's pool; so did the measures' all-pairs products of flattened Grams and
+# attention maps (docs/benchmarks.md, XLA:CPU's dots). Dots fused with their
+# neighbours stay YNNPACK's.
+CPU_DOTS = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
+
+
+def _cpu_dots() -> None:
+  """Appends `CPU_DOTS` to XLA_FLAGS unless the user's flags choose YNNPACK's
+  fusions themselves (read once, when jax first starts its CPU client, as
+  `_cpu_threads`)."""
+  flags = _os.environ.get("XLA_FLAGS", "")
+  if "--xla_cpu_experimental_ynn_fusion_type" not in flags:
+    _os.environ["XLA_FLAGS"] = f"{flags} {CPU_DOTS}".strip()
+
+
 _cpu_threads()
+_cpu_dots()
 
 
 def __getattr__(name: str):

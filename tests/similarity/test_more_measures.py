@@ -14,6 +14,7 @@ from support import reference_measures as ref
 from support.library_sums import SIZES, batch_slices, padded_sums, related_layers
 from support.library_sums import values_of_one
 from support.numerics import assert_close, likely, worst
+import vitcnn_jax
 from vitcnn_jax.similarity import descriptive
 from vitcnn_jax.similarity import matching
 from vitcnn_jax.similarity import measures
@@ -360,6 +361,32 @@ print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XL
   cores, *pool = got.stdout.split()
   threads = 2 * int(cores) if given is None else int(given)
   assert pool == [str(threads), str(threads)], got.stdout
+
+
+@pytest.mark.parametrize("given", [None, "+individual_dot"])
+def test_a_dot_alone_is_left_to_eigen_unless_the_user_chooses(given):
+  """Importing vitcnn_jax before jax starts takes dots that stand alone (a Gram, the
+  all-pairs products) from YNNPACK, which ran a small output on one thread, and
+  the installed jaxlib accepts the flag (an unknown one aborts the process); a
+  user's own choice of YNNPACK's fusions stays. Read from the compiled program."""
+  code = """
+import vitcnn_jax, jax, jax.numpy as jnp
+x = jnp.ones((32, 4096))
+hlo = jax.jit(lambda x: jnp.matmul(x, x.T, precision="highest")).lower(x).compile().as_text()
+entry = hlo[hlo.index("ENTRY"):]
+print(os.environ["XLA_FLAGS"].split()[-1], "ynn_fusion" in entry)
+"""
+  from conftest import device_env
+  env = device_env(1)
+  flags = [f for f in env["XLA_FLAGS"].split() if "ynn_fusion_type" not in f]
+  env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_cpu_experimental_ynn_fusion_type={given}"] if given else []))
+  got = _on_two_cores(code, env)
+  assert got.returncode == 0, got.stderr[-2000:]
+  last, ynn = got.stdout.split()
+  if given is None:
+    assert (last, ynn) == (vitcnn_jax.CPU_DOTS, "False"), got.stdout
+  else:
+    assert (last, ynn) == (f"--xla_cpu_experimental_ynn_fusion_type={given}", "True"), got.stdout
 
 
 def test_demo_measures_runs_every_measure():
