@@ -30,11 +30,11 @@ def _cpu_threads() -> None:
 
 # XLA:CPU hands every dot that stands alone to YNNPACK, which computes a small
 # output on one thread however long the inner dimension: a Gram of 32 rows of
-# 150,528 features (a ViT-B/16 layer at W's minibatch) took 4.2 ms on one core
-# there and 2.6 ms from Eigen's contraction, which splits the inner dimension over
-# XLA's pool; so did the measures' all-pairs products of flattened Grams and
-# attention maps (docs/benchmarks.md, XLA:CPU's dots). Dots fused with their
-# neighbours stay YNNPACK's.
+# 150,528 features (a ViT-B/16 layer at W's minibatch) took there about twice
+# the time of Eigen's contraction, which splits the inner dimension over XLA's
+# pool, and so did the measures' all-pairs products of flattened Grams; a ViT's
+# attention logits took 1.6x (docs/benchmarks.md, XLA:CPU's dots). Dots fused
+# with their neighbours stay YNNPACK's.
 CPU_DOTS = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
 
 
