@@ -27,6 +27,18 @@ def matmul_rate(n: int, tries: int = 5, precision=None) -> float:
   return best
 
 
+def best_seconds(call, runs: int) -> float:
+  """The least wall time of `runs` calls of `call` (which waits for its result),
+  after one untimed call (a compile, a first touch of the memory)."""
+  call()
+  best = float("inf")
+  for _ in range(runs):
+    t = time.perf_counter()
+    call()
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
 def matmul_flops(jaxpr) -> float:
   """FLOPs of the dots and convolutions in `jaxpr` and the jaxprs inside it (a
   scan's body once per turn): the backend-independent count (a GPU's compiled

@@ -18,7 +18,6 @@ from xla's output relative to the output's largest value.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
@@ -79,17 +78,6 @@ def conv_patches(x, w, stride):
 FORMULATIONS = {"xla": conv_xla, "rows": conv_rows, "patches": conv_patches}
 
 
-def best_time(fn, args, runs: int) -> float:
-  import jax
-  jax.block_until_ready(fn(*args))
-  best = float("inf")
-  for _ in range(runs):
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    best = min(best, time.perf_counter() - t)
-  return best
-
-
 def main():
   import jax
   import jax.numpy as jnp
@@ -112,7 +100,7 @@ def main():
         y = np.asarray(f(x, w))
         ref = y if ref is None else ref
         flops = 2.0 * y.size * k * k * cin
-        row.append((name, best_time(f, (x, w), args.runs), flops,
+        row.append((name, clocks.best_seconds(lambda f=f, x=x, w=w: jax.block_until_ready(f(x, w)), args.runs), flops,
                     float(np.abs(y - ref).max() / np.abs(ref).max())))
       rows.append(row)
     rates.append(clocks.matmul_rate(2048))

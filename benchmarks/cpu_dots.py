@@ -20,9 +20,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
+
+from benchmarks import clocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # label -> (einsum, operand shapes; a single operand is multiplied by itself, as a Gram)
@@ -52,16 +53,6 @@ def _flops(spec: str, shapes: list[tuple[int, ...]]) -> float:
   return 2.0 * float(np.prod(list(sizes.values())))
 
 
-def _best(fn, runs: int) -> float:
-  fn()
-  best = float("inf")
-  for _ in range(runs):
-    t = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t)
-  return best
-
-
 def part(way: str, runs: int) -> dict[str, float]:
   """Each shape's best seconds, the XLA ways through vitcnn_jax's import (which
   sets the flag unless the environment chose), torch's matmul otherwise."""
@@ -71,7 +62,7 @@ def part(way: str, runs: int) -> dict[str, float]:
     for label, (spec, shapes) in SHAPES.items():
       xs = [torch.from_numpy(a) for a in _operands(shapes)]
       xs = xs * 2 if len(xs) == 1 else xs
-      out[label] = _best(lambda spec=spec, xs=xs: torch.einsum(spec, *xs), runs)
+      out[label] = clocks.best_seconds(lambda spec=spec, xs=xs: torch.einsum(spec, *xs), runs)
     return out
   import jax
   import jax.numpy as jnp
@@ -81,7 +72,7 @@ def part(way: str, runs: int) -> dict[str, float]:
     xs = [jnp.asarray(a) for a in _operands(shapes)]
     f = jax.jit(lambda *xs, spec=spec: jnp.einsum(spec, *(xs * 2 if len(xs) == 1 else xs),
                                                   precision=jax.lax.Precision.HIGHEST))
-    out[label] = _best(lambda f=f, xs=xs: jax.block_until_ready(f(*xs)), runs)
+    out[label] = clocks.best_seconds(lambda f=f, xs=xs: jax.block_until_ready(f(*xs)), runs)
   return out
 
 
