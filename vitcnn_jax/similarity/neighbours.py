@@ -81,14 +81,22 @@ def by_example(mb: registry.Minibatch) -> ByExample:
 def moved_lists(mb: registry.Minibatch) -> tuple[jax.Array, jax.Array]:
   """`lists` of the null's layers (examples re-indexed by `mb.order`, see
   `layerpairs`): the lists re-indexed, not a second top-k. Example i of the moved
-  layer is example order[i], and j there is order[j] (padding stays put)."""
+  layer is example order[i], and j there is order[j] (padding stays put); read through
+  `mb.shared`."""
   idx, ok = mb.shared(lists)
   return jnp.argsort(mb.order)[idx[:, mb.order]], ok[:, mb.order]
 
 
+def moved_cosines(mb: registry.Minibatch) -> jax.Array:
+  """The cosines of the null's layers (examples re-indexed by `mb.order`); read
+  through `mb.shared`: one re-indexing for the second-order cosine, CKNNA and
+  mutual k-NN."""
+  return layerpairs.permuted(mb.shared(registry.cosines), mb.order)
+
+
 def moved_by_example(mb: registry.Minibatch) -> ByExample:
   """`by_example` of the null's layers; read through `mb.shared`."""
-  return _by_example(layerpairs.permuted(mb.shared(registry.cosines), mb.order), *moved_lists(mb))
+  return _by_example(mb.shared(moved_cosines), *mb.shared(moved_lists))
 
 
 def per_example(x: jax.Array, y: jax.Array, precision) -> jax.Array:
@@ -186,7 +194,7 @@ def _sums(mb: registry.Minibatch, chosen: tuple[str, ...]) -> dict[str, jax.Arra
   x = mb.shared(lists) + cos
   got = _pair_sums(x, x, mb.spec.knn_k)
   if mb.order is not None:
-    moved = moved_lists(mb) + tuple(layerpairs.permuted(c, mb.order) for c in cos)
+    moved = mb.shared(moved_lists) + ((mb.shared(moved_cosines),) if cos else ())
     got.update({f"null/{m}": v for m, v in _pair_sums(x, moved, mb.spec.knn_k).items()})
   return {**out, **{m: layerpairs.mirror(v) for m, v in got.items() if m.rsplit("/", 1)[-1] in chosen}}
 
