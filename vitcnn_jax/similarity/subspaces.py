@@ -85,12 +85,11 @@ def unit_trace(gram: jax.Array) -> jax.Array:
   return gram / jnp.where(trace > 0, trace, 1.0)[:, None, None]
 
 
-def spectra(gram: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(L, n, n) centred Grams -> each layer's eigenvectors (L, n, n), largest first,
-  eigenvalues (L, n) of the Gram normalised to trace 1, and which are nonzero
-  (L, n) (padding rows give none: their rows and columns are zero)."""
+def spectra(k: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(L, n, n) Grams of trace 1 (`unit_trace`) -> each layer's eigenvectors (L, n,
+  n), largest first, eigenvalues (L, n), and which are nonzero (L, n) (padding
+  rows give none: their rows and columns are zero)."""
   n = jnp.maximum(mask.astype(jnp.float32).sum(), 1.0)
-  k = unit_trace(gram)
   # On CPU one layer at a time: a batch split over XLA's pool (two threads a core, for
   # the small SVDs' sake) ran 3.3x slower (55 layers of 256 rows: 0.59 against 0.18 s).
   s, u = jax.lax.map(jnp.linalg.eigh, k) if jax.default_backend() == "cpu" else jnp.linalg.eigh(k)
@@ -271,7 +270,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   width 0: every component), and of the uncentred layer in its top `dims` for
   `eigenspace_overlap` (`overlap_kept`). Summed over minibatches."""
   lapack = _OneAtATime()
-  both = gram if raw is None else jnp.concatenate([gram, raw])  # one eigh for both
+  both = unit_trace(gram if raw is None else jnp.concatenate([gram, raw]))  # one eigh for both
   u, s, kept = lapack(spectra, both, mask)
   if raw is not None:
     (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
@@ -287,7 +286,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   a = (u * ((alpha * jnp.sqrt(sw) + (1 - alpha)) * wide)[:, None, :])[:, :, :width]
   f = {"smaller": smaller(top.sum(1).astype(jnp.float32)), "a": a,
        "p": _outer(u, top.astype(s.dtype), precision, dims) if has("cca_r2", "regression") else None,
-       "k": unit_trace(gram) if has("regression") else None,
+       "k": both[:len(gram)] if has("regression") else None,  # the Grams of trace 1
        "q": (u * top[:, None, :])[:, :, :dims],  # the top components only: dims x dims SVDs
        "w": s[:, :dims] * top[:, :dims], "norm": jnp.sqrt(jnp.sum(jnp.square(a), axis=(1, 2))),
        "hat": _outer(u, s / (s + ridge), precision) if has("gulp") else None,
