@@ -41,3 +41,26 @@ def test_nothing_gathered_per_pair():
   out = layerpairs.pairwise(lambda x, y, chunk: {"col": chunk.col}, 5, {})
   i, j = np.indices((5, 5))
   np.testing.assert_array_equal(out["col"], np.maximum(i, j))
+
+
+def test_permuted_reindexes_rows_and_columns():
+  rng = np.random.default_rng(0)
+  mats = rng.standard_normal((3, 6, 6)).astype(np.float32)
+  order = rng.permutation(6)
+  np.testing.assert_array_equal(layerpairs.permuted(jnp.asarray(mats), jnp.asarray(order)),
+                                mats[:, order][:, :, order])
+
+
+@pytest.mark.parametrize("entries", [24, 29])  # whole slices of 8, and five entries past them
+def test_squared_differences_term_by_term(monkeypatch, entries):
+  monkeypatch.setattr(layerpairs, "SLICE_BYTES", 8 * 3 * 8)  # 3 layers: 8 entries a slice
+  rng = np.random.default_rng(entries)
+  x, y = (rng.standard_normal((3, entries)).astype(np.float32) for _ in range(2))
+  fx, fy = (rng.uniform(0.5, 2, (3, 3)).astype(np.float32) for _ in range(2))
+  got = layerpairs.squared_differences(*map(jnp.asarray, (x, y, fx, fy)))
+  a, b = fx[:, :, None].astype(np.float64) * x[:, None], fy[:, :, None].astype(np.float64) * y[None]
+  want = np.sum((a - b) ** 2, -1)
+  # each term: the two products, their difference and its square rounded (within 4 eps of
+  # (|a| + |b|)²); the float32 sum of `entries` terms within entries eps of their sum
+  bound = (entries + 4) * np.finfo(np.float32).eps * np.sum((np.abs(a) + np.abs(b)) ** 2, -1)
+  assert np.all(np.abs(np.asarray(got, np.float64) - want) <= bound)

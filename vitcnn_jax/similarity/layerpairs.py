@@ -112,15 +112,16 @@ def squared_differences(x: jax.Array, y: jax.Array, fx: jax.Array | None = None,
   num = x.shape[0]
   x, y = x.reshape(num, -1), y.reshape(y.shape[0], -1)
   width = min(x.shape[1], max(1, SLICE_BYTES // (8 * num)))
-  pad = -x.shape[1] % width  # zeros add nothing
-  x, y = (jnp.pad(v, ((0, 0), (0, pad))) for v in (x, y))
+  whole = x.shape[1] // width  # slices; the entries past them in one last step (padding the
+  # stacks to whole slices copied them: 35 ms of the measures' step, 55 layers of 256 rows)
   fx = jnp.ones((num, y.shape[0]), x.dtype) if fx is None else fx
   fy = jnp.ones_like(fx) if fy is None else fy
+  terms = lambda a, b: jnp.sum(jnp.square(fx[:, :, None] * a[:, None, :] - fy[:, :, None] * b[None, :, :]), -1)
 
   def add(i, total):
-    a = jax.lax.dynamic_slice_in_dim(x, i * width, width, 1)
-    b = jax.lax.dynamic_slice_in_dim(y, i * width, width, 1)
-    return total + jnp.sum(jnp.square(fx[:, :, None] * a[:, None, :] - fy[:, :, None] * b[None, :, :]), -1)
+    take = lambda v: jax.lax.dynamic_slice_in_dim(v, i * width, width, 1)
+    return total + terms(take(x), take(y))
 
   total = jnp.zeros_like(fx * x[0, 0] * y[0, 0])  # varying as the layers are, in shard_map
-  return jax.lax.fori_loop(0, x.shape[1] // width, add, total)
+  total = jax.lax.fori_loop(0, whole, add, total)
+  return total + terms(x[:, whole * width:], y[:, whole * width:]) if whole * width < x.shape[1] else total
