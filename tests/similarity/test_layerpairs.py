@@ -19,7 +19,7 @@ def test_every_pair_once_with_its_own_product(num):
 
   def fn(x, y, chunk):
     a, b = jnp.asarray(rows)[x["id"]], jnp.asarray(cols)[y["id"]]
-    got = chunk.products(jnp.asarray(rows), jnp.asarray(cols), "highest")
+    got = chunk.products(jnp.asarray(rows), layerpairs.examples_last(jnp.asarray(cols)), "highest")
     want = jnp.einsum("pnr,pns->prs", a, b, precision="highest")
     # each float32 sum of n = 7 terms within n eps sum |a||b| of the exact one: the two within twice that
     bound = 2 * 7 * np.finfo(np.float32).eps * jnp.einsum("pnr,pns->prs", jnp.abs(a), jnp.abs(b),

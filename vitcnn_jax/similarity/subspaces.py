@@ -177,7 +177,7 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
 def _chunk_sums(x: dict, ys: tuple, chunk, rows: dict, cols: tuple, names, precision) -> dict[str, jax.Array]:
   """The SVD measures of one chunk of P pairs (`chunk`, a `layerpairs.Chunk`): the
   row layers' factors `rows` against the column layers' `cols` (the layers, and
-  for the null their re-indexed examples), `x` and `ys` the chunk's per-layer
+  for the null their re-indexed examples; `layerpairs.examples_last`), `x` and `ys` the chunk's per-layer
   values; each kind of SVD in one call for both, one call after another."""
   lapack = _OneAtATime()
   both = lambda k: (jnp.concatenate([x[k]] * len(ys)), jnp.concatenate([y[k] for y in ys]))
@@ -237,10 +237,13 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
   cols = (rows,) if order is None else (
       rows, {k: v[:, order] if v.ndim == 3 else v for k, v in rows.items()})
   small = lambda tree: {k: v for k, v in tree.items() if v.ndim < 3 or k == "pro"}  # gathered per pair
-  got = lapack(lambda r, c: layerpairs.pairwise(
-      lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, c, names, precision), f["norm"].shape[0], small(r),
-      tuple(map(small, c))),
-      rows, cols)
+  across = lambda tree: {k: layerpairs.examples_last(v) for k, v in tree.items() if v.ndim == 3}
+
+  def over_pairs(r, c):
+    last = tuple(map(across, c))  # once, outside the loop over chunks
+    return layerpairs.pairwise(lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, last, names, precision),
+                               f["norm"].shape[0], small(r), tuple(map(small, c)))
+  got = lapack(over_pairs, rows, cols)
   out = {}
   for pre in ("", "null/")[:len(cols)]:
     if "mean_cca" in names:
