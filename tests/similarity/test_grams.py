@@ -41,3 +41,25 @@ def test_flat_products_in_slices_equal_one_float64_product(columns, monkeypatch)
   scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T
   # A slice or the tail left out would be off by about sqrt(32), far past this.
   assert_close(got, want, worst(columns) * scale.max(), "sliced product")
+
+
+@pytest.mark.parametrize("rows, features", [(9, 96), (9, 95)], ids=["slices alone", "slices and a tail"])
+def test_a_tall_gram_is_the_triangle_of_its_row_halves(rows, features, monkeypatch):
+  """At `TRIANGLE_ROWS` rows and more than one slice, the Gram is summed as three
+  blocks of its row halves and mirrored: exactly symmetric, and the centred
+  float64 Gram within float32's worst case for its sums (the mean's `rows`
+  terms, the slices' `features`)."""
+  monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", 4 * rows * 32)  # 32 features a slice
+  monkeypatch.setattr(grams, "TRIANGLE_ROWS", rows)
+  x = np.random.default_rng(rows + features).standard_normal((rows, features)).astype(np.float32)
+  mask = np.ones(rows, np.float32)
+  mask[-1] = 0  # a padding row: zero row and column
+  jitted = jax.jit(lambda x, m: grams.gram_and_mean(x, m))
+  assert jitted.lower(x, mask).as_text().count("dot_general") >= 3 + 1  # three blocks and the mean
+  gram, _ = jax.device_get(jitted(x, mask))
+  np.testing.assert_array_equal(gram, gram.T)
+  valid = x[:-1].astype(np.float64)
+  c = np.zeros((rows, features))
+  c[:-1] = valid - valid.mean(0)
+  scale = np.abs(c) @ np.abs(c).T + np.abs(valid).max() ** 2
+  assert_close(gram, c @ c.T, worst(rows, features) * scale.max(), "Gram from row halves")

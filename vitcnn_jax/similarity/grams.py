@@ -101,22 +101,40 @@ def slice_width(columns: int, rows: int) -> int:
   return next((columns // k for k in range(least, 2 * least + 1) if columns % k == 0), most)
 
 
+# A Gram of at least this many rows, over more than one slice, is summed as the
+# triangle of its two row halves' blocks (three dots of a quarter each, 3/4 of the
+# work; the upper right block the lower left's transpose). On a 2-core Xeon, 1,000
+# rows of 4,096 features in four slices: 37 -> 31 ms; of 16,384: 144 -> 118 ms.
+# In one slice, assembling the blocks cost more than they saved (512 features: 3.9
+# -> 4.7 ms), and at 256 or 512 rows they gained nothing.
+TRIANGLE_ROWS = 768
+
+
 def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precision,
                   scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(Gram, projection on the mean, feature sum) of the rows of `x * scale`
   centred on `mean` and masked by `m`, accumulated over slices of `CACHE_SLICE_BYTES`."""
   rows, features = x.shape
   width = slice_width(features, rows)
+  cut = rows // 2 if rows >= TRIANGLE_ROWS and width < features else rows
+  top, low = slice(0, cut), slice(cut, rows)
+  pairs = ((top, top),) if cut == rows else ((top, top), (low, top), (low, low))  # (row, column) blocks
+  blocks = lambda c: tuple(jnp.matmul(c[i], c[j].T, precision=precision) for i, j in pairs)
 
   def add(sums, start, size):
     mu = jax.lax.dynamic_slice_in_dim(mean, start, size)
     c = (jax.lax.dynamic_slice_in_dim(x, start, size, 1) * scale - mu) * m[:, None]
     gram, proj, rowsum = sums
-    return (gram + jnp.matmul(c, c.T, precision=precision),
+    return (tuple(g + b for g, b in zip(gram, blocks(c))),
             proj + jnp.matmul(c, mu, precision=HIGHEST), rowsum + c.sum(1))
 
   zeros = lambda *shape: jnp.zeros_like(x, shape=shape)  # varying as `x` is, in shard_map
-  return _over_slices(add, features, width, (zeros(rows, rows), zeros(rows), zeros(rows)))
+  start = tuple(zeros(i.stop - i.start, j.stop - j.start) for i, j in pairs)
+  gram, proj, rowsum = _over_slices(add, features, width, (start, zeros(rows), zeros(rows)))
+  if len(gram) == 3:
+    first, lower, last = gram
+    gram = (jnp.block([[first, lower.T], [lower, last]]),)
+  return gram[0], proj, rowsum
 
 
 def _over_slices(add: Callable[[Any, int, int], Any], columns: int, width: int, sums: Any) -> Any:
