@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.similarity import grams
+from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity.scales import Scale
 
 
@@ -68,7 +69,7 @@ class Stack(NamedTuple):
   def reindexed(self, order: jax.Array) -> "Stack":
     """Every layer with its examples re-indexed by `order` (row i becomes row
     order[i]): the same representations of the examples in another order."""
-    return self._replace(gram=self.gram[:, order][:, :, order], proj=self.proj[:, order],
+    return self._replace(gram=layerpairs.permuted(self.gram, order), proj=self.proj[:, order],
                          rowmean=self.rowmean[:, order])
 
   def raw(self, mask: jax.Array) -> jax.Array:
