@@ -280,3 +280,21 @@ def test_the_models_order_is_scipy_s_average_linkage_dendrogram(n):
     assert leaves == hierarchy.dendrogram(want, no_plot=True)["leaves"]
     assert [h[1] for h, _ in links] == [m[2] for m in got] and len(links) == n - 1
     assert all(rows[0] == rows[1] and rows[2] == rows[3] and rows[0] != rows[2] for _, rows in links)
+
+
+def test_a_row_of_measures_without_nulls_has_no_null_row(tmp_path):
+  """Measures with no null (the descriptive differences) in a row of their own:
+  their interval widths sit right below their maps, as far below as a null's
+  widths sit below the null, not a blank row further down."""
+  rng = np.random.default_rng(4)
+  names = [f"m{i}" for i in range(7)]
+  maps = {m: rng.uniform(0, 1, (len(BIT), len(VIT))) for m in names}
+  nulls = {m: maps[m][::-1] for m in names[:5]}
+  widths = {m: rng.uniform(0, 0.1, (len(BIT), len(VIT))) for m in names}
+  fig = _draw(cka.measure_maps, maps, BIT, VIT, row_label="BiT", col_label="ViT", title="t",
+              nulls=nulls, widths=widths, tmp_path=tmp_path)
+  box = {ax.get_title(): ax.get_position() for ax in fig.axes if ax.get_label() != "<colorbar>"}
+  gap = lambda upper, width: box[upper].y0 - box[f"{width}: 95% interval width"].y1
+  assert np.isclose(gap("m5", "m5"), gap("m0 of the null (permuted)", "m0"))
+  assert box["m5"].y0 < box["m0: 95% interval width"].y0
+  _check_readable(fig)

@@ -107,15 +107,17 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
   each row's best column, the depth-monotone alignment (a column per row) and the
   pair's score, drawn over its map and named in its title."""
   names = list(maps)
-  per = 1 + bool(nulls) + bool(widths)  # panels per measure, stacked
   ncols = min(len(names), 5)
-  blocks = -(-len(names) // ncols)
+  blocks = [names[i:i + ncols] for i in range(0, len(names), ncols)]
+  # Panels per measure, stacked, in each row of measures: a null row only where one has a null.
+  pers = [1 + any(n in (nulls or {}) for n in b) + bool(widths) for b in blocks]
+  tops = np.cumsum([0] + pers[:-1])
   widest = lambda ns: max(len(axes.tick_text(g)) for g, _, _ in axes.layer_groups(ns))
   x_chars = widest(cols) if widest(cols) > 5 else 1  # `axes.block_axis` turns long x tick text
-  fig, place = _panel_grid([i % per == per - 1 for i in range(per * blocks)], ncols, title,
+  fig, place = _panel_grid([i == per - 1 for per in pers for i in range(per)], ncols, title,
                            x_chars, widest(rows))
   for j, name in enumerate(names):
-    top, col = per * (j // ncols), j % ncols
+    top, per, col = tops[j // ncols], pers[j // ncols], j % ncols
     shown = [maps[name]] + ([nulls[name]] if nulls and name in nulls else [])
     low = -1.0 if min(float(np.nanmin(m)) for m in shown) < -0.05 else figures.vmin
     high, cmap = figures.vmax, "magma"
@@ -135,7 +137,7 @@ def measure_maps(maps: dict[str, np.ndarray], rows: Sequence[str], cols: Sequenc
       ax.set_title(text + score)
       if bar is not None:
         fig.colorbar(im, cax=bar)
-      last = row % per == per - 1
+      last = row - top == per - 1
       xs, ys = axes.block_axis(ax, cols, "x", ticks=last), axes.block_axis(ax, rows, "y", ticks=col == 0)
       if last:
         ax.set_xlabel(f"{col_label} ({xs})")
