@@ -177,8 +177,9 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
 def _chunk_sums(x: dict, ys: tuple, chunk, rows: dict, cols: tuple, names, precision) -> dict[str, jax.Array]:
   """The SVD measures of one chunk of P pairs (`chunk`, a `layerpairs.Chunk`): the
   row layers' factors `rows` against the column layers' `cols` (the layers, and
-  for the null their re-indexed examples; `layerpairs.examples_last`), `x` and `ys` the chunk's per-layer
-  values; each kind of SVD in one call for both, one call after another."""
+  for the null their re-indexed examples, laid out by `layerpairs.examples_last`),
+  `x` and `ys` the chunk's per-layer values; each kind of SVD in one call for
+  both, one call after another."""
   lapack = _OneAtATime()
   both = lambda k: (jnp.concatenate([x[k]] * len(ys)), jnp.concatenate([y[k] for y in ys]))
   prod = lambda k: jnp.concatenate([chunk.products(rows[k], c[k], precision) for c in cols])
