@@ -46,9 +46,10 @@ def test_flat_products_in_slices_equal_one_float64_product(columns, monkeypatch)
 @pytest.mark.parametrize("rows, features", [(9, 96), (9, 95)], ids=["slices alone", "slices and a tail"])
 def test_a_tall_gram_is_the_triangle_of_its_row_halves(rows, features, monkeypatch):
   """At `TRIANGLE_ROWS` rows and more than one slice, the Gram is summed as three
-  blocks of its row halves and mirrored: exactly symmetric, and the centred
-  float64 Gram within float32's worst case for its sums (the mean's `rows`
-  terms, the slices' `features`)."""
+  blocks of its row halves and mirrored: exactly symmetric, and each entry within
+  float32's worst case of the centred float64 Gram's: each centred feature within
+  e of its own (the mean's sum of `rows` terms and division, the subtraction; |c|
+  <= 2 max |x|), then each entry's `features` products and their sum."""
   monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", 4 * rows * 32)  # 32 features a slice
   monkeypatch.setattr(grams, "TRIANGLE_ROWS", rows)
   x = np.random.default_rng(rows + features).standard_normal((rows, features)).astype(np.float32)
@@ -61,5 +62,9 @@ def test_a_tall_gram_is_the_triangle_of_its_row_halves(rows, features, monkeypat
   valid = x[:-1].astype(np.float64)
   c = np.zeros((rows, features))
   c[:-1] = valid - valid.mean(0)
-  scale = np.abs(c) @ np.abs(c).T + np.abs(valid).max() ** 2
-  assert_close(gram, c @ c.T, worst(rows, features) * scale.max(), "Gram from row halves")
+  e = worst(rows + 2) * 2 * np.abs(valid).max()
+  a = np.abs(c) + e
+  s = np.abs(c).sum(1)
+  bound = worst(features + 1) * (a @ a.T) + e * (s[:, None] + s[None, :]) + features * e ** 2
+  err = np.abs(gram.astype(np.float64) - c @ c.T)
+  assert np.all(err <= bound), f"Gram from row halves: {np.max(err / bound):.3g} of the bound"
