@@ -7,7 +7,7 @@ import pytest
 
 from support import upstream_files as uf
 from support.library_sums import hsic_matrix
-from support.numerics import assert_close, cka_bound, worst
+from support.numerics import U32, assert_close, cka_bound, worst
 from vitcnn_jax import jobs
 from vitcnn_jax.inputs import zoo
 from vitcnn_jax.similarity import grams
@@ -94,9 +94,14 @@ def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_p
   assert e1 - e0 > 40  # the branches differ in exponent, so this compares them
   assert np.array_equal(np.ldexp(g0.astype(np.float64), 2 * int(e0)),
                         np.ldexp(g1.astype(np.float64), 2 * int(e1) - 200))
-  assert np.array_equal(np.ldexp(m0.astype(np.float64), int(e0)),
-                        np.ldexp(m1.astype(np.float64), int(e1) - 100))
+  assert np.array_equal(np.ldexp(m0.astype(np.float64), 2 * int(e0)),
+                        np.ldexp(m1.astype(np.float64), 2 * int(e1) - 200))
   want = x[:9].reshape(9, -1).astype(np.float64)
+  mean = want.mean(0)
+  # Each mean entry a sum of 9 terms and a division (off by <= 10 u of the mean of |x|),
+  # then squared and 21 squares summed (<= 23 u of their sum).
+  bound = 2 * 10 * U32 * np.sum(np.abs(mean) * np.abs(want).mean(0)) + 23 * U32 * np.sum(mean ** 2)
+  assert abs(np.ldexp(float(m0), 2 * int(e0)) - np.sum(mean ** 2)) <= bound, "the mean's squared norm"
   want = want - want.mean(0)
   assert_close(np.ldexp(g0.astype(np.float64), 2 * int(e0))[:9, :9], want @ want.T,
                cka_bound(9, 21) * np.abs(want).max() ** 2 * 21, "Gram")

@@ -54,9 +54,9 @@ def share(a: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Arra
   """(top eigenvalue / trace of the centred Gram of one minibatch's valid rows,
   1 if the layer varies over them beyond float32 rounding else 0, (n,) each
   example's share of the layer's variance on that component)."""
-  gram, mean, _ = grams.scaled_gram(a, mask)  # scaled by a power of two: the ratio is exact
+  gram, mean_sq, _ = grams.scaled_gram(a, mask)  # scaled by a power of two: the ratio is exact
   trace = jnp.trace(gram)
-  floor = mask.sum() * jnp.sum(jnp.square(mean)) * (layer_checks.NOISE * layer_checks.U32) ** 2
+  floor = mask.sum() * mean_sq * (layer_checks.NOISE * layer_checks.U32) ** 2
   varies = (trace > floor) & (mask.sum() >= 2)
   values, vectors = jnp.linalg.eigh(gram)
   top = jnp.where(varies, values[-1] / jnp.where(varies, trace, 1.0), 0.0)

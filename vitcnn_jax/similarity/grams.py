@@ -225,22 +225,27 @@ def _exponent(v: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["gram", "mean", "proj", "rowmean", "e"], meta_fields=["features"])
+                   data_fields=["gram", "mean_sq", "mean_4th", "proj", "rowmean", "e"],
+                   meta_fields=["features"])
 @dataclasses.dataclass(frozen=True)
 class Layer:
   """One layer's minibatch at a power-of-two scale 2^-e (`scaled_layer`): the Gram
-  of its centred rows, the mean, each centred row's projection on the mean, each
-  row's mean over its `features` (padding rows zero). A pytree whose `features`
-  is static, so that a scan over identical blocks stacks the arrays alone."""
+  of its centred rows, the two sums of its mean that readers take (not the (D,)
+  mean itself: summed where the layer is made, in a scan's body once for all its
+  blocks, so no (D,) vector is carried through loops, stacked, sliced and summed
+  per layer), each centred row's projection on the mean, each row's mean over its
+  `features` (padding rows zero). A pytree whose `features` is static, so that a
+  scan over identical blocks stacks the arrays alone."""
   gram: jax.Array  # (n, n) K_c 2^-2e
-  mean: jax.Array  # (D,) 2^-e
+  mean_sq: jax.Array  # () the mean's squared norm, 2^-2e
+  mean_4th: jax.Array  # () the sum of the mean's fourth powers (`fourth_moment`), 2^-4e
   proj: jax.Array  # (n,) 2^-2e
   rowmean: jax.Array  # (n,) 2^-e
   e: jax.Array
   features: int
 
   def arrays(self) -> tuple[jax.Array, ...]:
-    return self.gram, self.mean, self.proj, self.rowmean, self.e
+    return self.gram, self.mean_sq, self.mean_4th, self.proj, self.rowmean, self.e
 
 
 def _parts_at(a: jax.Array, mask: jax.Array | None, precision: Precision, f: jax.Array
@@ -254,7 +259,9 @@ def _parts_at(a: jax.Array, mask: jax.Array | None, precision: Precision, f: jax
           & (jnp.max(jnp.abs(mean)) <= MEAN_RANGE * pow2(e)))
   e = jnp.where(fits, e, 0)
   g, h = pow2(-2 * e), pow2(-e)
-  layer = Layer(gram * g, mean * h, proj * g, rowmean * h, f + e, int(np.prod(a.shape[1:])))
+  mean = mean * h
+  layer = Layer(gram * g, jnp.sum(jnp.square(mean)), fourth_moment(mean), proj * g, rowmean * h, f + e,
+                int(np.prod(a.shape[1:])))
   return layer, fits
 
 
@@ -285,7 +292,7 @@ def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precisi
 
   rows, features = a.shape[0], int(np.prod(a.shape[1:]))
   no = zeros(jnp.bool_)
-  start = (~no, no, zeros(jnp.float32, rows, rows), zeros(jnp.float32, features),
+  start = (~no, no, zeros(jnp.float32, rows, rows), zeros(jnp.float32), zeros(jnp.float32),
            zeros(jnp.float32, rows), zeros(jnp.float32, rows), zeros(jnp.int32))
   out = jax.lax.while_loop(lambda state: ~state[1], turn, start)
   return Layer(*out[2:], features=features)
@@ -293,7 +300,7 @@ def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precisi
 
 def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(K 2^-2e, mean 2^-e, e) of `scaled_layer`."""
+  """(K 2^-2e, the mean's squared norm 2^-2e, e) of `scaled_layer`."""
   layer = scaled_layer(a, mask, precision)
-  return layer.gram, layer.mean, layer.e
+  return layer.gram, layer.mean_sq, layer.e
 

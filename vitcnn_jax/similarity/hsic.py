@@ -75,7 +75,7 @@ def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
 
   def parts(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     layer = scaled_layer(a, mask, precision)
-    return center_unbiased(layer.gram, mask).ravel(), n * fourth_moment(layer.mean), layer.e
+    return center_unbiased(layer.gram, mask).ravel(), n * layer.mean_4th, layer.e
 
   grams, moments, exps = (jnp.concatenate(p) for p in zip(*(jax.vmap(parts)(s) for s in stacks)))
   return scales.shared_scale(_linear_out(grams, moments, exps, n_all, mask, precision), axis_name, SCALES)

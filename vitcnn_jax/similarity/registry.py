@@ -56,8 +56,7 @@ class Stack(NamedTuple):
   def of(cls, layers: Sequence[grams.Layer]) -> "Stack":
     return cls(jnp.stack([lay.gram for lay in layers]), jnp.stack([lay.proj for lay in layers]),
                jnp.stack([lay.rowmean for lay in layers]),
-               jnp.stack([jnp.sum(jnp.square(lay.mean)) for lay in layers]),
-               jnp.stack([grams.fourth_moment(lay.mean) for lay in layers]),
+               jnp.stack([lay.mean_sq for lay in layers]), jnp.stack([lay.mean_4th for lay in layers]),
                jnp.asarray([lay.features for lay in layers], jnp.float32),
                jnp.stack([lay.e for lay in layers]))
 
