@@ -98,11 +98,12 @@ def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_p
                         np.ldexp(m1.astype(np.float64), 2 * int(e1) - 200))
   want = x[:9].reshape(9, -1).astype(np.float64)
   mean = want.mean(0)
-  # Each mean entry a sum of 9 terms and a division (off by <= 10 u of the mean of |x|),
-  # then squared and 21 squares summed (<= 23 u of their sum).
-  bound = 2 * 10 * U32 * np.sum(np.abs(mean) * np.abs(want).mean(0)) + 23 * U32 * np.sum(mean ** 2)
+  # Each mean entry a sum of 9 terms and a division (off by d <= 10 u of the mean of |x|),
+  # so its square by 2 |mean| d + d²; then squared and 21 squares summed (<= 23 u of their sum).
+  d = 10 * U32 * np.abs(want).mean(0)
+  bound = np.sum(2 * np.abs(mean) * d + d ** 2) + 23 * U32 * np.sum(mean ** 2)
   assert abs(np.ldexp(float(m0), 2 * int(e0)) - np.sum(mean ** 2)) <= bound, "the mean's squared norm"
-  want = want - want.mean(0)
+  want = want - mean
   assert_close(np.ldexp(g0.astype(np.float64), 2 * int(e0))[:9, :9], want @ want.T,
                cka_bound(9, 21) * np.abs(want).max() ** 2 * 21, "Gram")
   assert not np.any(g0[9:]) and not np.any(g0[:, 9:])  # padding rows
