@@ -169,8 +169,8 @@ def load_stating_everything(folder, caplog, fields: dict | None = None):
 def gram_path(request, monkeypatch):
   """Each way a layer's Gram is made (`grams._gram_parts`): the CPU's slices as
   configured (one slice for these small layers), slices of 2-5 features (the
-  loop and, where no divisor fits, its tail; each layer larger than a slice, so
-  `scaled_layer` makes it as it is first; the flattened Grams' products are
+  loop and, where no divisor fits, its tail, each slice's mean from the slice;
+  the flattened Grams' products are
   sliced too, `grams.flat_products`), and one dot over the centred copy (GPU
   and TPU)."""
   import jax

@@ -203,6 +203,32 @@ def test_results_only_then_the_figures_from_the_saved_sums(blocks_one_device, ti
     assert (tmp_path / f"cka_{tag}.png").exists() and (tmp_path / f"cka_{tag}.svg").exists(), tag
 
 
+def test_minibatches_with_a_layer_out_of_range_are_run_again_prescaled_to_the_same_cka(
+    tiny_vit_bit, tmp_path, monkeypatch):
+  """With `grams.GRAM_RANGE` narrowed so that every layer made as its features
+  are is out of it, every step is run again with its layers prescaled (each by
+  its largest |x|, then kept at that scale): the same CKA, to the bit, as the
+  run in range, every scaling a power of two."""
+  from vitcnn_jax.run import exported
+  from vitcnn_jax.run import programs
+  from vitcnn_jax.similarity import grams
+  monkeypatch.setattr(exported, "path_for", lambda key, signature: None)  # each run traced anew
+  flags = _flags(tiny_vit_bit, tmp_path / "in", *BLOCKS, *NO_FIGURES)
+  monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())
+  _run(flags)
+  monkeypatch.setattr(programs, "_COMPILED", collections.OrderedDict())
+  monkeypatch.setattr(grams, "GRAM_RANGE", (2.0 ** 60, 2.0 ** 60))
+  calls = collections.Counter()
+  call = programs.Step.__call__
+  monkeypatch.setattr(programs.Step, "__call__",
+                      lambda self, *a, prescale=False: calls.update([prescale]) or call(self, *a, prescale=prescale))
+  _run(_flags(tiny_vit_bit, tmp_path / "out", *BLOCKS, *NO_FIGURES))
+  steps = REPEATS * -(-EXAMPLES // (BATCH * jax.device_count()))  # a minibatch a device each step
+  assert calls == {False: steps, True: steps}, calls
+  want, got = np.load(tmp_path / "in" / "cka.npz"), np.load(tmp_path / "out" / "cka.npz")
+  np.testing.assert_array_equal(got["per_repeat"], want["per_repeat"])
+
+
 @pytest.mark.parametrize("planned", [False, True])
 def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_runs(
     tiny_vit_bit, tmp_path, monkeypatch, planned):
@@ -228,10 +254,11 @@ def test_each_pass_is_compiled_and_the_compiler_s_memory_handed_back_before_it_r
 
 
 class _Result:
-  """A step's device result that finishes when the test says (or when waited for)."""
+  """A step's device result (its exponents) that finishes when the test says (or
+  when waited for)."""
 
-  def __init__(self):
-    self.ready = False
+  def __init__(self, e: int = 0):
+    self.ready, self.e = False, e
 
   def is_ready(self) -> bool:
     return self.ready
@@ -239,6 +266,9 @@ class _Result:
   def block_until_ready(self) -> "_Result":
     self.ready = True
     return self
+
+  def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    return np.full(3, self.e, dtype)
 
 
 class _Counted:
@@ -258,19 +288,41 @@ def test_the_progress_bar_counts_finished_steps_not_dispatched_ones():
   bar = _Counted()
   steps = runstate.Steps(None, {}, None, (0, 0), bar)
   results = [_Result() for _ in range(5)]
+  add = lambda r: steps.add({"log2_scale": r}, 0, 7, _never)
   for r in results[:runstate.IN_FLIGHT]:
-    steps.add(r, 0, 7)
+    add(r)
   assert bar.n == 0 and not any(r.ready for r in results)  # dispatched, none finished
-  steps.add(results[2], 0, 7)  # one too many in flight: the oldest is waited for
+  add(results[2])  # one too many in flight: the oldest is waited for
   assert bar.n == 1 and results[0].ready and not results[1].ready
   results[2].ready = True  # finished before the one ahead of it: counted after it, in order
-  steps.add(results[3], 0, 7)
+  add(results[3])
   assert bar.n == 3 and results[1].ready and bar.examples == 21
-  steps.add(results[4], 0, 7)
+  add(results[4])
   assert bar.n == 3 and not results[3].ready  # two in flight, neither finished
   results[4].ready = True
-  steps.add(_Result(), 0, 7)
+  add(_Result())
   assert bar.n == 5 and results[3].ready
+
+
+def _never() -> None:
+  raise AssertionError("a step whose layers were in range was run again")
+
+
+def test_a_step_with_a_layer_out_of_range_is_run_again_prescaled_before_it_is_counted():
+  """A finished step whose exponents say a layer left float32's range
+  (`grams.UNFIT`) is replaced by its run with the layers prescaled, before the
+  bar counts it and before its sums are fetched; each run again is let go once
+  counted (it holds its minibatch), and a step in range is never run again."""
+  from vitcnn_jax.run import runstate
+  from vitcnn_jax.similarity import grams
+  bar = _Counted()
+  steps = runstate.Steps(None, {}, None, (0, 0), bar)
+  again = _Result(e=5)
+  steps.add({"log2_scale": _Result(e=grams.UNFIT)}, 0, 7, lambda: {"log2_scale": again})
+  steps.add({"log2_scale": _Result()}, 0, 7, _never)
+  steps.add({"log2_scale": _Result()}, 0, 7, _never)  # the first is waited for: run again, counted
+  assert bar.n == 1 and again.ready
+  assert steps.pending[0][1]["log2_scale"] is again and steps.pending[0][3] is None
 
 
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,
@@ -388,8 +440,8 @@ def test_four_models_as_a_mapping_two_of_one_architecture_as_one_loop(tiny_vit_b
   from vitcnn_jax.run import protocol
   from vitcnn_jax.similarity import grams
   counts = collections.Counter()
-  real_layer, real_sums = grams.scaled_layer, protocol.Forward.measure_sums
-  monkeypatch.setattr(grams, "scaled_layer", lambda *a, **k: counts.update(["grams"]) or real_layer(*a, **k))
+  real_layer, real_sums = grams.layer_parts, protocol.Forward.measure_sums
+  monkeypatch.setattr(grams, "layer_parts", lambda *a, **k: counts.update(["grams"]) or real_layer(*a, **k))
   monkeypatch.setattr(protocol.Forward, "measure_sums",
                       lambda *a, **k: counts.update(["steps"]) or real_sums(*a, **k))
   vit, bit = tiny_vit_bit

@@ -242,6 +242,29 @@ def test_a_pass_killed_midway_resumes_and_is_never_read_half(vit_kept, tmp_path)
       np.testing.assert_array_equal(got[k], want[k], err_msg=f"minibatch {b}: {k}")
 
 
+def test_a_minibatch_with_a_layer_out_of_range_is_kept_prescaled(vit_kept, tmp_path, monkeypatch):
+  """With `grams.GRAM_RANGE` narrowed so that every layer made as its features
+  are is out of it, each step is run again with its layers prescaled: no
+  exponent kept is `UNFIT`, and every array kept, at its own exponent, is the
+  in-range pass's to the bit (every scaling a power of two)."""
+  from vitcnn_jax.similarity import grams
+  model, source, how, base = vit_kept
+  monkeypatch.setattr(grams, "GRAM_RANGE", (2.0 ** 60, 2.0 ** 60))
+  made = []
+  step = keeping._step.__wrapped__
+  monkeypatch.setattr(keeping, "_step", lambda *a: made.append(a[-1]) or step(*a))
+  out = keeping.keep(model, source, how, str(tmp_path / "prescaled"))
+  assert made.count(True) == made.count(False) >= 1, made
+  powers = {"gram": 2, "proj": 2, "rowmean": 1, "mean_sq": 2, "mean_4th": 4, "features": 0}
+  for b in range(out.minibatches(0)):
+    got, want = (np.load(p.path(0, b)) for p in (out, base))
+    assert not grams.needs_prescaling(got["e"]) and not np.array_equal(got["e"], want["e"])
+    for k, c in powers.items():
+      unscaled = [np.ldexp(v[k].astype(np.float64), c * v["e"].reshape((-1,) + (1,) * (v[k].ndim - 1)))
+                  for v in (got, want)]
+      np.testing.assert_array_equal(*unscaled, err_msg=f"minibatch {b}: {k}")
+
+
 def _many_config(files: dict[str, str], names: tuple[str, ...]):
   """configs/many_models.py:demo on the tiny models `names` and synthetic images."""
   import ml_collections

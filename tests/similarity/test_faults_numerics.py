@@ -15,6 +15,7 @@ from vitcnn_jax.similarity import hsic
 from vitcnn_jax.similarity import layer_checks
 from vitcnn_jax.similarity import linear_cka
 from vitcnn_jax.similarity import measures
+from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
 
 
@@ -80,45 +81,74 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
   assert abs(big.result().xx[0, 1] - ref.result().xx[0, 1]) <= tol + 1e-12
 
 
-def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_path):
-  """The same features times 2^100 (whose Gram, made as they are, would overflow),
-  along each way a layer is scaled (`grams.scaled_layer`: scaled first when it
-  fits a cache slice, else made as it is and remade): power-of-two scaling is
-  exact, so both give the same bits once unscaled."""
+def _stack(x: np.ndarray, mask: np.ndarray, prescale: bool) -> registry.Stack:
+  """One layer's `registry.Stack` on the host, its parts made as the features are or prescaled."""
   import jax
+  made = jax.jit(lambda a, m: registry.Stack.of([grams.layer_parts(a, m, prescale=prescale)]))
+  return jax.device_get(made(x, mask))
+
+
+def test_a_gram_made_as_is_equals_one_made_from_rescaled_features_exactly(gram_path):
+  """A layer in range gives the same bits made as its features are and prescaled
+  (every scaling a power of two); the same features times 2^100 (whose Gram,
+  made as they are, would overflow) say `UNFIT` made as they are, and prescaled
+  give the same arrays 100 exponents up. Each against float64."""
   x = np.random.default_rng(5).standard_normal((12, 3, 7)).astype(np.float32) * 3 + 1
   mask = np.ones(12, np.float32)
   mask[9:] = 0
-  got = [jax.device_get(jax.jit(grams.scaled_gram)(a, mask)) for a in (x, x * np.float32(2.0 ** 100))]
-  (g0, m0, e0), (g1, m1, e1) = got
-  assert e1 - e0 > 40  # the branches differ in exponent, so this compares them
-  assert np.array_equal(np.ldexp(g0.astype(np.float64), 2 * int(e0)),
-                        np.ldexp(g1.astype(np.float64), 2 * int(e1) - 200))
-  assert np.array_equal(np.ldexp(m0.astype(np.float64), 2 * int(e0)),
-                        np.ldexp(m1.astype(np.float64), 2 * int(e1) - 200))
+  as_is, first = _stack(x, mask, False), _stack(x, mask, True)
+  big, big_first = _stack(x * np.float32(2.0 ** 100), mask, False), _stack(x * np.float32(2.0 ** 100), mask, True)
+  assert not grams.needs_prescaling(as_is.e) and grams.needs_prescaling(big.e)
+  assert int(big_first.e[0]) == int(as_is.e[0]) + 100
+  for field in ("gram", "proj", "rowmean", "mean_sq", "mean_4th", "features"):
+    for other in (first, big_first):
+      assert np.array_equal(getattr(other, field), getattr(as_is, field)), field
+  e0, g0, m0 = int(as_is.e[0]), as_is.gram[0], float(as_is.mean_sq[0])
   want = x[:9].reshape(9, -1).astype(np.float64)
   mean = want.mean(0)
   # Each mean entry a sum of 9 terms and a division (off by d <= 10 u of the mean of |x|),
   # so its square by 2 |mean| d + d²; then squared and 21 squares summed (<= 23 u of their sum).
   d = 10 * U32 * np.abs(want).mean(0)
   bound = np.sum(2 * np.abs(mean) * d + d ** 2) + 23 * U32 * np.sum(mean ** 2)
-  assert abs(np.ldexp(float(m0), 2 * int(e0)) - np.sum(mean ** 2)) <= bound, "the mean's squared norm"
+  assert abs(np.ldexp(m0, 2 * e0) - np.sum(mean ** 2)) <= bound, "the mean's squared norm"
+  # Its fourth powers: each entry's off by at most (|mean| + d)^4 - mean^4, then squared
+  # twice (2 roundings) and 21 summed (20 u).
+  bound = np.sum((np.abs(mean) + d) ** 4 - mean ** 4) + 24 * U32 * np.sum(mean ** 4)
+  assert abs(np.ldexp(float(as_is.mean_4th[0]), 4 * e0) - np.sum(mean ** 4)) <= bound, "fourth powers"
   want = want - mean
-  assert_close(np.ldexp(g0.astype(np.float64), 2 * int(e0))[:9, :9], want @ want.T,
+  assert_close(np.ldexp(g0.astype(np.float64), 2 * e0)[:9, :9], want @ want.T,
                cka_bound(9, 21) * np.abs(want).max() ** 2 * 21, "Gram")
   assert not np.any(g0[9:]) and not np.any(g0[:, 9:])  # padding rows
 
 
-@pytest.mark.parametrize("slice_bytes", [None, 4], ids=["scaled first", "made as it is, remade"])
+@pytest.mark.parametrize("value", [0.0, 3.0, 2.0 ** 90], ids=["zeros", "three", "2^90"])
+def test_a_layer_the_same_on_every_row_is_in_range_as_it_is(value):
+  """Every valid row the same (its centred Gram exact zeros: a blank image's
+  layer, a dead unit): in range made as it is, at its mean's scale, not run
+  again on every minibatch; the same bits as prescaled, its mean's sums exact."""
+  x = np.full((8, 5), value, np.float32)
+  mask = np.ones(8, np.float32)
+  as_is, first = _stack(x, mask, False), _stack(x, mask, True)
+  assert not grams.needs_prescaling(as_is.e)
+  for field in ("gram", "proj", "rowmean", "mean_sq", "mean_4th", "e"):
+    assert np.array_equal(getattr(first, field), getattr(as_is, field)), field
+  assert not np.any(as_is.gram)
+  e = int(as_is.e[0])
+  assert np.ldexp(float(as_is.mean_sq[0]), 2 * e) == 5 * value ** 2
+  assert np.ldexp(float(as_is.mean_4th[0]), 4 * e) == 5 * value ** 4
+
+
+@pytest.mark.parametrize("slice_bytes", [None, 4], ids=["one slice", "slices of one feature"])
 def test_an_exactly_centred_large_feature_keeps_the_fourth_moment_finite(slice_bytes, monkeypatch):
   """A feature constant at 2^60 (its mean exact, so it centres to zero) beside one
   that varies by 1: scaled by the Gram alone the mean's fourth power would
-  overflow float32, so this layer is rescaled by its largest |x| instead: first,
-  as a layer that fits a cache slice, or after its Gram made as it is (any
-  larger layer)."""
+  overflow float32. Made as it is, the layer says `UNFIT` (its mean beyond
+  `MEAN_BITS`); prescaled, by its largest |x|, its fourth moment is finite and
+  right."""
   if slice_bytes:
     monkeypatch.setattr(grams, "CACHE_SLICE_BYTES", slice_bytes)
   x = np.stack([np.full(8, 2.0 ** 60), np.arange(8) % 3], axis=1).astype(np.float32)
+  assert grams.needs_prescaling(_stack(x, np.ones(8, np.float32), False).e)
   got = scales.unscale({k: np.asarray(v) for k, v in hsic.activation_sums([x]).items()}, measures.SCALES)
   want = 8 * np.sum(x.astype(np.float64).mean(0) ** 4)
   assert np.isfinite(got["moments"]).all()

@@ -38,7 +38,7 @@ class Capture:
   """
   patterns: tuple[str, ...] | None = None
   prefix: str = ""
-  # Applied to each kept point where it is made (e.g. its Gram, `grams.scaled_layer`):
+  # Applied to each kept point where it is made (e.g. its Gram's parts, `grams.layer_parts`):
   # inside a scan over identical blocks (`blocks.run_blocks`) the activation then dies
   # within its block, and the reduction is compiled once for the run.
   reduce: Callable[[Array], Any] | None = None

@@ -12,6 +12,7 @@ the results atomically from process 0. It loads nothing and checks no config:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Callable
@@ -93,20 +94,21 @@ def compile_pass(p: protocol.Pass, models: dict[str, loading.Loaded], mesh,
       return jax.lax.pmax(s, parallel.AXES)
     return jax.lax.psum(s, parallel.AXES)
 
-  def local(params, constants, images, labels, mask, random):
+  def local(prescale, params, constants, images, labels, mask, random):
     key = None
     if random is not None:  # this device's minibatch's own key (the same on any device count)
       key = jax.random.fold_in(random[0], random[1] + jax.lax.axis_index(parallel.AXIS))
     fwd = protocol.Forward(models, dict(zip(names, params)), dict(zip(names, images)), p.points,
-                           constants, grouped, precision, key)
+                           constants, grouped, precision, key, prescale)
     out = p.step(fwd, labels, mask)
     if any(k.startswith(protocol.ROWS) for k in out):
       out = {**out, protocol.ROWS_MASK: mask}
     return {k: jax.tree.map(lambda s, k=k: reduce(k, s), v) for k, v in out.items()}
 
   axis = P(parallel.AXES)
-  return programs.Step(jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), axis, axis, axis, P()),
-                                             out_specs=P())), _program_key(p, models, mesh, precision))
+  return programs.Step(lambda prescale: jax.jit(jax.shard_map(
+      functools.partial(local, prescale), mesh=mesh, in_specs=(P(), P(), axis, axis, axis, P()), out_specs=P())),
+                       _program_key(p, models, mesh, precision))
 
 
 def plan_devices(config: ml_collections.ConfigDict, p: protocol.Pass, models: dict[str, loading.Loaded],
@@ -178,7 +180,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str, analysis: pr
           labels = b.labels if b.labels is not None else b.mask.astype(np.int32)
           first = (step - 1) * mesh.shape[parallel.AXIS]  # its first minibatch, on any device count
           random = parallel.replicate(mesh, random_of(config.get("seed", 0), pi, repeat, first))
-          steps.add(program(*args, b.images, labels, b.mask, random), first, b.examples)
+          given = (*args, b.images, labels, b.mask, random)
+          steps.add(program(*given), first, b.examples, functools.partial(program, *given, prescale=True))
           ran += 1
           stop = bool(config.get("stop_after")) and ran >= config.stop_after
           if stop or time.time() - last_save > config.get("save_every_seconds", 60):

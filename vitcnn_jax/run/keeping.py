@@ -19,6 +19,7 @@ import os
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils as multihost
@@ -111,19 +112,32 @@ def reuse(name: str, spec: ml_collections.ConfigDict, source: data.Source, how: 
 
 
 @functools.lru_cache(maxsize=8)
-def _step(module, points: tuple[str, ...], policy: str, precision: grams.Precision, mesh):
+def _step(module, points: tuple[str, ...], policy: str, precision: grams.Precision, mesh, prescale: bool):
   """The forward of a model (its flax `module`) to its `points`' `registry.Stack`,
-  one minibatch a device over `mesh` (leading axis: the devices); one program per
-  architecture, points, preprocessing, precision and mesh in this process."""
+  one minibatch a device over `mesh` (leading axis: the devices), and the
+  largest exponent over every device (`grams.UNFIT`: run it again with
+  `prescale`); one program per architecture, points, preprocessing, precision,
+  mesh and `prescale` in this process."""
   bare = loading.Loaded("model", "", "", module, None, list(points), policy)
 
-  def local(params, images: jax.Array, mask: jax.Array) -> registry.Stack:
+  def local(params, images: jax.Array, mask: jax.Array) -> tuple[registry.Stack, jax.Array]:
     fwd = protocol.Forward({"model": bare}, {"model": params}, {"model": images}, {"model": points},
-                           precision=precision)
-    return jax.tree.map(lambda a: a[None], registry.Stack.of(fwd.layers("model", points, mask)))
+                           precision=precision, prescale=prescale)
+    stack = registry.Stack.of(fwd.layers("model", points, mask))
+    return jax.tree.map(lambda a: a[None], stack), jax.lax.pmax(jnp.max(stack.e), parallel.AXES)
 
   return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(parallel.AXES), P(parallel.AXES)),
-                               out_specs=P(parallel.AXES)))
+                               out_specs=(P(parallel.AXES), P())))
+
+
+def _stack(model: loading.Loaded, precision: grams.Precision, mesh, params, images: jax.Array,
+           mask: jax.Array) -> registry.Stack:
+  """One step's stacks of `model` (`_step`): made from the features as they are,
+  or where a layer left float32's range, from them prescaled."""
+  stack, top = _step(model.model, tuple(model.names), model.policy, precision, mesh, False)(params, images, mask)
+  if grams.needs_prescaling(top):
+    stack, _ = _step(model.model, tuple(model.names), model.policy, precision, mesh, True)(params, images, mask)
+  return stack
 
 
 def _first_missing(out: kept.Pass, repeat: int, per_step: int) -> int | None:
@@ -157,7 +171,6 @@ def keep_together(models: Sequence[loading.Loaded], source: data.Source, how: Pr
     return outs
   for i in run:
     _say(models[i], outs[i], jax.process_index() == 0)
-  steps = [_step(models[i].model, tuple(models[i].names), models[i].policy, precision, mesh) for i in run]
   params = [parallel.replicate(mesh, models[i].params) for i in run]
   firsts = {r: min((starts[i][r] for i in run if starts[i][r] is not None), default=None)
             for r in range(how.repeats)}
@@ -170,8 +183,8 @@ def keep_together(models: Sequence[loading.Loaded], source: data.Source, how: Pr
                                            start=first, digests=True), first):
         for k, i in enumerate(run):
           if starts[i][r] is not None and s >= starts[i][r]:
-            _write_local(outs[i], r, s, indices, how.batch_size, steps[k](params[k], b.images[k], b.mask),
-                         b.digests)
+            _write_local(outs[i], r, s, indices, how.batch_size,
+                         _stack(models[i], precision, mesh, params[k], b.images[k], b.mask), b.digests)
         bar.update(1, b.examples)
   multihost.sync_global_devices(f"kept passes {outs[run[0]].folder}")  # every process's files are written
   if jax.process_index() == 0:

@@ -61,29 +61,33 @@ class Step:
   its compiled steps with every later run of the same program in this process:
   no trace, no compile; and, through `exported`, with later processes: no trace
   of the models. The cache holds compiled programs, not the pass or its models'
-  parameters."""
+  parameters.
 
-  def __init__(self, fn: Callable, key: tuple | None):
-    self._fn, self._key, self._own = fn, key, {}
+  `make(prescale)` gives the function: its layers made from the features as they
+  are, or with `prescale` scaled first (`grams.Parts`), the program a minibatch
+  is run again with where a layer left float32's range; compiled only then."""
 
-  def compiled(self, *args) -> jax.stages.Compiled:
+  def __init__(self, make: Callable[[bool], Callable], key: tuple | None):
+    self._make, self._key, self._own = make, key, {}
+
+  def compiled(self, *args, prescale: bool = False) -> jax.stages.Compiled:
     """The step compiled for `args` (arrays, or `jax.ShapeDtypeStruct`s with shardings)."""
     signature = _signature(args)
     cache = self._own if self._key is None else _COMPILED
-    key = (self._key, signature)
+    key = (self._key, prescale, signature)
     if key in cache:
       if cache is _COMPILED:
         _COMPILED.move_to_end(key)
       return cache[key]
-    path = None if self._key is None else exported.path_for(self._key, signature)
-    cache[key] = exported.compile_step(self._fn, args, path)
+    path = None if self._key is None else exported.path_for((self._key, prescale), signature)
+    cache[key] = exported.compile_step(self._make(prescale), args, path)
     memory.release_freed()
     while len(_COMPILED) > KEEP_COMPILED:
       _COMPILED.popitem(last=False)
     return cache[key]
 
-  def __call__(self, *args):
-    return self.compiled(*args)(*args)
+  def __call__(self, *args, prescale: bool = False):
+    return self.compiled(*args, prescale=prescale)(*args)
 
 
 def _signature(args) -> tuple:

@@ -30,19 +30,28 @@ ROWS_MASK = "rows/.mask"
 BOOT = "boot/"  # step results per minibatch: summed, and into bootstrap replicates
 
 
+def unfit(got: Sums) -> bool:
+  """Whether a step's result says that a layer, made from its features as they
+  are, left float32's range (a `log2_scale` of `grams.UNFIT`): its minibatch is
+  run again with its layers prescaled (`Forward`'s `prescale`)."""
+  return any(grams.needs_prescaling(v) for k, v in got.items() if k.rsplit("/", 1)[-1] == "log2_scale")
+
+
 class Forward:
   """What a step sees of the models: their captured points on this device's rows,
   `constants`, the arrays its pass's `setup` made (e.g. fitted probes), `key`, a
   random key of this device's minibatch, and `activation_sums`/`measure_sums`, the
-  sums of this device's share of its minibatch."""
+  sums of this device's share of its minibatch. The captured points' Grams are
+  made from the features as they are, or with `prescale` from them scaled first
+  (`grams.layer_parts`)."""
 
   def __init__(self, models: dict, params: dict, images: dict,
                points: dict[str, Sequence[str]], constants: Any = None,
                grouped: bool = False, precision: grams.Precision = grams.HIGHEST,
-               key: jax.Array | None = None):
+               key: jax.Array | None = None, prescale: bool = False):
     self.models, self._params, self._images, self._points = models, params, images, points
     self.constants, self.key = constants, key
-    self.grouped, self._precision = grouped, precision
+    self.grouped, self._precision, self._prescale = grouped, precision, prescale
     self._group = parallel.GROUP if grouped else None  # the mesh axis a minibatch spans
 
   def activation_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
@@ -64,22 +73,24 @@ class Forward:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
                                      self._precision)
-    got: dict[str, list[grams.Layer]] = {}
+    got: dict[str, list[grams.Parts]] = {}
     for group in self._alike(points):
       got.update(self._group_layers(group, points[group[0]], mask))
     layers = [lay for name in points for lay in got[name]]
     return measures.stack_sums(registry.Stack.of(layers), mask, spec, parallel.AXES, self.key,
                                self._precision)
 
-  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Layer]:
-    """`grams.scaled_layer` of each of `points` of model `name`, made inside the
+  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Parts]:
+    """`grams.layer_parts` of each of `points` of model `name`, made inside the
     forward as each is computed (`capturing.Capture.reduce`): in a scan over
-    identical blocks its activation dies in its block and its code is compiled once."""
+    identical blocks its activation dies in its block and its code is compiled
+    once. `registry.Stack.of` brings them to their scales together."""
     return self._layers(name, self._params[name], self._images[name], points, mask)
 
   def _layers(self, name: str, params: Any, images: jax.Array, points: Sequence[str], mask: jax.Array
-              ) -> list[grams.Layer]:
-    capture = capturing.Capture(tuple(points), reduce=lambda a: grams.scaled_layer(a, mask, self._precision))
+              ) -> list[grams.Parts]:
+    capture = capturing.Capture(tuple(points),
+                                reduce=lambda a: grams.layer_parts(a, mask, self._precision, self._prescale))
     x = preprocess.normalize(images, self.models[name].policy)
     out = self.models[name].model.apply({"params": params}, x, capture=capture)[1]
     return [out[p] for p in points]
@@ -111,7 +122,7 @@ class Forward:
     return groups
 
   def _group_layers(self, group: list[str], points: Sequence[str], mask: jax.Array
-                    ) -> dict[str, list[grams.Layer]]:
+                    ) -> dict[str, list[grams.Parts]]:
     """`layers` of each model of `group` (`_alike`): for two or more, one loop over
     their stacked parameters and inputs, so that the forward and Gram code is
     compiled once for the group, not once per model."""

@@ -5,7 +5,7 @@ its result), which a resumed state must match part by part."""
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import ml_collections
@@ -162,9 +162,12 @@ class Steps:
     self.p, self.sums, self.boot, self.where, self.bar = p, sums, boot, where, bar
     self.pending, self.counted = [], 0  # (first minibatch, result, examples); how many the bar has
 
-  def add(self, result, first: int, examples: int) -> None:
-    """`result` of the step whose first minibatch is `first`, over `examples` examples."""
-    self.pending.append((first, result, examples))
+  def add(self, result, first: int, examples: int, again: Callable[[], protocol.Sums]) -> None:
+    """`result` of the step whose first minibatch is `first`, over `examples`
+    examples; `again()`: that step with its layers prescaled (`grams.Parts`), run
+    in its place where `result` says a layer left float32's range
+    (`protocol.unfit`), then let go with the minibatch it holds."""
+    self.pending.append([first, result, examples, again])
     self._count(IN_FLIGHT)
     if len(self.pending) >= FETCH_EVERY:
       self.fetch()
@@ -173,18 +176,21 @@ class Steps:
     """Advances the bar over the finished steps, in order, waiting for the oldest
     while more than `ahead` are unfinished."""
     while self.counted < len(self.pending):
-      _, result, examples = self.pending[self.counted]
+      entry = self.pending[self.counted]
       if len(self.pending) - self.counted > ahead:
-        jax.block_until_ready(result)
-      elif not all(a.is_ready() for a in jax.tree.leaves(result)):
+        jax.block_until_ready(entry[1])
+      elif not all(a.is_ready() for a in jax.tree.leaves(entry[1])):
         return
-      self.bar.update(1, examples)
+      if protocol.unfit(entry[1]):
+        entry[1] = jax.block_until_ready(entry[3]())
+      entry[3] = None
+      self.bar.update(1, entry[2])
       self.counted += 1
 
   def fetch(self) -> protocol.Sums:
-    got = jax.device_get([r for _, r, _ in self.pending])  # one transfer
     self._count(0)
-    for (first, _, _), g in zip(self.pending, got):
+    got = jax.device_get([r for _, r, _, _ in self.pending])  # one transfer
+    for (first, _, _, _), g in zip(self.pending, got):
       self.sums = self.boot.add(self.sums, self.p.host_sums(g), *self.where, first)
     self.pending.clear()
     self.counted = 0

@@ -8,6 +8,12 @@ layer is scaled by a power of two (exact in float32) so that its Gram, and the
 HSIC products and fourth moments made from it, stay in float32's range whatever
 the features' scale; `scales.unscale` restores the sums on the host.
 
+A pass's captured points make their Gram parts from the features as they are
+(`Parts`), and one batched piece of code over the stacked layers finds their
+scales (`finish`). A layer out of float32's range that way (features of 1e20)
+says so by its exponent (`UNFIT`), and its minibatch is run again with every
+layer scaled by its largest |x| first: the same bits where both are in range.
+
 The products run at `config.gram_precision`: float32-accurate choices only
 (`GRAM_PRECISIONS`); "auto" is XLA's HIGHEST on CPU and TPU and 6-pass bf16 on
 a GPU (the default matmul precision there loses digits in centred Grams).
@@ -72,23 +78,30 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   rows centred on their own mean follow from the centred one (`Layer`). With
   `scale` (a power of two), those of `x * scale`, with no scaled copy of `x`.
 
-  On CPU, a layer is read from memory twice (its mean, then everything else a
-  slice of features at a time, centred in cache): a centred copy of a large
-  layer and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x the time there
-  (ResNet stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the
-  centred copy keeps the matmul units busy."""
-  x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+  On CPU, a layer is read from memory once, a slice of features at a time: each
+  slice's mean, then the slice centred in cache. A centred copy of a large layer
+  and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x the time there (ResNet
+  stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the centred copy
+  keeps the matmul units busy."""
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   scale = jnp.ones((), jnp.float32) if scale is None else scale
-  # The mean as a (1, n) x (n, D) product: XLA's CPU column reduction is ~40x slower.
-  mean = jnp.matmul((m * scale)[None, :], x, precision=HIGHEST)[0] / jnp.maximum(m.sum(), 1.0)
+  valid = jnp.maximum(m.sum(), 1.0)
+  features = int(np.prod(x.shape[1:]))
   if jax.default_backend() in SLICED_BACKENDS:
-    gram, proj, rowsum = _sliced_parts(x, m, mean, precision, scale)
+    gram, mean, proj, rowsum = _sliced_parts(x, m, valid, precision, scale)
   else:
+    x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+    mean = _mean(x, m, valid, scale)
     c = (x * scale - mean) * m[:, None] if mask is not None else x * scale - mean
     gram, proj, rowsum = jnp.matmul(c, c.T, precision=precision), jnp.matmul(c, mean, precision=HIGHEST), c.sum(1)
-  rowmean = (rowsum / x.shape[1] + mean.mean()) * m
+  rowmean = (rowsum / features + mean.mean()) * m
   return gram, mean, proj, rowmean
+
+
+def _mean(x: jax.Array, m: jax.Array, valid: jax.Array, scale: jax.Array) -> jax.Array:
+  """The mean of the valid rows of `x * scale` as a (1, n) x (n, D) product:
+  XLA's CPU column reduction is ~40x slower."""
+  return jnp.matmul((m * scale)[None, :], x, precision=HIGHEST)[0] / valid
 
 
 def slice_width(columns: int, rows: int) -> int:
@@ -110,11 +123,15 @@ def slice_width(columns: int, rows: int) -> int:
 TRIANGLE_ROWS = 768
 
 
-def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precision,
-                  scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(Gram, projection on the mean, feature sum) of the rows of `x * scale`
-  centred on `mean` and masked by `m`, accumulated over slices of `CACHE_SLICE_BYTES`."""
-  rows, features = x.shape
+def _sliced_parts(a: jax.Array, m: jax.Array, valid: jax.Array, precision: Precision,
+                  scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """(Gram, mean, projection on the mean, feature sum) of the rows of `a * scale`
+  (flattened) centred on their mean over the `valid` rows `m` marks, accumulated
+  over slices of `CACHE_SLICE_BYTES`, each slice's mean from the slice. The loop
+  alone reads `a` as the forward made it, flattened inside: where a reshaped
+  copy was read beside it (for the mean), XLA computed the activation a second
+  time for that reader (workload W's step: 6% longer)."""
+  rows, features = a.shape[0], int(np.prod(a.shape[1:]))
   width = slice_width(features, rows)
   cut = rows // 2 if rows >= TRIANGLE_ROWS and width < features else rows
   top, low = slice(0, cut), slice(cut, rows)
@@ -122,19 +139,21 @@ def _sliced_parts(x: jax.Array, m: jax.Array, mean: jax.Array, precision: Precis
   blocks = lambda c: tuple(jnp.matmul(c[i], c[j].T, precision=precision) for i, j in pairs)
 
   def add(sums, start, size):
-    mu = jax.lax.dynamic_slice_in_dim(mean, start, size)
-    c = (jax.lax.dynamic_slice_in_dim(x, start, size, 1) * scale - mu) * m[:, None]
-    gram, proj, rowsum = sums
-    return (tuple(g + b for g, b in zip(gram, blocks(c))),
+    x = jnp.reshape(a, (rows, features)).astype(jnp.float32)
+    part = jax.lax.dynamic_slice_in_dim(x, start, size, 1)
+    mu = _mean(part, m, valid, scale)
+    c = (part * scale - mu) * m[:, None]
+    gram, mean, proj, rowsum = sums
+    return (tuple(g + b for g, b in zip(gram, blocks(c))), jax.lax.dynamic_update_slice_in_dim(mean, mu, start, 0),
             proj + jnp.matmul(c, mu, precision=HIGHEST), rowsum + c.sum(1))
 
-  zeros = lambda *shape: jnp.zeros_like(x, shape=shape)  # varying as `x` is, in shard_map
+  zeros = lambda *shape: jnp.zeros_like(m, shape=shape)  # varying as the rows are, in shard_map
   start = tuple(zeros(i.stop - i.start, j.stop - j.start) for i, j in pairs)
-  gram, proj, rowsum = _over_slices(add, features, width, (start, zeros(rows), zeros(rows)))
+  gram, mean, proj, rowsum = _over_slices(add, features, width, (start, zeros(features), zeros(rows), zeros(rows)))
   if len(gram) == 3:
     first, lower, last = gram
     gram = (jnp.block([[first, lower.T], [lower, last]]),)
-  return gram[0], proj, rowsum
+  return gram[0], mean, proj, rowsum
 
 
 def _over_slices(add: Callable[[Any, int, int], Any], columns: int, width: int, sums: Any) -> Any:
@@ -216,7 +235,11 @@ def pow2(e: jax.Array) -> jax.Array:
 # or significant underflow (entries are bounded by the diagonal), so scaling it
 # by a power of two afterwards is exact and equals scaling the features first.
 GRAM_RANGE = (2.0 ** -60, 2.0 ** 60)
-MEAN_RANGE = 2.0 ** 20  # |mean| / sqrt(max diagonal): its 4th power sums in float32
+MEAN_BITS = 20  # the mean's largest |entry| below 2^MEAN_BITS at the Gram's scale: its 4th power sums in float32
+# The exponent of a layer whose Gram, made from its features as they are, left
+# `GRAM_RANGE` (e.g. features of 1e20, or the mean beyond `MEAN_BITS`): its
+# minibatch is run again with every layer scaled first (`Parts`, `needs_prescaling`).
+UNFIT = 2 ** 20
 
 
 def _exponent(v: jax.Array) -> jax.Array:
@@ -224,18 +247,22 @@ def _exponent(v: jax.Array) -> jax.Array:
   return ((jax.lax.bitcast_convert_type(v, jnp.int32) >> 23) & 0xFF) - 126
 
 
+def _times_pow2(v: jax.Array, e: jax.Array) -> jax.Array:
+  """v * 2^e for any integer e, in two exact steps where v * 2^e is a normal float32."""
+  half = e // 2
+  return v * pow2(jnp.clip(half, -126, 127)) * pow2(jnp.clip(e - half, -126, 127))
+
+
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["gram", "mean_sq", "mean_4th", "proj", "rowmean", "e"],
                    meta_fields=["features"])
 @dataclasses.dataclass(frozen=True)
 class Layer:
-  """One layer's minibatch at a power-of-two scale 2^-e (`scaled_layer`): the Gram
+  """One layer's minibatch at a power-of-two scale 2^-e (`Parts.layer`): the Gram
   of its centred rows, the two sums of its mean that readers take (not the (D,)
-  mean itself: summed where the layer is made, in a scan's body once for all its
-  blocks, so no (D,) vector is carried through loops, stacked, sliced and summed
-  per layer), each centred row's projection on the mean, each row's mean over its
-  `features` (padding rows zero). A pytree whose `features` is static, so that a
-  scan over identical blocks stacks the arrays alone."""
+  mean itself: no (D,) vector is carried, stacked, sliced and summed per layer),
+  each centred row's projection on the mean, each row's mean over its
+  `features` (padding rows zero)."""
   gram: jax.Array  # (n, n) K_c 2^-2e
   mean_sq: jax.Array  # () the mean's squared norm, 2^-2e
   mean_4th: jax.Array  # () the sum of the mean's fourth powers (`fourth_moment`), 2^-4e
@@ -244,58 +271,85 @@ class Layer:
   e: jax.Array
   features: int
 
-  def arrays(self) -> tuple[jax.Array, ...]:
-    return self.gram, self.mean_sq, self.mean_4th, self.proj, self.rowmean, self.e
+
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["gram", "proj", "rowmean", "mean_sq", "mean_4th", "k", "f"],
+                   meta_fields=["features", "prescaled"])
+@dataclasses.dataclass(frozen=True)
+class Parts:
+  """One layer's Gram parts as its features were read (times 2^-f), before the
+  exponent that brings the Gram below 1 (`finish`): what each captured point's
+  code makes, the exponent and range check left to one batched piece of code
+  over the stacked layers (`registry.Stack.of`). Per point, those checks were
+  half of workload W's compile. The mean's sums are at the mean's own scale
+  2^-k, so that they are finite whatever the Gram's. A pytree whose `features`
+  and `prescaled` are static: a scan over identical blocks stacks the arrays."""
+  gram: jax.Array  # (n, n) K_c 2^-2f
+  proj: jax.Array  # (n,) 2^-2f
+  rowmean: jax.Array  # (n,) 2^-f
+  mean_sq: jax.Array  # () 2^-2k
+  mean_4th: jax.Array  # () 2^-4k
+  k: jax.Array  # () the mean's exponent: its largest |entry| times 2^-k in [0.5, 1); 0 for a zero mean
+  f: jax.Array  # () the features' scale: 0, or their largest |x|'s exponent (`prescaled`)
+  features: int
+  prescaled: bool
+
+  def layer(self) -> Layer:
+    """The `Layer` of one layer's parts (`finish`)."""
+    return Layer(*finish(self), features=self.features)
 
 
-def _parts_at(a: jax.Array, mask: jax.Array | None, precision: Precision, f: jax.Array
-              ) -> tuple[Layer, jax.Array]:
-  """(`Layer` of the features times 2^-f, brought below 1 by the Gram's largest
-  diagonal entry where that entry and the mean are in range; whether they were)."""
-  gram, mean, proj, rowmean = _gram_parts(a, mask, precision, pow2(-f))
-  top = jnp.max(jnp.diagonal(gram))
-  e = (_exponent(top) + 1) // 2
-  fits = ((top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1])
-          & (jnp.max(jnp.abs(mean)) <= MEAN_RANGE * pow2(e)))
-  e = jnp.where(fits, e, 0)
-  g, h = pow2(-2 * e), pow2(-e)
-  mean = mean * h
-  layer = Layer(gram * g, jnp.sum(jnp.square(mean)), fourth_moment(mean), proj * g, rowmean * h, f + e,
-                int(np.prod(a.shape[1:])))
-  return layer, fits
+def layer_parts(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST,
+                prescale: bool = False) -> Parts:
+  """The `Parts` of one layer: made from its features as they are, or with
+  `prescale` from them scaled by their largest |x| first (which reads a large
+  layer once more, but fits float32 whatever their scale)."""
+  f = log2_scales([a], mask)[0] if prescale else jnp.zeros((), jnp.int32)
+  gram, mean, proj, rowmean = _gram_parts(a, mask, precision, pow2(-f) if prescale else None)
+  peak = jnp.max(jnp.abs(mean))
+  k = jnp.where(peak > 0, jnp.clip(_exponent(peak), -125, 126), 0)
+  unit = mean * pow2(-k)
+  return Parts(gram, proj, rowmean, jnp.sum(jnp.square(unit)), fourth_moment(unit), f + k, f,
+               int(np.prod(a.shape[1:])), prescale)
+
+
+def finish(parts: Parts) -> tuple[jax.Array, ...]:
+  """(gram, mean_sq, mean_4th, proj, rowmean, e) of `Layer` from `parts`, any
+  leading axes (stacked layers): e brings the Gram's largest diagonal entry
+  below 1 where that entry and the mean are in range (`GRAM_RANGE`,
+  `MEAN_BITS`). A Gram of exact zeros (every valid row the same) takes the
+  mean's exponent. Out of range, parts made as the features were get e =
+  `UNFIT`; prescaled ones keep their scale. Every step a power of two: the same
+  bits either way."""
+  gram, f, k = parts.gram, parts.f, parts.k
+  top = jnp.max(jnp.diagonal(gram, axis1=-2, axis2=-1), axis=-1)
+  e = f + (_exponent(top) + 1) // 2
+  fits = (top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1]) & (k - e <= MEAN_BITS)
+  e = jnp.where(fits, e, jnp.where(top == 0, k, f))
+  shift = e - f
+  out = (_times_pow2(gram, -2 * shift[..., None, None]), _times_pow2(parts.mean_sq, 2 * (k - e)),
+         _times_pow2(parts.mean_4th, 4 * (k - e)), _times_pow2(parts.proj, -2 * shift[..., None]),
+         _times_pow2(parts.rowmean, -shift[..., None]))
+  if not parts.prescaled:
+    e = jnp.where(fits | (top == 0), e, UNFIT)
+  return *out, e
+
+
+def needs_prescaling(e: np.ndarray) -> bool:
+  """Whether exponents fetched from a step (its `log2_scale`) say that a layer
+  left float32's range as its features were (`UNFIT`): run the minibatch again
+  with its layers prescaled."""
+  return bool(np.any(np.asarray(e) >= UNFIT))
 
 
 def scaled_layer(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST
                  ) -> Layer:
   """One layer's `Layer`, e an int32 exponent with the largest diagonal entry of
   the centred Gram below 1, so that HSIC products and fourth moments stay in
-  float32's range whatever the features' scale.
-
-  A layer larger than a cache slice is read once: its Gram made from the
-  features as they are, and only where it (or the mean) is out of range, e.g.
-  features of 1e20, made again from the features scaled by their largest |x|
-  (a loop of one or two turns over one copy of the code). A smaller layer,
-  read again from cache at no cost, is scaled by its largest |x| first:
-  straight-line code, a third less to compile than the loop. Power-of-two
-  scaling is exact, so both give the same bits.
-  """
-  if a.size * 4 <= CACHE_SLICE_BYTES:
-    return _parts_at(a, mask, precision, log2_scales([a], mask)[0])[0]
-  # Every value in the loop varies as `a` does (in shard_map, over the devices).
-  zeros = lambda dtype, *shape: jnp.zeros_like(a, dtype, shape=shape)
-
-  def turn(state):
-    first = state[0]
-    f = jax.lax.cond(first, lambda: zeros(jnp.int32), lambda: log2_scales([a], mask)[0])
-    layer, fits = _parts_at(a, mask, precision, f)
-    return first & False, fits | ~first, *layer.arrays()
-
-  rows, features = a.shape[0], int(np.prod(a.shape[1:]))
-  no = zeros(jnp.bool_)
-  start = (~no, no, zeros(jnp.float32, rows, rows), zeros(jnp.float32), zeros(jnp.float32),
-           zeros(jnp.float32, rows), zeros(jnp.float32, rows), zeros(jnp.int32))
-  out = jax.lax.while_loop(lambda state: ~state[1], turn, start)
-  return Layer(*out[2:], features=features)
+  float32's range whatever the features' scale: its features scaled by their
+  largest |x| first (straight code, in range whatever their scale; a pass over
+  many layers makes them as they are and checks them together instead)."""
+  return layer_parts(a, mask, precision, prescale=True).layer()
 
 
 def scaled_gram(a: jax.Array, mask: jax.Array | None = None, precision: Precision = HIGHEST

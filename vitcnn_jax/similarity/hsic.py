@@ -25,7 +25,8 @@ from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
-from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment, scaled_layer
+from vitcnn_jax.similarity.grams import (HIGHEST, Precision, center_unbiased, flat_products, fourth_moment,
+                                         layer_parts, scaled_layer)
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
@@ -49,7 +50,7 @@ def activation_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   """
   if group is not None:
     return _group_sums(acts, mask, axis_name, group, precision)
-  layers = registry.Stack.of([scaled_layer(a, mask, precision) for a in acts])
+  layers = registry.Stack.of([layer_parts(a, mask, precision, prescale=True) for a in acts])
   return scales.shared_scale(linear_sums(layers, mask, precision), axis_name, SCALES)
 
 

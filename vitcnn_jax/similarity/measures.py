@@ -102,14 +102,14 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
     return hsic.activation_sums(acts, mask, axis_name, group, precision)
-  return stack_sums(registry.Stack.of([grams.scaled_layer(a, mask, precision) for a in acts]), mask, spec,
+  return stack_sums(registry.Stack.of([grams.layer_parts(a, mask, precision, prescale=True) for a in acts]), mask, spec,
                     axis_name, key, precision)
 
 
 def stack_sums(stack: registry.Stack, mask: jax.Array, spec: Spec,
                axis_name: str | tuple[str, ...] | None = None, key: jax.Array | None = None,
                precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
-  """`hsic.linear_sums` of one minibatch's layers (`grams.scaled_layer`s, made
+  """`hsic.linear_sums` of one minibatch's layers (`grams.Parts`, made
   where the forward made each activation, stacked) and, from the same Grams, the
   sums of `spec`'s other measures (and nulls, permuted by `key`), at the
   exponents shared along `axis_name`."""

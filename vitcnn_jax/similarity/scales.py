@@ -1,7 +1,7 @@
 """The power-of-two scales that a step's sums carry, shared across devices and
 undone on the host.
 
-Each layer's Gram is made at a scale 2^-e (`grams.scaled_layer`), so a sum built
+Each layer's Gram is made at a scale 2^-e (`grams.Layer`), so a sum built
 from it carries that scale: a pair's sum 2^-(c (e_a + e_b)), a layer's 2^-(c e).
 Which sums carry which power is declared beside the code that makes them: the
 linear HSIC's in `hsic.SCALES`, every other measure family's in its
@@ -55,6 +55,9 @@ def unscale(got: dict[str, np.ndarray], table: Mapping[str, Scale]) -> dict[str,
   """A step's sums in float64 at the features' own scale (other entries kept)."""
   if "log2_scale" not in got:
     return got
+  if grams.needs_prescaling(got["log2_scale"]):
+    raise ValueError("a step's sums have a layer out of float32's range (log2_scale grams.UNFIT): "
+                     "its minibatch must be run again with the layers prescaled (runstate.Steps does).")
   out = dict(got)
   e = np.asarray(out.pop("log2_scale"), np.float64)
   for k, v in got.items():  # (a leading axis of minibatches broadcasts)
