@@ -27,3 +27,14 @@ def test_models_of_one_architecture_and_shapes_are_one_group_others_apart():
 def test_modules_holding_arrays_are_kept_apart_not_an_error():
   gated = {k: ViT(num_classes=10, skip_gates=jnp.ones(12)) for k in "ab"}
   assert _groups(gated) == [["a"], ["b"]]
+
+
+def test_a_step_is_unfit_where_any_of_its_exponents_says_so():
+  """`protocol.unfit` reads every `log2_scale`, a prefixed one too (pc_share's
+  `without/`), and nothing else: another integer sum at `grams.UNFIT` does not
+  make a step run again."""
+  from vitcnn_jax.similarity import grams
+  fit, unfit = np.zeros(3, np.int32), np.array([0, grams.UNFIT, 0], np.int32)
+  assert not protocol.unfit({"log2_scale": fit, "without/log2_scale": fit, "count": unfit})
+  assert protocol.unfit({"log2_scale": fit, "without/log2_scale": unfit})
+  assert protocol.unfit({"log2_scale": unfit})

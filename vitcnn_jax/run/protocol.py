@@ -57,12 +57,12 @@ class Forward:
   def activation_sums(self, acts: Sequence[jax.Array], mask: jax.Array) -> Sums:
     """`hsic.activation_sums` of these rows' activations (one per layer), for a
     minibatch held by this device or spread over its group of devices."""
-    return hsic.activation_sums(acts, mask, parallel.AXES, self._group, self._precision)
+    return hsic.activation_sums(acts, mask, parallel.AXES, self._group, self._precision, self._prescale)
 
   def stacked_sums(self, stacks: Sequence[jax.Array], mask: jax.Array) -> Sums:
     """`activation_sums` of the layers stacked in each of `stacks` (`hsic.stacked_sums`:
     one batched program for any number of same-shaped layers)."""
-    return hsic.stacked_sums(stacks, mask, parallel.AXES, self._group, self._precision)
+    return hsic.stacked_sums(stacks, mask, parallel.AXES, self._group, self._precision, self._prescale)
 
   def measure_sums(self, points: dict[str, Sequence[str]], mask: jax.Array, spec: measures.Spec
                    ) -> Sums:
@@ -72,7 +72,7 @@ class Forward:
     if self.grouped:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
-                                     self._precision)
+                                     self._precision, self._prescale)
     got: dict[str, list[grams.Parts]] = {}
     for group in self._alike(points):
       got.update(self._group_layers(group, points[group[0]], mask))

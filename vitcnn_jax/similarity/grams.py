@@ -280,8 +280,9 @@ class Parts:
   """One layer's Gram parts as its features were read (times 2^-f), before the
   exponent that brings the Gram below 1 (`finish`): what each captured point's
   code makes, the exponent and range check left to one batched piece of code
-  over the stacked layers (`registry.Stack.of`). Per point, those checks were
-  half of workload W's compile. The mean's sums are at the mean's own scale
+  over the stacked layers (`registry.Stack.of`). Per point, those checks and
+  their loop took a third of workload W's compile (10.6 -> 7.1 s, 2,315 -> 1,737
+  fusions). The mean's sums are at the mean's own scale
   2^-k, so that they are finite whatever the Gram's. A pytree whose `features`
   and `prescaled` are static: a scan over identical blocks stacks the arrays."""
   gram: jax.Array  # (n, n) K_c 2^-2f

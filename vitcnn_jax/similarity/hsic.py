@@ -25,8 +25,7 @@ from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
-from vitcnn_jax.similarity.grams import (HIGHEST, Precision, center_unbiased, flat_products, fourth_moment,
-                                         layer_parts, scaled_layer)
+from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment, layer_parts
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
@@ -34,10 +33,12 @@ SCALES = {"hsic": scales.Scale(2, per_pair=True), "moments": scales.Scale(4, per
 
 def activation_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
                    axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
-                   precision: Precision = HIGHEST) -> dict[str, jax.Array]:
+                   precision: Precision = HIGHEST, prescale: bool = True) -> dict[str, jax.Array]:
   """One minibatch's HSIC matrix and fourth moments of the layers' means from
   their activations, each layer scaled by a power of two (exact, see
-  `grams.scaled_layer`); `scales.unscale` restores them in float64 on the host.
+  `grams.Parts`); `scales.unscale` restores them in float64 on the host. With
+  `prescale` False (a step the driver runs again prescaled where a layer left
+  float32's range), each layer is read once, its Gram made as it is.
 
   Each device scales by its own exponents; only the small results are brought to
   the exponents shared along `axis_name` (their max), after every Gram is made. A
@@ -50,7 +51,7 @@ def activation_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   """
   if group is not None:
     return _group_sums(acts, mask, axis_name, group, precision)
-  layers = registry.Stack.of([layer_parts(a, mask, precision, prescale=True) for a in acts])
+  layers = registry.Stack.of([layer_parts(a, mask, precision, prescale) for a in acts])
   return scales.shared_scale(linear_sums(layers, mask, precision), axis_name, SCALES)
 
 
@@ -61,7 +62,7 @@ def _valid_rows(n_all: int, mask: jax.Array | None) -> jax.Array:
 
 def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
                  axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
-                 precision: Precision = HIGHEST) -> dict[str, jax.Array]:
+                 precision: Precision = HIGHEST, prescale: bool = True) -> dict[str, jax.Array]:
   """`activation_sums` of the layers stacked on the leading axis of each of `stacks`
   ((k, rows, ...): k layers of one shape, e.g. a layer's tokens or an image's
   patches), in that order. Each stack's layers are made by one batched copy of
@@ -75,7 +76,7 @@ def stacked_sums(stacks: Sequence[jax.Array], mask: jax.Array | None = None,
   n = _valid_rows(n_all, mask)
 
   def parts(a: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    layer = scaled_layer(a, mask, precision)
+    layer = layer_parts(a, mask, precision, prescale).layer()
     return center_unbiased(layer.gram, mask).ravel(), n * layer.mean_4th, layer.e
 
   grams, moments, exps = (jnp.concatenate(p) for p in zip(*(jax.vmap(parts)(s) for s in stacks)))
