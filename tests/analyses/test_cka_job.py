@@ -322,7 +322,7 @@ def test_a_step_with_a_layer_out_of_range_is_run_again_prescaled_before_it_is_co
   steps.add({"log2_scale": _Result()}, 0, 7, _never)
   steps.add({"log2_scale": _Result()}, 0, 7, _never)  # the first is waited for: run again, counted
   assert bar.n == 1 and again.ready
-  assert steps.pending[0][1]["log2_scale"] is again and steps.pending[0][3] is None
+  assert steps.pending[0].result["log2_scale"] is again and steps.pending[0].again is None
 
 
 def test_a_memory_limit_spreads_minibatches_or_is_a_clear_error(blocks_one_device, tiny_vit_bit, tmp_path,

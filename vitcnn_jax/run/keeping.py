@@ -134,9 +134,10 @@ def _stack(model: loading.Loaded, precision: grams.Precision, mesh, params, imag
            mask: jax.Array) -> registry.Stack:
   """One step's stacks of `model` (`_step`): made from the features as they are,
   or where a layer left float32's range, from them prescaled."""
-  stack, top = _step(model.model, tuple(model.names), model.policy, precision, mesh, False)(params, images, mask)
+  step = functools.partial(_step, model.model, tuple(model.names), model.policy, precision, mesh)
+  stack, top = step(False)(params, images, mask)
   if grams.needs_prescaling(top):
-    stack, _ = _step(model.model, tuple(model.names), model.policy, precision, mesh, True)(params, images, mask)
+    stack, _ = step(True)(params, images, mask)
   return stack
 
 

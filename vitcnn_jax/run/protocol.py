@@ -72,7 +72,7 @@ class Forward:
     if self.grouped:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
-                                     self._precision, self._prescale)
+                                     self._precision)
     got: dict[str, list[grams.Parts]] = {}
     for group in self._alike(points):
       got.update(self._group_layers(group, points[group[0]], mask))

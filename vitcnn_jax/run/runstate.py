@@ -4,6 +4,7 @@ its result), which a resumed state must match part by part."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Callable, Sequence
 
@@ -149,6 +150,16 @@ class State:
                       position=np.asarray(self.position), **arrays)
 
 
+@dataclasses.dataclass
+class Pending:
+  """A dispatched step: its first minibatch, its result, its examples, and
+  `again`, that step with its layers prescaled (None once it is counted)."""
+  first: int
+  result: protocol.Sums
+  examples: int
+  again: Callable[[], protocol.Sums] | None
+
+
 class Steps:
   """One repeat's step results, fetched to the host in groups and added in step
   order (`boot/` sums also into the pass's bootstrap replicates). The progress
@@ -160,14 +171,15 @@ class Steps:
   def __init__(self, p: protocol.Pass, sums: protocol.Sums, boot: "Bootstrap", where: tuple,
                bar: progress.Bar):
     self.p, self.sums, self.boot, self.where, self.bar = p, sums, boot, where, bar
-    self.pending, self.counted = [], 0  # (first minibatch, result, examples); how many the bar has
+    self.pending: list[Pending] = []
+    self.counted = 0  # how many of `pending` the bar has
 
   def add(self, result, first: int, examples: int, again: Callable[[], protocol.Sums]) -> None:
     """`result` of the step whose first minibatch is `first`, over `examples`
     examples; `again()`: that step with its layers prescaled (`grams.Parts`), run
     in its place where `result` says a layer left float32's range
     (`protocol.unfit`), then let go with the minibatch it holds."""
-    self.pending.append([first, result, examples, again])
+    self.pending.append(Pending(first, result, examples, again))
     self._count(IN_FLIGHT)
     if len(self.pending) >= FETCH_EVERY:
       self.fetch()
@@ -176,22 +188,22 @@ class Steps:
     """Advances the bar over the finished steps, in order, waiting for the oldest
     while more than `ahead` are unfinished."""
     while self.counted < len(self.pending):
-      entry = self.pending[self.counted]
+      step = self.pending[self.counted]
       if len(self.pending) - self.counted > ahead:
-        jax.block_until_ready(entry[1])
-      elif not all(a.is_ready() for a in jax.tree.leaves(entry[1])):
+        jax.block_until_ready(step.result)
+      elif not all(a.is_ready() for a in jax.tree.leaves(step.result)):
         return
-      if protocol.unfit(entry[1]):
-        entry[1] = jax.block_until_ready(entry[3]())
-      entry[3] = None
-      self.bar.update(1, entry[2])
+      if protocol.unfit(step.result):
+        step.result = jax.block_until_ready(step.again())
+      step.again = None
+      self.bar.update(1, step.examples)
       self.counted += 1
 
   def fetch(self) -> protocol.Sums:
     self._count(0)
-    got = jax.device_get([r for _, r, _, _ in self.pending])  # one transfer
-    for (first, _, _, _), g in zip(self.pending, got):
-      self.sums = self.boot.add(self.sums, self.p.host_sums(g), *self.where, first)
+    got = jax.device_get([step.result for step in self.pending])  # one transfer
+    for step, g in zip(self.pending, got):
+      self.sums = self.boot.add(self.sums, self.p.host_sums(g), *self.where, step.first)
     self.pending.clear()
     self.counted = 0
     return self.sums

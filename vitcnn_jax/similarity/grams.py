@@ -326,13 +326,14 @@ def finish(parts: Parts) -> tuple[jax.Array, ...]:
   top = jnp.max(jnp.diagonal(gram, axis1=-2, axis2=-1), axis=-1)
   e = f + (_exponent(top) + 1) // 2
   fits = (top >= GRAM_RANGE[0]) & (top <= GRAM_RANGE[1]) & (k - e <= MEAN_BITS)
-  e = jnp.where(fits, e, jnp.where(top == 0, k, f))
+  flat = top == 0
+  e = jnp.where(fits, e, jnp.where(flat, k, f))
   shift = e - f
   out = (_times_pow2(gram, -2 * shift[..., None, None]), _times_pow2(parts.mean_sq, 2 * (k - e)),
          _times_pow2(parts.mean_4th, 4 * (k - e)), _times_pow2(parts.proj, -2 * shift[..., None]),
          _times_pow2(parts.rowmean, -shift[..., None]))
   if not parts.prescaled:
-    e = jnp.where(fits | (top == 0), e, UNFIT)
+    e = jnp.where(fits | flat, e, UNFIT)
   return *out, e
 
 

@@ -91,11 +91,11 @@ def only_linear(spec: Spec) -> bool:
 
 def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                    axis_name: str | tuple[str, ...] | None = None, group: str | None = None,
-                   key: jax.Array | None = None, precision: grams.Precision = grams.HIGHEST,
-                   prescale: bool = True) -> dict[str, jax.Array]:
-  """`stack_sums` of the layers' activations, their Grams made as `prescale` says
-  (`hsic.activation_sums`); a minibatch spread over a `group` of devices has
-  unbiased linear CKA alone."""
+                   key: jax.Array | None = None,
+                   precision: grams.Precision = grams.HIGHEST) -> dict[str, jax.Array]:
+  """`stack_sums` of the layers' activations, each prescaled (`grams.scaled_layer`);
+  a minibatch spread over a `group` of devices has unbiased linear CKA alone
+  (`hsic.activation_sums`)."""
   if group is not None:
     if not only_linear(spec):
       raise ValueError(f"config.measures={spec.names} (estimator {spec.estimator!r}, null "
@@ -103,7 +103,7 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
     return hsic.activation_sums(acts, mask, axis_name, group, precision)
-  return stack_sums(registry.Stack.of([grams.layer_parts(a, mask, precision, prescale) for a in acts]), mask, spec,
+  return stack_sums(registry.Stack.of([grams.layer_parts(a, mask, precision, prescale=True) for a in acts]), mask, spec,
                     axis_name, key, precision)
 
 
