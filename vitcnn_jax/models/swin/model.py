@@ -137,8 +137,8 @@ class WindowAttention(nn.Module):
     logits = q @ k.swapaxes(-1, -2) + table[relative_index(ws)].transpose(2, 0, 1)
     if s:
       logits = logits + jnp.asarray(shift_mask((h, w), ws, s))[None, :, None]
-    weights = capture.put(out, "weights", jax.nn.softmax(logits, axis=-1))
-    y = capture.put(out, "heads", (weights @ v).transpose(0, 1, 3, 2, 4).reshape(b, -1, heads, hd))
+    y = capture.put(out, "heads", layers.attend(logits, v, capture, out).transpose(0, 1, 3, 2, 4)
+                    .reshape(b, -1, heads, hd))
     y = nn.Dense(c, name="out")(y.reshape(b, -1, n, c))
     y = y.reshape(b, h // ws, w // ws, ws, ws, c).swapaxes(2, 3).reshape(b, h, w, c)
     return jnp.roll(y, (s, s), axis=(1, 2)) if s else y

@@ -137,8 +137,9 @@ def _rotated(x: jax.Array, rope: tuple[np.ndarray, np.ndarray]) -> jax.Array:
 class Attention(nn.Module):
   """Multi-head dot-product attention, exposing weights and per-head outputs.
 
-  Same parameters and arithmetic as flax.linen.MultiHeadDotProductAttention
-  (query scaled by 1/sqrt(head_dim) before the product, float32 softmax);
+  Same parameters as flax.linen.MultiHeadDotProductAttention, and its arithmetic
+  (query scaled by 1/sqrt(head_dim) before the product, float32 softmax) but for
+  where the softmax is normalised: after the product with the values (`layers.attend`);
   `norm_eps`: a LayerNorm (`norm`) on the heads' joined outputs before the output
   projection (EVA-02's CLIP towers).
   """
@@ -166,8 +167,7 @@ class Attention(nn.Module):
     v = by_head(proj("value", kv_in))
     if rope is not None:  # linear in q: the scale above commutes with it
       q, k = _rotated(q, rope), _rotated(k, rope)
-    weights = capture.put(out, "weights", jax.nn.softmax(q @ k.swapaxes(-1, -2), axis=-1))
-    heads = capture.put(out, "heads", by_head(weights @ v))
+    heads = capture.put(out, "heads", by_head(layers.attend(q @ k.swapaxes(-1, -2), v, capture, out)))
     if self.norm_eps is not None:
       joined = heads.reshape(*heads.shape[:-2], d)
       heads = nn.LayerNorm(epsilon=self.norm_eps, name="norm")(joined).reshape(heads.shape)
