@@ -66,7 +66,8 @@ def attend(logits: Array, v: Array, capture: Capture, out: dict) -> Array:
   whether or not the weights are captured."""
   e = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))
   total = e.sum(axis=-1, keepdims=True)
-  capture.put(out, "weights", e / total)
+  if capture.wants("weights"):  # nothing else reads them: not made for an eager caller that did not ask
+    capture.put(out, "weights", e / total)
   return (e @ v) / total
 
 
