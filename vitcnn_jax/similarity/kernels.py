@@ -167,9 +167,10 @@ def _pairs(out: dict, name: str, mats: jax.Array, order: jax.Array | None, preci
 RSM_SPAN = 64  # pairs of layers at most 2^RSM_SPAN apart in scale sum (D_a - D_b)² on the device
 
 
-def _rsm_differences(dist: jax.Array, other: jax.Array, e: jax.Array) -> dict[str, jax.Array]:
-  """(L, L) sums of (D_a − D_b)² of distance matrices `dist` (rows a) and `other`
-  (columns b), both at scales 2^-e, term by term, in units of 2^(e_a + e_b)
+def _rsm_differences(dist: jax.Array, e: jax.Array, order: jax.Array | None) -> dict[str, jax.Array]:
+  """(L, L) sums of (D_a − D_b)² of distance matrices `dist` (rows a) and the same
+  with their examples re-indexed by `order` (columns b; None: as they are), both at
+  scales 2^-e, term by term, in units of 2^(e_a + e_b)
   (`rsm_diff`): ‖D_a‖² + ‖D_b‖² − 2 <D_a, D_b> cancels for close layers. Each
   layer is brought to 2^((e_a + e_b) / 2) by a power of two (exact), halving the
   sum where e_a + e_b is odd. Pairs more than 2^RSM_SPAN apart in scale, whose
@@ -179,7 +180,7 @@ def _rsm_differences(dist: jax.Array, other: jax.Array, e: jax.Array) -> dict[st
   near = jnp.abs(delta) <= RSM_SPAN
   delta = jnp.where(near, delta, 0)
   up = (delta + 1) // 2  # a's exponent; b's is up - delta, and their sum 2 up - delta is 0 or 1
-  total = layerpairs.squared_differences(dist, other, grams.pow2(up), grams.pow2(up - delta))
+  total = layerpairs.symmetric_squared_differences(dist, dist, grams.pow2(up), grams.pow2(up - delta), order)
   total = total * grams.pow2(delta - 2 * up)
   return {"rsm_diff": layerpairs.mirror(jnp.where(near, total, 0.0)),
           "rsm_far": layerpairs.mirror((~near).astype(jnp.float32))}
@@ -188,9 +189,9 @@ def _rsm_differences(dist: jax.Array, other: jax.Array, e: jax.Array) -> dict[st
 def _rsm_sums(dist: jax.Array, e: jax.Array, order: jax.Array | None) -> dict[str, jax.Array]:
   """`_rsm_differences` of every pair of layers, and the null's (the column
   layer's examples re-indexed, see `layerpairs`)."""
-  out = _rsm_differences(dist, dist, e)
+  out = _rsm_differences(dist, e, None)
   if order is not None:
-    null = _rsm_differences(dist, layerpairs.permuted(dist, order), e)
+    null = _rsm_differences(dist, e, order)
     out.update({f"null/{k}": v for k, v in null.items()})
   return out
 
