@@ -79,14 +79,15 @@ def test_the_real_pair_s_canonical_correlations_are_finite_and_exact():
   ResNet and the ViT: `real_pair_cca_product.npy` is the (127, 127) product of
   two layers' orthonormal factors (real DINOv2-S/14 x ResNet-50-1by2 on the photo
   crops, a minibatch of 256), for which LAPACK's divide-and-conquer SVD with
-  vectors, XLA:CPU's default, gave NaN (values alone were right). `subspaces.svd`
+  vectors, XLA:CPU's default, gave NaN (values alone were right). `lapack.svd`
   takes the QR-based one; the singular values (clustered at 1) and the factors
   are within float32 rounding of float64: a backward-stable SVD moves each value
   and the reconstruction by at most about n u ||m||_2, here bounded by 4 n u."""
   import os
+  from vitcnn_jax.similarity import lapack
   from vitcnn_jax.similarity import subspaces
   m = np.load(os.path.join(ROOT, "tests", "support", "real_pair_cca_product.npy"))
-  u, s, vt = jax.jit(subspaces.svd)(m[None])
+  u, s, vt = jax.jit(lapack.svd)(m[None])
   want = np.linalg.svd(m.astype(np.float64), compute_uv=False)
   bound = 4 * len(m) * layer_checks.U32 * want[0]
   assert np.abs(np.asarray(s[0], np.float64) - want).max() <= bound

@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vitcnn_jax.similarity import grams
+from vitcnn_jax.similarity import lapack
 from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import registry
 
@@ -90,9 +91,7 @@ def spectra(k: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Ar
   n), largest first, eigenvalues (L, n), and which are nonzero (L, n) (padding
   rows give none: their rows and columns are zero)."""
   n = jnp.maximum(mask.astype(jnp.float32).sum(), 1.0)
-  # On CPU one layer at a time: a batch split over XLA's pool (two threads a core, for
-  # the small SVDs' sake) ran 3.3x slower (55 layers of 256 rows: 0.59 against 0.18 s).
-  s, u = jax.lax.map(jnp.linalg.eigh, k) if jax.default_backend() == "cpu" else jnp.linalg.eigh(k)
+  s, u = lapack.eigh(k)
   s, u = s[:, ::-1], u[:, :, ::-1]
   kept = s > _TOL * n * s[:, :1]
   return u, jnp.where(kept, s, 0.0), kept
@@ -104,44 +103,6 @@ def _outer(u: jax.Array, w: jax.Array, precision, width: int | None = None) -> j
   rows: an eighth of the full product)."""
   u, w = (u, w) if width is None else (u[:, :, :width], w[:, :width])
   return jnp.einsum("lik,ljk->lij", u * w[:, None, :], u, precision=precision)
-
-
-class _OneAtATime:
-  """Runs the step's LAPACK calls one after another. jaxlib's CPU eigh and SVD
-  split a batch over XLA's thread pool and block their thread until it is done;
-  two such calls that XLA runs side by side can each hold a thread the other
-  waits for (on 2 cores: a deadlock). Each call's inputs get a zero computed from
-  the previous call's output: a data dependency that orders them at run time,
-  which an optimization_barrier (its buffers aliased) does not."""
-
-  def __init__(self):
-    self.last = None
-
-  def __call__(self, fn, *args):
-    if self.last is not None:
-      zero = 0.0 * jnp.nan_to_num(jax.tree.leaves(self.last)[0].ravel()[0].astype(jnp.float32))
-      args = jax.tree.map(lambda x: x + zero.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                          else x, args)
-    out = fn(*args)
-    self.last = out
-    return out
-
-
-def svd(m: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The thin SVD with vectors of (P, r, s) matrices. On CPU, LAPACK's divide and
-  conquer (gesdd, XLA's default) returned NaN vectors and values, and said
-  nothing, for one (127, 127) product of a real DINOv2's and a real ResNet's
-  factors (canonical correlations clustered at 1), whose values alone it got
-  right; so a batch it leaves non-finite is done again by the QR-based gesvd,
-  which is 2 to 2.5x slower at that size (not worth paying every time).
-  Elsewhere the backend's own."""
-  if jax.default_backend() != "cpu":
-    return jax.lax.linalg.svd(m, full_matrices=False)
-  algorithms = jax.lax.linalg.SvdAlgorithm
-  fast = jax.lax.linalg.svd(m, full_matrices=False, algorithm=algorithms.DIVIDE_AND_CONQUER)
-  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in fast]))
-  return jax.lax.cond(finite, lambda: fast,
-                      lambda: jax.lax.linalg.svd(m, full_matrices=False, algorithm=algorithms.QR))
 
 
 def _nuclear(m: jax.Array) -> jax.Array:
@@ -156,7 +117,7 @@ def _procrustes(a: jax.Array, b: jax.Array, m: jax.Array, precision) -> dict[str
   relative precision for close ones, and the nuclear norms Σ σ (the shape
   metric's at α = 1). Any completion of W, V past aᵀb's rank gives the same
   residual, 2 − 2 Σ σ in exact arithmetic."""
-  w, sigma, vt = svd(m)
+  w, sigma, vt = lapack.svd(m)
   fitted = jnp.einsum("pnr,prs->pns", a, jnp.matmul(w, vt, precision=precision), precision=precision)
   return {"pro_sq": jnp.sum(jnp.square(fitted - b), axis=(1, 2)), "nuc_p": sigma.sum(-1)}
 
@@ -166,7 +127,7 @@ def _pwcca(m: jax.Array, wx: jax.Array, wy: jax.Array) -> dict[str, jax.Array]:
   (zero columns past each layer's rank) and PWCCA's weighted means both ways: each
   canonical variate of the row layer h = Q u weighted by the variance of the layer
   along it, hᵀ K h = Σ w u² (`wx`, `wy` (P, r): K's eigenvalues on the factors)."""
-  u, rho, vt = svd(m)
+  u, rho, vt = lapack.svd(m)
   fewer = jnp.arange(rho.shape[1])[None, :] < jnp.minimum((wx > 0).sum(1), (wy > 0).sum(1))[:, None]
   weighted = lambda wts: ((wts * fewer * rho).sum(1)
                           / jnp.maximum((wts * fewer).sum(1), 1e-30))
@@ -180,23 +141,23 @@ def _chunk_sums(x: dict, ys: tuple, chunk, rows: dict, cols: tuple, names, preci
   for the null their re-indexed examples, laid out by `layerpairs.examples_last`),
   `x` and `ys` the chunk's per-layer values; each kind of SVD in one call for
   both, one call after another."""
-  lapack = _OneAtATime()
+  calls = lapack.OneAtATime()
   both = lambda k: (jnp.concatenate([x[k]] * len(ys)), jnp.concatenate([y[k] for y in ys]))
   prod = lambda k: jnp.concatenate([chunk.products(rows[k], c[k], precision) for c in cols])
   got = {}
   if "a" in rows:
-    got["nuc"] = lapack(_nuclear, prod("a"))
+    got["nuc"] = calls(_nuclear, prod("a"))
   if "pro" in rows:
-    got.update(lapack(functools.partial(_procrustes, precision=precision), *both("pro"), prod("pro")))
+    got.update(calls(functools.partial(_procrustes, precision=precision), *both("pro"), prod("pro")))
   if "pwcca" in names:
-    got.update(lapack(_pwcca, prod("q"), *both("w")))
+    got.update(calls(_pwcca, prod("q"), *both("w")))
   elif "mean_cca" in names:
-    got["cca"] = lapack(_nuclear, prod("q"))
+    got["cca"] = calls(_nuclear, prod("q"))
   if "svcca" in names and "cca" in got:  # the same subspaces where no layer keeps fewer
     short = (x["short"] | ys[0]["short"]).any()
-    got["cca_sv"] = lapack(lambda m, c: jax.lax.cond(short, _nuclear, lambda _: c, m), prod("q_sv"), got["cca"])
+    got["cca_sv"] = calls(lambda m, c: jax.lax.cond(short, _nuclear, lambda _: c, m), prod("q_sv"), got["cca"])
   elif "svcca" in names:
-    got["cca_sv"] = lapack(_nuclear, prod("q_sv"))
+    got["cca_sv"] = calls(_nuclear, prod("q_sv"))
   parts = lambda v: jnp.split(v, len(ys))
   return {pre + k: part for k, v in got.items() for pre, part in zip(("", "null/"), parts(v))}
 
@@ -223,7 +184,7 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
   return {("" if order is None else "null/") + k: v for k, v in out.items()}
 
 
-def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alpha: float,
+def _svd_sums(f: dict, names, order: jax.Array | None, calls: lapack.OneAtATime, alpha: float,
               precision) -> dict[str, jax.Array]:
   """The measures that take an SVD per pair of layers (and their nulls), in one
   pass over the pairs; the shape metric at α = 1 reuses Procrustes' SVD."""
@@ -244,7 +205,7 @@ def _svd_sums(f: dict, names, order: jax.Array | None, lapack: _OneAtATime, alph
     last = tuple(map(across, c))  # once, outside the loop over chunks
     return layerpairs.pairwise(lambda x, ys, chunk: _chunk_sums(x, ys, chunk, r, last, names, precision),
                                f["norm"].shape[0], small(r), tuple(map(small, c)))
-  got = lapack(over_pairs, rows, cols)
+  got = calls(over_pairs, rows, cols)
   out = {}
   for pre in ("", "null/")[:len(cols)]:
     if "mean_cca" in names:
@@ -273,9 +234,9 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
   in the top `width` that `procrustes` and `shape_metric` read (`shape_kept`;
   width 0: every component), and of the uncentred layer in its top `dims` for
   `eigenspace_overlap` (`overlap_kept`). Summed over minibatches."""
-  lapack = _OneAtATime()
+  calls = lapack.OneAtATime()
   both = unit_trace(gram if raw is None else jnp.concatenate([gram, raw]))  # one eigh for both
-  u, s, kept = lapack(spectra, both, mask)
+  u, s, kept = calls(spectra, both, mask)
   if raw is not None:
     (u, ur), (s, sr), (kept, kept_raw) = (jnp.split(v, 2) for v in (u, s, kept))
   first = (jnp.arange(s.shape[1]) < dims)[None, :]
@@ -307,7 +268,7 @@ def subspace_sums(gram: jax.Array, raw: jax.Array | None, mask: jax.Array, names
          "subspace_kept": (s * top).sum(1) * valid, "shape_kept": share * valid}
   if has("eigenspace_overlap"):  # the uncentred layer's, whose components it reads
     out["overlap_kept"] = (sr * top_raw).sum(1) * valid
-  got = {**_matmul_sums(f, names, None, precision), **_svd_sums(f, names, order, lapack, alpha, precision)}
+  got = {**_matmul_sums(f, names, None, precision), **_svd_sums(f, names, order, calls, alpha, precision)}
   if order is not None:
     got.update(_matmul_sums(f, names, order, precision))
   return {**out, **{m: v * valid for m, v in got.items()}}
