@@ -14,6 +14,7 @@ import numpy as np
 
 from conftest import ROOT, run_main
 from vitcnn_jax.run import exported
+from vitcnn_jax.similarity import lapack
 
 
 def _cka_run(tiny_vit_bit, workdir, cache):
@@ -57,6 +58,11 @@ def test_what_the_program_depends_on_names_another_file(tmp_path, monkeypatch):
     assert exported.path_for(key, signature) == path  # the same program, the same file
     assert exported.path_for(("CKA", ("rbf_cka",)), signature) != path  # another key
     assert exported.path_for(key, ((16, 4), "<f4")) != path  # other inputs
+    asked = []  # a kept program runs untraced: asking for it sets the CPU's LAPACK as a trace would
+    with monkeypatch.context() as m:  # the CPU's LAPACK with threads of its own: one eigh at a time
+      m.setattr(lapack, "single_threaded", lambda: asked.append(1) or False)
+      assert exported.path_for(key, signature) != path
+    assert asked == [1]
     monkeypatch.setattr(exported, "source_digest", lambda: "edited")
     assert exported.path_for(key, signature) != path  # the package's code changed
     assert exported.path_for((object(),), signature) is None  # an address: could hide a difference

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import jax
 
 from vitcnn_jax import fileio
+from vitcnn_jax.similarity import lapack
 
 _LOG = logging.getLogger(__name__)
 FOLDER = "exported_steps"  # inside JAX's persistent compilation cache folder
@@ -61,8 +62,11 @@ def path_for(key: Any, signature: Any) -> str | None:
   if " at 0x" in text or "..." in text:  # an object's address, or an array numpy elided
     return None
   devices = [(d.platform, d.device_kind, d.id) for d in jax.devices()]
+  # How the CPU's LAPACK runs decides the program (`lapack.eigh`); asking also sets it
+  # in this process, which runs the kept program without tracing the step that would.
+  cpu_lapack = lapack.single_threaded() if jax.default_backend() == "cpu" else None
   what = repr((text, source_digest(), jax.__version__, devices, jax.config.jax_enable_x64,
-               jax.config.jax_default_matmul_precision))
+               jax.config.jax_default_matmul_precision, cpu_lapack))
   return os.path.join(folder, FOLDER, hashlib.sha256(what.encode()).hexdigest() + ".jax_exported")
 
 
