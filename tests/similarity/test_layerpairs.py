@@ -69,19 +69,20 @@ def test_squared_differences_term_by_term(monkeypatch, entries):
 @pytest.mark.parametrize("reindex", [False, True])
 def test_symmetric_squared_differences_are_the_full_matrices(monkeypatch, reindex):
   """Symmetric matrices, each off-diagonal entry once and doubled: the sum over all
-  n² entries of the full matrices, y's examples re-indexed by `order` (the null)."""
+  n² entries of the full matrices of every pair of the stack, the column layers'
+  examples re-indexed by `order` (the null)."""
   monkeypatch.setattr(layerpairs, "SLICE_BYTES", 8 * 3 * 8)  # 3 layers: 8 entries a slice
   rng = np.random.default_rng(7)
   n = 7
-  sym = lambda num: (lambda m: m + np.swapaxes(m, 1, 2))(rng.standard_normal((num, n, n))).astype(np.float32)
-  x, y = sym(3), sym(2)
-  fx, fy = (rng.uniform(0.5, 2, (3, 2)).astype(np.float32) for _ in range(2))
+  m = rng.standard_normal((3, n, n))
+  mats = (m + np.swapaxes(m, 1, 2)).astype(np.float32)
+  fx, fy = (rng.uniform(0.5, 2, (3, 3)).astype(np.float32) for _ in range(2))
   order = rng.permutation(n) if reindex else None
   got = layerpairs.symmetric_squared_differences(
-      *map(jnp.asarray, (x, y, fx, fy)), order=None if order is None else jnp.asarray(order))
-  moved = y if order is None else y[:, order][:, :, order]
-  a = fx[:, :, None].astype(np.float64) * x.reshape(3, 1, -1)
-  b = fy[:, :, None].astype(np.float64) * moved.reshape(1, 2, -1)
+      *map(jnp.asarray, (mats, fx, fy)), order=None if order is None else jnp.asarray(order))
+  moved = mats if order is None else mats[:, order][:, :, order]
+  a = fx[:, :, None].astype(np.float64) * mats.reshape(3, 1, -1)
+  b = fy[:, :, None].astype(np.float64) * moved.reshape(1, 3, -1)
   want = np.sum((a - b) ** 2, -1)
   # as `test_squared_differences_term_by_term`, over at most n² terms (doubling is exact)
   bound = (n * n + 4) * np.finfo(np.float32).eps * np.sum((np.abs(a) + np.abs(b)) ** 2, -1)

@@ -180,7 +180,7 @@ def _rsm_differences(dist: jax.Array, e: jax.Array, order: jax.Array | None) -> 
   near = jnp.abs(delta) <= RSM_SPAN
   delta = jnp.where(near, delta, 0)
   up = (delta + 1) // 2  # a's exponent; b's is up - delta, and their sum 2 up - delta is 0 or 1
-  total = layerpairs.symmetric_squared_differences(dist, dist, grams.pow2(up), grams.pow2(up - delta), order)
+  total = layerpairs.symmetric_squared_differences(dist, grams.pow2(up), grams.pow2(up - delta), order)
   total = total * grams.pow2(delta - 2 * up)
   return {"rsm_diff": layerpairs.mirror(jnp.where(near, total, 0.0)),
           "rsm_far": layerpairs.mirror((~near).astype(jnp.float32))}

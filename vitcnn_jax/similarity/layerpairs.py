@@ -135,18 +135,19 @@ def squared_differences(x: jax.Array, y: jax.Array, fx: jax.Array | None = None,
   return total + terms(x[:, whole * width:], y[:, whole * width:]) if whole * width < x.shape[1] else total
 
 
-def symmetric_squared_differences(x: jax.Array, y: jax.Array, fx: jax.Array | None = None,
+def symmetric_squared_differences(mats: jax.Array, fx: jax.Array | None = None,
                                   fy: jax.Array | None = None,
                                   order: jax.Array | None = None) -> jax.Array:
-  """`squared_differences` of stacks of symmetric (L, n, n) matrices over all n²
-  entries, each off-diagonal entry taken once and its sum doubled (exact): half
-  the terms of the full matrices (GULP and the RSM difference at 55 layers of 256
-  rows: 138 ms of the measures' step). With `order`, y's rows and columns are
-  re-indexed by it (the null's, see `permuted`) in the same gather."""
-  n = x.shape[-1]
+  """(L, L) `squared_differences` of a stack of symmetric (L, n, n) matrices against
+  itself, over all n² entries, each off-diagonal entry taken once and its sum doubled
+  (exact): half the terms of the full matrices (GULP's hat matrices and the RSM
+  difference's distances at 55 layers of 256 rows: 138 ms of the measures' step).
+  With `order`, the column layers' rows and columns are re-indexed by it (the
+  null's, see `permuted`) in the same gather."""
+  n = mats.shape[-1]
   i, j = np.triu_indices(n, 1)
   moved = np.arange(n) if order is None else order
-  pick = lambda m, r, c: m.reshape(m.shape[0], n * n)[:, r * n + c]
-  off = squared_differences(pick(x, i, j), pick(y, moved[i], moved[j]), fx, fy)
-  diagonal = squared_differences(pick(x, np.arange(n), np.arange(n)), pick(y, moved, moved), fx, fy)
+  pick = lambda r, c: mats.reshape(mats.shape[0], n * n)[:, r * n + c]
+  off = squared_differences(pick(i, j), pick(moved[i], moved[j]), fx, fy)
+  diagonal = squared_differences(pick(np.arange(n), np.arange(n)), pick(moved, moved), fx, fy)
   return 2 * off + diagonal

@@ -180,7 +180,7 @@ def _matmul_sums(f: dict, names, order: jax.Array | None, precision) -> dict[str
     out["eigenspace_overlap"] = both_ways(pairs(f["overlap"], f["overlap"])) / f["larger"]
   if "gulp" in names:  # ‖R_a − R_b‖² term by term: the expansion in float32 gave equal layers ~1e-3;
     # the null's column layer re-indexed
-    out["gulp"] = layerpairs.mirror(layerpairs.symmetric_squared_differences(f["hat"], f["hat"], order=order))
+    out["gulp"] = layerpairs.mirror(layerpairs.symmetric_squared_differences(f["hat"], order=order))
   return {("" if order is None else "null/") + k: v for k, v in out.items()}
 
 
