@@ -84,7 +84,7 @@ def svd(m: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   Elsewhere the backend's own."""
   if jax.default_backend() != "cpu":
     return jax.lax.linalg.svd(m, full_matrices=False)
-  single_threaded()
+  single_threaded()  # its batch is split over XLA's pool too: LAPACK at one thread of its own
   algorithms = jax.lax.linalg.SvdAlgorithm
   fast = jax.lax.linalg.svd(m, full_matrices=False, algorithm=algorithms.DIVIDE_AND_CONQUER)
   finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in fast]))
