@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vitcnn_jax.models import anatomy
 from vitcnn_jax.models import blocks
@@ -74,18 +75,20 @@ class StdConv(nn.Module):
     return layers.conv(x, w.astype(x.dtype), self.stride)
 
 
-def standardize_kernel(w: jax.Array) -> jax.Array:
-  """Weight standardisation: each output channel's (H, W, Cin) kernel to mean 0, variance 1."""
+def standardize_kernel(w: jax.Array, xp: Any = jnp) -> jax.Array:
+  """Weight standardisation: each output channel's (H, W, Cin) kernel to mean 0,
+  variance 1, in float32; `xp` the array module (numpy: on the host)."""
   w = w - w.mean(axis=(0, 1, 2), keepdims=True)
-  return w / jnp.sqrt(jnp.mean(jnp.square(w), axis=(0, 1, 2), keepdims=True) + 1e-10)
+  return w / xp.sqrt(xp.mean(xp.square(w), axis=(0, 1, 2), keepdims=True) + 1e-10)
 
 
-@jax.jit
 def _standardize_kernels(params: Any) -> Any:
-  """`standardize_kernel` applied to every conv kernel (4-D `kernel`) of a BiT's parameters."""
+  """`standardize_kernel` applied on the host to every conv kernel (4-D `kernel`)
+  of a BiT's parameters: a jitted pass over BiT-R50x1's 53 kernels compiled in
+  0.6 s for 0.04 s of work, once per new process; numpy takes 0.06 s."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, w: standardize_kernel(w) if path[-1].key == "kernel" and w.ndim == 4 else w,
-      params)
+      lambda path, w: standardize_kernel(w, np) if path[-1].key == "kernel" and w.ndim == 4 else w,
+      jax.device_get(params))
 
 
 class GroupNorm(nn.Module):
@@ -216,7 +219,7 @@ class BiT(anatomy.FeatureMaps, anatomy.NoAttention, nn.Module):
     if self.standardized:
       return self, params
     if not any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(params)):
-      params = jax.device_get(_standardize_kernels(params))
+      params = _standardize_kernels(params)
     return self.clone(standardized=True), params
 
   def residuals(self) -> list[anatomy.Residual]:
