@@ -75,7 +75,7 @@ class StdConv(nn.Module):
     return layers.conv(x, w.astype(x.dtype), self.stride)
 
 
-def standardize_kernel(w: jax.Array, xp: Any = jnp) -> jax.Array:
+def standardize_kernel(w: jax.Array | np.ndarray, xp: Any = jnp) -> jax.Array | np.ndarray:
   """Weight standardisation: each output channel's (H, W, Cin) kernel to mean 0,
   variance 1, in float32; `xp` the array module (numpy: on the host)."""
   w = w - w.mean(axis=(0, 1, 2), keepdims=True)
