@@ -8,7 +8,9 @@ measure with its null, compiled once, then timed over `--repeats` calls; with
 `--each`, also each measure alone with linear CKA (a measure's share of work
 another also needs, such as the eigendecompositions of the subspace family,
 counts in each). The defaults are the demo's shape: 55 layers (24 ViT, 31
-BiT), minibatches of 256.
+BiT), minibatches of 256. The step of every measure is then traced once more
+(JAX's profiler) for the wall time LAPACK's decompositions (the eigh and SVD
+custom calls) take of it: a floor under that step whatever the code around them.
 
 `--demo` times `main.py --config=configs/cka_vit_resnet.py:demo` (linear CKA)
 and `:demo_measures` (every measure, the null, 50 bootstrap replicates), each
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,24 +45,51 @@ def _layers(num: int, rows: int, seed: int = 0) -> list[np.ndarray]:
           for _ in range(num)]
 
 
-def step_seconds(names: tuple[str, ...], acts: list[np.ndarray], repeats: int) -> tuple[float, float]:
-  """(compile, mean seconds a call) of the measures step for `names` with the null."""
+def compiled_step(names: tuple[str, ...], acts: list[np.ndarray]) -> tuple[Any, tuple, float]:
+  """The measures step for `names` with the null, compiled and called once; its
+  arguments; and the seconds that took."""
   import jax
   import ml_collections
   from vitcnn_jax.similarity import measures
   rows = len(acts[0])
   config = ml_collections.ConfigDict(dict(measures=names, null=True, batch_size=rows, num_examples=rows))
   spec = measures.spec_of(config)
-  mask = np.ones((rows,), np.float32)
-  key = jax.random.PRNGKey(0)
+  args = (acts, np.ones((rows,), np.float32), jax.random.PRNGKey(0))
   t = time.perf_counter()
-  step = jax.jit(lambda a, m, k: measures.minibatch_sums(a, m, spec, key=k)).lower(acts, mask, key).compile()
-  jax.block_until_ready(step(acts, mask, key))
-  compile_s = time.perf_counter() - t
+  step = jax.jit(lambda a, m, k: measures.minibatch_sums(a, m, spec, key=k)).lower(*args).compile()
+  jax.block_until_ready(step(*args))
+  return step, args, time.perf_counter() - t
+
+
+def mean_seconds(step: Any, args: tuple, repeats: int) -> float:
+  """Mean seconds a call of the compiled `step` on `args`, over `repeats` calls."""
+  import jax
   t = time.perf_counter()
   for _ in range(repeats):
-    jax.block_until_ready(step(acts, mask, key))
-  return compile_s, (time.perf_counter() - t) / repeats
+    jax.block_until_ready(step(*args))
+  return (time.perf_counter() - t) / repeats
+
+
+def step_seconds(names: tuple[str, ...], acts: list[np.ndarray], repeats: int) -> float:
+  """Mean seconds a call of the measures step for `names` with the null."""
+  step, args, _ = compiled_step(names, acts)
+  return mean_seconds(step, args, repeats)
+
+
+LAPACK_CALL = re.compile(r'%([\w.\-]+) = [^\n]*custom-call\([^\n]*custom_call_target="lapack_')
+
+
+def lapack_seconds(step: Any, args: tuple, runs: int = 2) -> tuple[float, float]:
+  """(wall seconds a call in which LAPACK's custom calls ran, traced seconds a
+  call) of a compiled step, from JAX's profiler: each LAPACK call splits its batch
+  over XLA's pool without events of its own, so its event's span is all of it."""
+  from benchmarks import forward_profile
+  hlo = step.as_text()
+  lapack = set(LAPACK_CALL.findall(hlo))
+  named = set(re.findall(r"%([\w.\-]+) = ", hlo))
+  events = [e for e in forward_profile.trace(step, args, runs) if e[2] in named]
+  share, idle = forward_profile.wall_shares(events)
+  return sum(share.get(n, 0.0) for n in lapack) / runs, (sum(share.values()) + idle) / runs
 
 
 def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
@@ -67,15 +97,19 @@ def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
   acts = _layers(layers, batch)
   print(f"{layers} layers of {batch} rows, every measure with its null, the step alone "
         f"(no forward), mean of {repeats} calls after the first:", flush=True)
-  base = step_seconds(("linear_cka",), acts, repeats)[1]
+  base = step_seconds(("linear_cka",), acts, repeats)
   print(f"  linear_cka alone: {base:.3f} s", flush=True)
   if each:
     for m in measures.NAMES[1:]:
-      _, s = step_seconds(("linear_cka", m), acts, repeats)
+      s = step_seconds(("linear_cka", m), acts, repeats)
       print(f"  + {m}: {s:.3f} s ({s - base:+.3f} s)", flush=True)
-  compile_s, s = step_seconds(measures.NAMES, acts, repeats)
+  step, args, compile_s = compiled_step(measures.NAMES, acts)
+  s = mean_seconds(step, args, repeats)
+  lapack, traced = lapack_seconds(step, args)
   print(f"  every measure: {s:.3f} s ({s / base:.1f}x linear CKA alone; compiled in {compile_s:.1f} s)",
         flush=True)
+  print(f"  of which LAPACK's decompositions (eigh, SVD), traced: {lapack:.3g} s of {traced:.3g} s a call "
+        f"(alone {lapack / base:.1f}x linear CKA alone)", flush=True)
 
 
 def _timed_main(variant: str, workdir: str, cache: str) -> tuple[float, str]:
@@ -131,7 +165,8 @@ def main() -> None:
   args = ap.parse_args()
   if args.demo:
     demo()
-  else:
+  else:  # per-thunk trace events on CPU (`lapack_seconds`); must precede the backend's start
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
     costs(args.layers, args.batch, args.repeats, args.each)
 
 

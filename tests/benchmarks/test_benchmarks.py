@@ -1,6 +1,7 @@
 """The benchmarks at a small scale on CPU: benchmarks.accelerator runs the job once
 per Gram precision and prints the table a GPU or TPU session records;
-benchmarks.forward_profile accounts for a forward's time by op class."""
+benchmarks.forward_profile accounts for a forward's time by op class;
+benchmarks.measures_cost finds the measures' step's LAPACK calls in its trace."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   # outputs) are dots over their windows (`layers.conv`): 4 x 2 x 2 rows, 9 taps of 128.
   assert sum(int(c) for c in convs) == 3, shapes
   assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
+
+
+def test_measures_cost_times_the_steps_lapack_calls_within_it():
+  out = run_benchmark("measures_cost", "--layers", "3", "--batch", "16", "--repeats", "1")
+  assert re.search(r"^  every measure: [\d.]+ s \([\d.]+x linear CKA alone", out, re.M), out
+  got = re.search(r"LAPACK's decompositions \(eigh, SVD\), traced: (\S+) s of (\S+) s a call", out)
+  assert got, out
+  lapack, traced = float(got[1]), float(got[2])
+  assert 0 < lapack < traced, out  # the eigh and SVD calls found by name in the trace, within the call
 
 
 def test_the_flop_count_runs_a_scans_body_once_per_turn():
