@@ -28,9 +28,6 @@ import re
 import tempfile
 import time
 
-if __name__ == "__main__":  # per-thunk trace events on CPU; must precede the backend's start
-  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
-
 import numpy as np
 
 from benchmarks import clocks
@@ -154,6 +151,12 @@ def wall_shares(events: list[tuple[int, int, str]]) -> tuple[dict[str, float], f
   return {k: v / 1e9 for k, v in share.items()}, idle / 1e9
 
 
+def trace_events_on() -> None:
+  """XLA:CPU's per-thunk trace events, which `trace` reads; must precede the
+  backend's start (a run without a trace takes the same time with them on)."""
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+
+
 def trace(fn, args, runs: int) -> list[tuple[int, int, str]]:
   """(start ns, end ns, name) of every event but Python's in `runs` calls (the
   caller keeps those naming an instruction)."""
@@ -232,6 +235,7 @@ def report(p: dict) -> None:
 
 
 def main():
+  trace_events_on()  # jax is first imported below, in `profile`
   ap = argparse.ArgumentParser()
   ap.add_argument("--model", default="bit_r50", choices=sorted(MODELS))
   ap.add_argument("--batch", type=int, default=32)

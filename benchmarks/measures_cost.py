@@ -165,8 +165,9 @@ def main() -> None:
   args = ap.parse_args()
   if args.demo:
     demo()
-  else:  # per-thunk trace events on CPU (`lapack_seconds`); must precede the backend's start
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_xprof_traceme=true"
+  else:
+    from benchmarks import forward_profile
+    forward_profile.trace_events_on()  # for `lapack_seconds`
     costs(args.layers, args.batch, args.repeats, args.each)
 
 
