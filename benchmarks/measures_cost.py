@@ -17,8 +17,10 @@ and `:demo_measures` (every measure, the null, 50 bootstrap replicates), each
 end to end in a fresh workdir, the demo models cached first: cold (each with an
 empty compilation cache of its own, what a first run pays) and then warm (each
 again, reading the cache its cold run filled), and prints their ratios (issue
-53's target: at most 3x) and how far the cold progress bar's ETA at its midpoint
-was from the time that was really left.
+53's target: at most 3x); where each run's time goes (its first step, compile
+included; the steps after it; the rest of the process: start, results, figures),
+from its progress bar to the second; and how far the cold progress bar's ETA at
+its midpoint was from the time that was really left.
 """
 
 from __future__ import annotations
@@ -125,15 +127,28 @@ def _timed_main(variant: str, workdir: str, cache: str) -> tuple[float, str]:
   return time.perf_counter() - t, done.stderr
 
 
+def _bar_rows(log: str) -> list[tuple[int, int, int, int]]:
+  """The CKA job's tqdm lines: (step, steps, elapsed s, ETA s), to the second as the bar prints them."""
+  clock = lambda h: sum(int(v) * 60 ** i for i, v in enumerate(reversed(h.split(":"))))
+  return [(int(n), int(total), clock(elapsed), clock(left)) for n, total, elapsed, left in
+          re.findall(r"^cka:.*?(\d+)/(\d+) \[([\d:]+)<([\d:]+)", log.replace("\r", "\n"), re.M)]
+
+
 def midpoint_eta(log: str) -> tuple[int, int, int, int]:
   """From the CKA job's tqdm output: (step, steps, its ETA in s at the midpoint
   step, the seconds that were really left)."""
-  clock = lambda h: sum(int(v) * 60 ** i for i, v in enumerate(reversed(h.split(":"))))
-  rows = [(int(n), int(total), clock(elapsed), clock(left)) for n, total, elapsed, left in
-          re.findall(r"^cka:.*?(\d+)/(\d+) \[([\d:]+)<([\d:]+)", log.replace("\r", "\n"), re.M)]
+  rows = _bar_rows(log)
   end = max(r[2] for r in rows)
   n, total, elapsed, left = [r for r in rows if r[0] == rows[-1][1] // 2][-1]
   return n, total, left, end - elapsed
+
+
+def bar_phases(log: str) -> tuple[int, int, int]:
+  """From the CKA job's tqdm output: (seconds to its first step, that step's
+  compile included; seconds of the steps after it; how many those were)."""
+  rows = _bar_rows(log)
+  first = max(r[2] for r in rows if r[0] == 1)
+  return first, max(r[2] for r in rows) - first, rows[-1][1] - 1
 
 
 def demo() -> None:
@@ -150,6 +165,11 @@ def demo() -> None:
     print(f"{state} compilation cache: demo (linear CKA) {linear:.1f} s end to end; demo_measures "
           f"(every measure, the null, 50 bootstrap replicates) {every:.1f} s -> {every / linear:.2f}x "
           f"(target <= 3x)")
+    for variant in ("demo", "demo_measures"):  # where the time goes
+      first, rest, steps = bar_phases(logs[state, variant])
+      print(f"  {variant}: first step {first} s (its compile included), the {steps} after it {rest} s "
+            f"({rest / steps:.2f} s a step), outside the bar {times[state, variant] - first - rest:.1f} s")
+    print(f"  -> 3x demo is {3 * linear:.1f} s, of which demo_measures' steps after its first take {rest} s")
   n, total, eta, left = midpoint_eta(logs["cold", "demo_measures"])
   print(f"demo_measures' progress bar (cold) at step {n} of {total}: ETA {eta} s, really left {left} s "
         f"({abs(eta - left) / max(left, 1):.0%} off; target <= 25%)")

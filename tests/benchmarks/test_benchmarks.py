@@ -1,7 +1,8 @@
 """The benchmarks at a small scale on CPU: benchmarks.accelerator runs the job once
 per Gram precision and prints the table a GPU or TPU session records;
 benchmarks.forward_profile accounts for a forward's time by op class;
-benchmarks.measures_cost finds the measures' step's LAPACK calls in its trace."""
+benchmarks.measures_cost finds the measures' step's LAPACK calls in its trace and
+reads a run's phases from its progress bar."""
 
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ def test_measures_cost_times_the_steps_lapack_calls_within_it():
   assert got, out
   lapack, traced = float(got[1]), float(got[2])
   assert 0 < lapack < traced, out  # the eigh and SVD calls found by name in the trace, within the call
+
+
+def test_measures_cost_reads_a_runs_phases_from_its_progress_bar():
+  from benchmarks import measures_cost
+  bar = lambda n, elapsed, left: f"cka:  {25 * n}%|##  | {n}/4 [{elapsed}<{left},  1.50s/step, 99.5 examples/s]"
+  log = "\r".join(["cka:   0%|    | 0/4 [00:00<?, ?step/s]", bar(1, "00:11", "00:30"),
+                   bar(2, "00:13", "00:04"), bar(3, "00:15", "00:02"), bar(4, "01:17", "00:00")]) + "\n"
+  assert measures_cost.bar_phases(log) == (11, 66, 3)  # the first step; the 3 after it, to the last
+  assert measures_cost.midpoint_eta(log) == (2, 4, 4, 64)  # at step 2: ETA 4 s, really 77 - 13 s left
 
 
 def test_the_flop_count_runs_a_scans_body_once_per_turn():
