@@ -73,8 +73,9 @@ def tick_text(group: str) -> str:
 def block_axis(ax, names: Sequence[str], axis: str, max_ticks: int = 24,
                edges: str = "white", ticks: bool = True) -> str:
   """One tick per block (every k-th if there are many) at its middle, lines at its
-  edges (without `ticks`, the lines alone: an inner panel of many); returns what
-  the ticks count, for the axis label."""
+  edges (without `ticks`, the lines alone: an inner panel of many, whose axis is
+  hidden rather than drawn empty: the same pixels, less to draw);
+  returns what the ticks count, for the axis label."""
   groups = layer_groups(names)
   set_ticks = ax.set_xticks if axis == "x" else ax.set_yticks
   if ticks:
@@ -84,7 +85,7 @@ def block_axis(ax, names: Sequence[str], axis: str, max_ticks: int = 24,
     set_ticks([(a + b - 1) / 2 for _, a, b in shown], labels,
               rotation=90 if axis == "x" and max(map(len, labels)) > 5 else 0)
   else:
-    set_ticks([])
+    (ax.xaxis if axis == "x" else ax.yaxis).set_visible(False)
   lines = ax.vlines if axis == "x" else ax.hlines
   lines([a - 0.5 for _, a, _ in groups[1:]], 0, 1, transform=ax.get_xaxis_transform() if axis == "x"
         else ax.get_yaxis_transform(), color=edges, lw=0.6, alpha=0.7, zorder=0.5)
