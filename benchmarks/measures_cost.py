@@ -165,11 +165,12 @@ def demo() -> None:
     print(f"{state} compilation cache: demo (linear CKA) {linear:.1f} s end to end; demo_measures "
           f"(every measure, the null, 50 bootstrap replicates) {every:.1f} s -> {every / linear:.2f}x "
           f"(target <= 3x)")
-    for variant in ("demo", "demo_measures"):  # where the time goes
-      first, rest, steps = bar_phases(logs[state, variant])
+    phases = {variant: bar_phases(logs[state, variant]) for variant in ("demo", "demo_measures")}
+    for variant, (first, rest, steps) in phases.items():  # where the time goes
       print(f"  {variant}: first step {first} s (its compile included), the {steps} after it {rest} s "
             f"({rest / steps:.2f} s a step), outside the bar {times[state, variant] - first - rest:.1f} s")
-    print(f"  -> 3x demo is {3 * linear:.1f} s, of which demo_measures' steps after its first take {rest} s")
+    print(f"  -> 3x demo is {3 * linear:.1f} s, of which demo_measures' steps after its first take "
+          f"{phases['demo_measures'][1]} s")
   n, total, eta, left = midpoint_eta(logs["cold", "demo_measures"])
   print(f"demo_measures' progress bar (cold) at step {n} of {total}: ETA {eta} s, really left {left} s "
         f"({abs(eta - left) / max(left, 1):.0%} off; target <= 25%)")
