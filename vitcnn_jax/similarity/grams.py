@@ -78,10 +78,10 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   rows centred on their own mean follow from the centred one (`Layer`). With
   `scale` (a power of two), those of `x * scale`, with no scaled copy of `x`.
 
-  On CPU, a layer is read from memory once, a slice of features at a time: each
-  slice's mean, then the slice centred in cache. A centred copy of a large layer
-  and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x the time there (ResNet
-  stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the centred copy
+  On CPU, the layer's mean is one product over it, and its centred Gram is
+  summed a slice of features at a time, each slice centred in cache. A centred
+  copy of a large layer and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x
+  the time there (ResNet stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the centred copy
   keeps the matmul units busy."""
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   scale = jnp.ones((), jnp.float32) if scale is None else scale
