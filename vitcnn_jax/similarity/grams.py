@@ -81,8 +81,8 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   On CPU, the layer's mean is one product over it, and its centred Gram is
   summed a slice of features at a time, each slice centred in cache. A centred
   copy of a large layer and XLA:CPU's packing for a (n, D) x (D, n) dot cost 3x
-  the time there (ResNet stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot over the centred copy
-  keeps the matmul units busy."""
+  the time there (ResNet stage-1 layers, n=32: 176 -> 60 ms). Elsewhere one dot
+  over the centred copy keeps the matmul units busy."""
   m = jnp.ones((x.shape[0],), jnp.float32) if mask is None else mask.astype(jnp.float32)
   scale = jnp.ones((), jnp.float32) if scale is None else scale
   valid = jnp.maximum(m.sum(), 1.0)
