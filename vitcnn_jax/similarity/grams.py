@@ -132,8 +132,8 @@ def _sliced_parts(a: jax.Array, m: jax.Array, valid: jax.Array, precision: Preci
   slice inside the loop, the loop's small products and the mean's piecewise
   update took 12% (a BiT stage-1 layer) to 28% (a ViT-B/16 layer) of the whole,
   at W's minibatch. The barrier keeps one copy of the layer as the forward made
-  it for both readers: without one, XLA computed the activation a second time
-  for the second reader (workload W's step: 6% longer)."""
+  it for both readers: a second reader without one (an earlier version's mean)
+  made XLA compute the activation again for it (workload W's step: 6% longer)."""
   rows, features = a.shape[0], int(np.prod(a.shape[1:]))
   width = slice_width(features, rows)
   cut = rows // 2 if rows >= TRIANGLE_ROWS and width < features else rows
