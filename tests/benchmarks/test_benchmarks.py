@@ -36,9 +36,9 @@ def test_accelerator_benchmark_runs_and_reports_each_precision():
 
 
 def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
-  out = run_benchmark("forward_profile", "--model", "tiny_bit", "--batch", "4", "--size", "32",
+  out = run_benchmark("forward_profile", "--model", "tiny_bit", "--batch", "64", "--size", "32",
                       "--runs", "2")
-  head = re.search(r"tiny_bit forward, batch 4 at 32 px on cpu: ([\d.]+) s, ([\d.]+) GFLOP -> "
+  head = re.search(r"tiny_bit forward, batch 64 at 32 px on cpu: ([\d.]+) s, ([\d.]+) GFLOP -> "
                    r"([\d.]+) GFLOP/s = ([\d.]+) of the fp32 matmul rate \(([\d.]+) GFLOP/s", out)
   assert head, out
   idle = float(re.search(r"traced: [\d.]+ s per forward, of which no instruction ran [\d.]+ s "
@@ -49,13 +49,32 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   assert {"convolution", "dot", "reduce", "elementwise"} <= set(classes), section
   # Every instruction's time goes to one class: with the idle time, the shares make the span.
   assert abs(sum(s for _, s in classes.values()) + idle - 100) < 0.5, section
+  # The convolutions' and dots' FLOPs, each instruction's times its calls (a scan's body once
+  # per turn), are the forward's: three numbers printed to 0.05 GFLOP each.
+  flops = [float(f) for f in re.findall(r"^  (?:convolution|dot) .* ([\d.]+) GFLOP ", section, re.M)]
+  assert len(flops) == 2 and abs(sum(flops) - float(head[2])) <= 0.15, (head[2], section)
   shapes = out.split("convolutions and dots by shape")[1].split("the rest by role")[0]
   assert re.search(r"conv 7x7/2 3->32 out 16x16 .* x1$", shapes, re.M), shapes  # the root, read from HLO
   convs = re.findall(r"conv \S+ \d+->\d+ out \S+ .* x(\d+)$", shapes, re.M)
   # The root and the 3x3s of the first two stages; the last two stages' (2x2 and 1x1
-  # outputs) are dots over their windows (`layers.conv`): 4 x 2 x 2 rows, 9 taps of 128.
+  # outputs) are dots over their windows (`layers.conv`): 64 x 2 x 2 rows, 9 taps of 128,
+  # in each of the third stage's 4 units (the last 3 a scan, its body run once a turn).
   assert sum(int(c) for c in convs) == 3, shapes
-  assert re.search(r"dot 16x128 K=1152 .* x1$", shapes, re.M), shapes
+  assert re.search(r"dot 256x128 K=1152 .* x4$", shapes, re.M), shapes
+
+
+def test_forward_profile_runs_a_dot_until_its_result_is_read():
+  """XLA:CPU's dot events end when Eigen's pool takes the work: the dot's time
+  runs until the first instruction that reads it (past those that run no code),
+  in the same call."""
+  from benchmarks import forward_profile as fp
+  ops = {"dot.1": fp.Op("dot", "", "", 1.0), "bitcast.2": fp.Op("elementwise", "", "", 0.0, ("dot.1",)),
+         "add.3": fp.Op("elementwise", "", "", 0.0, ("bitcast.2",)),
+         "neg.4": fp.Op("elementwise", "", "", 0.0)}
+  events = [(0, 2, "dot.1"), (3, 4, "neg.4"), (10, 11, "add.3"),  # call 1: add reads the dot at 10
+            (20, 22, "dot.1"), (23, 24, "neg.4")]  # call 2: its add not traced
+  assert fp.completed(events, ops) == [(0, 10, "dot.1"), (3, 4, "neg.4"), (10, 11, "add.3"),
+                                       (20, 22, "dot.1"), (23, 24, "neg.4")]
 
 
 def test_measures_cost_times_the_steps_lapack_calls_within_it():
