@@ -9,9 +9,9 @@ reduce-window, elementwise) and, from its op name, a role (the module path with
 block and unit numbers dropped, e.g. `gn1/reduce_sum`, `conv2/sub` for a
 weight-standardisation pass). Time is wall-clock time: where several thunks ran
 at once, each gets an equal share of it, so the shares add up to the span of a
-forward. A dot or convolution runs until the first instruction that reads it
-starts (`completed`), and a scanned block's instructions count once per turn,
-their FLOPs too. Prints:
+forward. A dot or convolution also takes the time in which nothing ran until
+the first instruction that reads it starts (`completed`), and a scanned block's
+instructions count once per turn, their FLOPs too. Prints:
   - the forward's best wall time, its GFLOP/s and the fraction of the fp32
     (HIGHEST) matmul rate, measured before and after, best of the two;
   - per class: share of the time, GFLOP, GFLOP/s and fraction of the matmul rate;
@@ -152,12 +152,15 @@ def ops_of(hlo: str) -> dict[str, Op]:
 
 
 def completed(events: list[tuple[int, int, str]], ops: dict[str, Op]) -> list[tuple[int, int, str]]:
-  """`events` with each dot's and convolution's end moved to the first start of
-  an instruction that reads its result (through any that run no code, such as
-  bitcasts and tuples), where that is later. XLA:CPU hands those to Eigen's
-  pool, and their events end when the work is handed out: the rest showed as
-  time in which no instruction ran (a BiT-R50 forward: dots at 7x the matmul
-  rate, half the forward idle). A read in a later call does not count."""
+  """`events` and, for each dot and convolution, one more for each stretch in
+  which no instruction ran between its event's end and the first start of an
+  instruction that reads its result (through any that run no code, such as
+  bitcasts and tuples). XLA:CPU hands those to Eigen's pool, and their events
+  end when the work is handed out: the rest showed as time in which nothing ran
+  (a BiT-R50 forward: dots at 7x the matmul rate, half the forward idle). Only
+  such stretches: where other instructions ran until the read (a program that
+  runs several at once), the dot may have been done long before. A read in a
+  later call does not count."""
   users: dict[str, list[str]] = collections.defaultdict(list)
   for name, op in ops.items():
     for read in op.reads:
@@ -189,12 +192,23 @@ def completed(events: list[tuple[int, int, str]], ops: dict[str, Op]) -> list[tu
         found = t
     return found
 
-  out = []
+  busy: list[list[int]] = []  # the union of the events' spans, in order
+  for start, end, _ in sorted(events):
+    if busy and start <= busy[-1][1]:
+      busy[-1][1] = max(busy[-1][1], end)
+    else:
+      busy.append([start, end])
+  gaps = [(busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+  ends = [g[1] for g in gaps]
+  out = list(events)
   for start, end, name in events:
-    if ops[name].kind in ("dot", "convolution"):
-      read = first_read(name, start)
-      end = max(end, read) if read is not None else end
-    out.append((start, end, name))
+    read = first_read(name, start) if ops[name].kind in ("dot", "convolution") else None
+    if read is None or read <= end:
+      continue
+    for lo, hi in gaps[bisect.bisect_right(ends, end):]:
+      if lo >= read:
+        break
+      out.append((max(lo, end), min(hi, read), name))
   return out
 
 
@@ -257,8 +271,8 @@ def profile(name: str, batch: int, size: int, runs: int = 3) -> dict:
     jax.block_until_ready(compiled(params, x))
     times.append(time.perf_counter() - t)
   rates.append(clocks.matmul_rate(2048))
-  events = completed([e for e in trace(compiled, (params, x), runs) if e[2] in ops], ops)
-  share, idle = wall_shares(events)
+  events = [e for e in trace(compiled, (params, x), runs) if e[2] in ops]
+  share, idle = wall_shares(completed(events, ops))
   calls = collections.Counter(name for _, _, name in events)
   return dict(model=name, batch=batch, size=size, seconds=min(times), flops=flops,
               rate=max(rates), ops=ops, share={k: v / runs for k, v in share.items()},

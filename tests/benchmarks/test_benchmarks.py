@@ -63,18 +63,20 @@ def test_forward_profile_accounts_for_the_whole_forward_by_op_class():
   assert re.search(r"dot 256x128 K=1152 .* x4$", shapes, re.M), shapes
 
 
-def test_forward_profile_runs_a_dot_until_its_result_is_read():
-  """XLA:CPU's dot events end when Eigen's pool takes the work: the dot's time
-  runs until the first instruction that reads it (past those that run no code),
-  in the same call."""
+def test_forward_profile_gives_a_dot_the_idle_time_until_its_result_is_read():
+  """XLA:CPU's dot events end when Eigen's pool takes the work: the dot also
+  takes the stretches in which nothing ran until the first instruction that
+  reads it (past those that run no code) starts, in the same call."""
   from benchmarks import forward_profile as fp
   ops = {"dot.1": fp.Op("dot", "", "", 1.0), "bitcast.2": fp.Op("elementwise", "", "", 0.0, ("dot.1",)),
          "add.3": fp.Op("elementwise", "", "", 0.0, ("bitcast.2",)),
          "neg.4": fp.Op("elementwise", "", "", 0.0)}
   events = [(0, 2, "dot.1"), (3, 4, "neg.4"), (10, 11, "add.3"),  # call 1: add reads the dot at 10
             (20, 22, "dot.1"), (23, 24, "neg.4")]  # call 2: its add not traced
-  assert fp.completed(events, ops) == [(0, 10, "dot.1"), (3, 4, "neg.4"), (10, 11, "add.3"),
-                                       (20, 22, "dot.1"), (23, 24, "neg.4")]
+  assert sorted(fp.completed(events, ops)) == sorted(events + [(2, 3, "dot.1"), (4, 10, "dot.1")])
+  share, idle = fp.wall_shares(fp.completed(events, ops))
+  ns = [round(v * 1e9) for v in (share["dot.1"], share["neg.4"], share["add.3"], idle)]
+  assert ns == [11, 2, 1, 10]  # call 2's dot, its read not traced, keeps its event: 22 to 23 idle
 
 
 def test_measures_cost_times_the_steps_lapack_calls_within_it():
