@@ -51,7 +51,7 @@ class Op:
   role: str  # its op name without the model, block and unit prefixes
   shape: str  # what it computes, for convolutions and dots
   flops: float
-  reads: tuple[str, ...] = ()  # the entry's instructions it takes as operands
+  reads: tuple[str, ...] = ()  # the instructions of its computation it takes as operands
 
 
 def _model(name: str, size: int):
