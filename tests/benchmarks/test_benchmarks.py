@@ -73,8 +73,9 @@ def test_forward_profile_gives_a_dot_the_idle_time_until_its_result_is_read():
          "neg.4": fp.Op("elementwise", "", "", 0.0)}
   events = [(0, 2, "dot.1"), (3, 4, "neg.4"), (10, 11, "add.3"),  # call 1: add reads the dot at 10
             (20, 22, "dot.1"), (23, 24, "neg.4")]  # call 2: its add not traced
-  assert sorted(fp.completed(events, ops)) == sorted(events + [(2, 3, "dot.1"), (4, 10, "dot.1")])
-  share, idle = fp.wall_shares(fp.completed(events, ops))
+  done = fp.completed(events, ops)
+  assert sorted(done) == sorted(events + [(2, 3, "dot.1"), (4, 10, "dot.1")])
+  share, idle = fp.wall_shares(done)
   ns = [round(v * 1e9) for v in (share["dot.1"], share["neg.4"], share["add.3"], idle)]
   assert ns == [11, 2, 1, 10]  # call 2's dot, its read not traced, keeps its event: 22 to 23 idle
 

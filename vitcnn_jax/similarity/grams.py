@@ -87,11 +87,14 @@ def _gram_parts(x: jax.Array, mask: jax.Array | None, precision: Precision = HIG
   scale = jnp.ones((), jnp.float32) if scale is None else scale
   valid = jnp.maximum(m.sum(), 1.0)
   features = int(np.prod(x.shape[1:]))
-  if jax.default_backend() in SLICED_BACKENDS:
-    gram, mean, proj, rowsum = _sliced_parts(x, m, valid, precision, scale)
+  x = jnp.reshape(x, (x.shape[0], features)).astype(jnp.float32)
+  sliced = jax.default_backend() in SLICED_BACKENDS
+  if sliced:  # one copy of the layer, as the forward made it, for both readers (`_sliced_parts`)
+    x = jax.lax.optimization_barrier(x)
+  mean = _mean(x, m, valid, scale)
+  if sliced:
+    gram, proj, rowsum = _sliced_parts(x, mean, m, precision, scale)
   else:
-    x = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
-    mean = _mean(x, m, valid, scale)
     c = (x * scale - mean) * m[:, None] if mask is not None else x * scale - mean
     gram, proj, rowsum = jnp.matmul(c, c.T, precision=precision), jnp.matmul(c, mean, precision=HIGHEST), c.sum(1)
   rowmean = (rowsum / features + mean.mean()) * m
@@ -123,25 +126,22 @@ def slice_width(columns: int, rows: int) -> int:
 TRIANGLE_ROWS = 768
 
 
-def _sliced_parts(a: jax.Array, m: jax.Array, valid: jax.Array, precision: Precision,
-                  scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """(Gram, mean, projection on the mean, feature sum) of the rows of `a * scale`
-  (flattened) centred on their mean over the `valid` rows `m` marks: the mean
-  as one product over the whole layer, then the centred Gram accumulated over
-  slices of `CACHE_SLICE_BYTES`. Where each slice's mean was made from the
-  slice inside the loop, the loop's small products and the mean's piecewise
-  update took 12% (a BiT stage-1 layer) to 28% (a ViT-B/16 layer) of the whole,
-  at W's minibatch. The barrier keeps one copy of the layer as the forward made
-  it for both readers: a second reader without one (an earlier version's mean)
-  made XLA compute the activation again for it (workload W's step: 6% longer)."""
-  rows, features = a.shape[0], int(np.prod(a.shape[1:]))
+def _sliced_parts(x: jax.Array, mean: jax.Array, m: jax.Array, precision: Precision,
+                  scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(Gram, projection on the mean, feature sum) of the rows of `x * scale`, (n,
+  D), centred on their `mean` over the rows `m` marks, accumulated over slices
+  of `CACHE_SLICE_BYTES`. Where each slice's mean was made from the slice
+  inside the loop, the loop's small products and the mean's piecewise update
+  took 12% (a BiT stage-1 layer) to 28% (a ViT-B/16 layer) of the whole, at
+  W's minibatch. `x` comes through a barrier (`_gram_parts`): a second reader
+  of the layer without one (an earlier version's mean) made XLA compute the
+  activation again for it (workload W's step: 6% longer)."""
+  rows, features = x.shape
   width = slice_width(features, rows)
   cut = rows // 2 if rows >= TRIANGLE_ROWS and width < features else rows
   top, low = slice(0, cut), slice(cut, rows)
   pairs = ((top, top),) if cut == rows else ((top, top), (low, top), (low, low))  # (row, column) blocks
   blocks = lambda c: tuple(jnp.matmul(c[i], c[j].T, precision=precision) for i, j in pairs)
-  x = jax.lax.optimization_barrier(jnp.reshape(a, (rows, features)).astype(jnp.float32))
-  mean = _mean(x, m, valid, scale)
 
   def add(sums, start, size):
     part = jax.lax.dynamic_slice_in_dim(x, start, size, 1)
@@ -157,7 +157,7 @@ def _sliced_parts(a: jax.Array, m: jax.Array, valid: jax.Array, precision: Preci
   if len(gram) == 3:
     first, lower, last = gram
     gram = (jnp.block([[first, lower.T], [lower, last]]),)
-  return gram[0], mean, proj, rowsum
+  return gram[0], proj, rowsum
 
 
 def _over_slices(add: Callable[[Any, int, int], Any], columns: int, width: int, sums: Any) -> Any:
