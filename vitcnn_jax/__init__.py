@@ -28,27 +28,29 @@ def _cpu_threads() -> None:
     _os.environ["PJRT_NPROC"] = str(2 * (cores or 1))
 
 
-# XLA:CPU hands every dot that stands alone to YNNPACK, which computes a small
-# output on one thread however long the inner dimension: a Gram of 32 rows of
-# 150,528 features (a ViT-B/16 layer at W's minibatch) took there about twice
-# the time of Eigen's contraction, which splits the inner dimension over XLA's
-# pool, and so did the measures' all-pairs products of flattened Grams; a ViT's
-# attention logits took 1.6x (docs/benchmarks.md, XLA:CPU's dots). Dots fused
-# with their neighbours stay YNNPACK's.
-CPU_DOTS = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot"
+# XLA:CPU hands every dot and convolution that stands alone to YNNPACK. Its dots
+# compute a small output on one thread however long the inner dimension: a Gram of
+# 32 rows of 150,528 features (a ViT-B/16 layer at W's minibatch) took there about
+# twice the time of Eigen's contraction, which splits the inner dimension over
+# XLA's pool, and so did the measures' all-pairs products of flattened Grams; a
+# ViT's attention logits took 1.6x. Its convolutions took 1.2 to 2.2x Eigen's time
+# at every 3x3 of BiT-R50 at W's minibatch and of ResNet-18 at 1,000 images, and
+# the ResNet-18 forward 1.25x (docs/benchmarks.md, XLA:CPU's dots and
+# convolutions). Dots fused with their neighbours stay YNNPACK's.
+CPU_CONTRACTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot,-individual_convolution"
 
 
-def _cpu_dots() -> None:
-  """Appends `CPU_DOTS` to XLA_FLAGS unless the user's flags choose YNNPACK's
-  fusions themselves (read once, when jax first starts its CPU client, as
-  `_cpu_threads`)."""
+def _cpu_contractions() -> None:
+  """Appends `CPU_CONTRACTIONS` to XLA_FLAGS unless the user's flags choose
+  YNNPACK's fusions themselves (read once, when jax first starts its CPU client,
+  as `_cpu_threads`)."""
   flags = _os.environ.get("XLA_FLAGS", "")
   if "--xla_cpu_experimental_ynn_fusion_type" not in flags:
-    _os.environ["XLA_FLAGS"] = f"{flags} {CPU_DOTS}".strip()
+    _os.environ["XLA_FLAGS"] = f"{flags} {CPU_CONTRACTIONS}".strip()
 
 
 _cpu_threads()
-_cpu_dots()
+_cpu_contractions()
 
 
 def __getattr__(name: str):

@@ -363,18 +363,24 @@ print(len(os.sched_getaffinity(0)), os.environ["PJRT_NPROC"], names.count("tf_XL
   assert pool == [str(threads), str(threads)], got.stdout
 
 
-@pytest.mark.parametrize("given", [None, "+individual_dot"])
-def test_a_dot_alone_is_left_to_eigen_unless_the_user_chooses(given):
-  """Importing vitcnn_jax before jax starts takes dots that stand alone (a Gram, the
-  all-pairs products) from YNNPACK, which ran a small output on one thread, and
-  the installed jaxlib accepts the flag (an unknown one aborts the process); a
-  user's own choice of YNNPACK's fusions stays. Read from the compiled program."""
+@pytest.mark.parametrize("given", [None, "+individual_dot,+individual_convolution"])
+def test_a_dot_or_convolution_alone_is_left_to_eigen_unless_the_user_chooses(given):
+  """Importing vitcnn_jax before jax starts takes dots and convolutions that stand
+  alone (a Gram, the all-pairs products, a network's k x k convolutions) from
+  YNNPACK, which ran them at up to half Eigen's speed, and the installed jaxlib
+  accepts the flag (an unknown one aborts the process); a user's own choice of
+  YNNPACK's fusions stays. Read from each compiled program."""
   code = """
 import vitcnn_jax, jax, jax.numpy as jnp
-x = jnp.ones((32, 4096))
-hlo = jax.jit(lambda x: jnp.matmul(x, x.T, precision="highest")).lower(x).compile().as_text()
-entry = hlo[hlo.index("ENTRY"):]
-print(os.environ["XLA_FLAGS"].split()[-1], "ynn_fusion" in entry)
+def library(f, *args):
+  hlo = jax.jit(f).lower(*args).compile().as_text()
+  return "ynn_fusion" in hlo[hlo.index("ENTRY"):]
+x, w = jnp.ones((32, 4096)), jnp.ones((3, 3, 64, 64))
+dot = library(lambda x: jnp.matmul(x, x.T, precision="highest"), x)
+nhwc = ("NHWC", "HWIO", "NHWC")
+conv = library(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=nhwc),
+               jnp.ones((4, 16, 16, 64)), w)
+print(os.environ["XLA_FLAGS"].split()[-1], dot, conv)
 """
   from conftest import device_env
   env = device_env(1)
@@ -382,11 +388,11 @@ print(os.environ["XLA_FLAGS"].split()[-1], "ynn_fusion" in entry)
   env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_cpu_experimental_ynn_fusion_type={given}"] if given else []))
   got = _on_two_cores(code, env)
   assert got.returncode == 0, got.stderr[-2000:]
-  last, ynn = got.stdout.split()
+  last, dot, conv = got.stdout.split()
   if given is None:
-    assert (last, ynn) == (vitcnn_jax.CPU_DOTS, "False"), got.stdout
+    assert (last, dot, conv) == (vitcnn_jax.CPU_CONTRACTIONS, "False", "False"), got.stdout
   else:
-    assert (last, ynn) == (f"--xla_cpu_experimental_ynn_fusion_type={given}", "True"), got.stdout
+    assert (last, dot, conv) == (f"--xla_cpu_experimental_ynn_fusion_type={given}", "True", "True"), got.stdout
 
 
 def test_demo_measures_runs_every_measure():

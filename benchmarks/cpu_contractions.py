@@ -1,16 +1,19 @@
-r"""The dots our CPU runs depend on, as XLA:CPU runs them two ways and torch one, side by side.
+r"""The dots and convolutions our CPU runs depend on, as XLA:CPU runs them two
+ways and torch one, side by side.
 
-  .venv/bin/python -m benchmarks.cpu_dots [--runs 20] [--rounds 2]
+  .venv/bin/python -m benchmarks.cpu_contractions [--runs 20] [--rounds 2]
 
-XLA:CPU gives a dot that stands alone to YNNPACK unless
-`--xla_cpu_experimental_ynn_fusion_type=-individual_dot` (`vitcnn_jax.CPU_DOTS`,
-which importing vitcnn_jax sets) leaves it to Eigen's contraction. The flag is
-read once a process, so each way runs in a process of its own (`--rounds` times,
-alternating; each shape's best time over them), and torch's matmul, a peer's, in
-a third. The shapes: the Grams of W's layers (32 rows) and of 1,000-row
-minibatches, the measures' all-pairs products of flattened Grams, and a ViT-B/16
-block's attention logits and MLP dense at W's minibatch. Prints each one's best
-time, its GFLOP/s, and YNNPACK's and torch's times over Eigen's.
+XLA:CPU gives a dot or a convolution that stands alone to YNNPACK unless
+`--xla_cpu_experimental_ynn_fusion_type=-individual_dot,-individual_convolution`
+(`vitcnn_jax.CPU_CONTRACTIONS`, which importing vitcnn_jax sets) leaves it to
+Eigen. The flag is read once a process, so each way runs in a process of its own
+(`--rounds` times, alternating; each shape's best time over them), and torch, a
+peer's, in a third. The shapes: the Grams of W's layers (32 rows) and of
+1,000-row minibatches, the measures' all-pairs products of flattened Grams, a
+ViT-B/16 block's attention logits and MLP dense at W's minibatch; and the k x k
+convolutions of BiT-R50x1 and ViT-B/16 at W's minibatch and of ResNet-18 at the
+peers' 1,000 images of 32 px (torch's in its own NCHW layout). Prints each one's
+best time, its GFLOP/s, and YNNPACK's and torch's times over Eigen's.
 """
 
 from __future__ import annotations
@@ -36,8 +39,18 @@ SHAPES = {
     "ViT-B/16 attention logits at W's minibatch": ("bhqd,bhkd->bhqk", [(32, 12, 197, 64)]),
     "ViT-B/16 MLP dense at W's minibatch": ("nd,de->ne", [(6304, 768), (768, 3072)]),
 }
+# label -> (images, input size, in channels, out channels, kernel, stride, padding per side)
+CONVS = {
+    "conv 3x3/1 64->64, BiT-R50 stage 1 at W's minibatch (32 x 56 x 56)": (32, 56, 64, 64, 3, 1, 1),
+    "conv 3x3/2 128->128, BiT-R50 stage 2's first at W's minibatch (32 x 56 x 56 in)": (32, 56, 128, 128, 3, 2, 1),
+    "conv 3x3/1 256->256, BiT-R50 stage 3 at W's minibatch (32 x 14 x 14)": (32, 14, 256, 256, 3, 1, 1),
+    "conv 7x7/2 3->64, BiT-R50 root at W's minibatch (32 x 224 x 224 in)": (32, 224, 3, 64, 7, 2, 3),
+    "conv 16x16/16 3->768, ViT-B/16 patches at W's minibatch": (32, 224, 3, 768, 16, 16, 0),
+    "conv 3x3/1 64->64, ResNet-18 layer1 at 1,000 images (1,000 x 32 x 32)": (1000, 32, 64, 64, 3, 1, 1),
+    "conv 3x3/1 128->128, ResNet-18 layer2 at 1,000 images (1,000 x 16 x 16)": (1000, 16, 128, 128, 3, 1, 1),
+}
 WAYS = ("xla YNNPACK", "xla Eigen", "torch")
-_YNN = "--xla_cpu_experimental_ynn_fusion_type=+individual_dot"
+_YNN = "--xla_cpu_experimental_ynn_fusion_type=+individual_dot,+individual_convolution"
 
 
 def _operands(shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
@@ -53,26 +66,41 @@ def _flops(spec: str, shapes: list[tuple[int, ...]]) -> float:
   return 2.0 * float(np.prod(list(sizes.values())))
 
 
+def _conv_flops(n: int, size: int, cin: int, cout: int, k: int, stride: int, pad: int) -> float:
+  out = (size + 2 * pad - k) // stride + 1
+  return 2.0 * n * out * out * cout * k * k * cin
+
+
 def part(way: str, runs: int) -> dict[str, float]:
   """Each shape's best seconds, the XLA ways through vitcnn_jax's import (which
-  sets the flag unless the environment chose), torch's matmul otherwise."""
+  sets the flag unless the environment chose), torch's otherwise."""
   out = {}
   if way == "torch":
     import torch
+    import torch.nn.functional as F
     for label, (spec, shapes) in SHAPES.items():
       xs = [torch.from_numpy(a) for a in _operands(shapes)]
       xs = xs * 2 if len(xs) == 1 else xs
       out[label] = clocks.best_seconds(lambda spec=spec, xs=xs: torch.einsum(spec, *xs), runs)
+    for label, (n, size, cin, cout, k, stride, pad) in CONVS.items():
+      x, w = (torch.from_numpy(a) for a in _operands([(n, cin, size, size), (cout, cin, k, k)]))
+      out[label] = clocks.best_seconds(lambda x=x, w=w, s=stride, p=pad: F.conv2d(x, w, stride=s, padding=p), runs)
     return out
   import jax
   import jax.numpy as jnp
 
-  import vitcnn_jax  # noqa: F401  (its import chooses the dots' library, before jax starts)
+  import vitcnn_jax  # noqa: F401  (its import chooses the contractions' library, before jax starts)
   for label, (spec, shapes) in SHAPES.items():
     xs = [jnp.asarray(a) for a in _operands(shapes)]
     f = jax.jit(lambda *xs, spec=spec: jnp.einsum(spec, *(xs * 2 if len(xs) == 1 else xs),
                                                   precision=jax.lax.Precision.HIGHEST))
     out[label] = clocks.best_seconds(lambda f=f, xs=xs: jax.block_until_ready(f(*xs)), runs)
+  for label, (n, size, cin, cout, k, stride, pad) in CONVS.items():
+    x, w = (jnp.asarray(a) for a in _operands([(n, size, size, cin), (k, k, cin, cout)]))
+    f = jax.jit(lambda x, w, s=stride, p=pad: jax.lax.conv_general_dilated(
+        x, w, (s, s), [(p, p)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        precision=jax.lax.Precision.HIGHEST))
+    out[label] = clocks.best_seconds(lambda f=f, x=x, w=w: jax.block_until_ready(f(x, w)), runs)
   return out
 
 
@@ -80,7 +108,7 @@ def _run_part(way: str, runs: int) -> dict[str, float]:
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split() if "ynn_fusion_type" not in f]
   env["XLA_FLAGS"] = " ".join(flags + ([_YNN] if way == "xla YNNPACK" else []))
-  done = subprocess.run([sys.executable, "-m", "benchmarks.cpu_dots", "--part", way, "--runs", str(runs)],
+  done = subprocess.run([sys.executable, "-m", "benchmarks.cpu_contractions", "--part", way, "--runs", str(runs)],
                         cwd=ROOT, env=env, capture_output=True, text=True)
   if done.returncode:
     raise SystemExit(f"{way} failed:\n{done.stderr[-3000:]}")
@@ -102,10 +130,11 @@ def main() -> None:
       for label, s in _run_part(way, args.runs).items():
         best[way][label] = min(s, best[way].get(label, float("inf")))
   print(f"best of {args.rounds} processes of each way, {args.runs} calls each; float32 (XLA at HIGHEST):")
-  for label, (spec, shapes) in SHAPES.items():
-    flops = _flops(spec, shapes)
+  flops = {**{label: _flops(*v) for label, v in SHAPES.items()},
+           **{label: _conv_flops(*v) for label, v in CONVS.items()}}
+  for label, f in flops.items():
     ynn, eigen, torch = (best[w][label] for w in WAYS)
-    print(f"  {label}:\n    " + ", ".join(f"{w} {best[w][label] * 1e3:.2f} ms ({flops / best[w][label] / 1e9:.0f} "
+    print(f"  {label}:\n    " + ", ".join(f"{w} {best[w][label] * 1e3:.2f} ms ({f / best[w][label] / 1e9:.0f} "
                                           f"GFLOP/s)" for w in WAYS)
           + f"\n    YNNPACK / Eigen {ynn / eigen:.2f}x, torch / Eigen {torch / eigen:.2f}x")
 
