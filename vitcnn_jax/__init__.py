@@ -33,9 +33,9 @@ def _cpu_threads() -> None:
 # 32 rows of 150,528 features (a ViT-B/16 layer at W's minibatch) took there about
 # twice the time of Eigen's contraction, which splits the inner dimension over
 # XLA's pool, and so did the measures' all-pairs products of flattened Grams; a
-# ViT's attention logits took 1.6x. Its convolutions took 1.2 to 2.2x Eigen's time
-# at every 3x3 of BiT-R50 at W's minibatch and of ResNet-18 at 1,000 images, and
-# the ResNet-18 forward 1.25x (docs/benchmarks.md, XLA:CPU's dots and
+# ViT's attention logits took 1.3 to 1.6x. Its convolutions took 1.2 to 2.2x
+# Eigen's time at every k x k one timed, of BiT-R50 and ViT-B/16 at W's minibatch
+# and of ResNet-18 at 1,000 images (docs/benchmarks.md, XLA:CPU's dots and
 # convolutions). Dots fused with their neighbours stay YNNPACK's.
 CPU_CONTRACTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_dot,-individual_convolution"
 
