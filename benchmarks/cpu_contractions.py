@@ -58,22 +58,10 @@ def _operands(shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
   return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
-def _flops(spec: str, shapes: list[tuple[int, ...]]) -> float:
-  """2 x the product of every index's size (each appears in some operand)."""
-  sizes = {}
-  for term, shape in zip(spec.split("->")[0].split(","), shapes * 2):
-    sizes.update(zip(term, shape))
-  return 2.0 * float(np.prod(list(sizes.values())))
-
-
-def _conv_flops(n: int, size: int, cin: int, cout: int, k: int, stride: int, pad: int) -> float:
-  out = (size + 2 * pad - k) // stride + 1
-  return 2.0 * n * out * out * cout * k * k * cin
-
-
-def part(way: str, runs: int) -> dict[str, float]:
+def part(way: str, runs: int) -> dict[str, dict[str, float]]:
   """Each shape's best seconds, the XLA ways through vitcnn_jax's import (which
-  sets the flag unless the environment chose), torch's otherwise."""
+  sets the flag unless the environment chose), torch's otherwise; the XLA ways
+  also each shape's FLOPs (`clocks.matmul_flops` of its jaxpr)."""
   out = {}
   if way == "torch":
     import torch
@@ -85,26 +73,29 @@ def part(way: str, runs: int) -> dict[str, float]:
     for label, (n, size, cin, cout, k, stride, pad) in CONVS.items():
       x, w = (torch.from_numpy(a) for a in _operands([(n, cin, size, size), (cout, cin, k, k)]))
       out[label] = clocks.best_seconds(lambda x=x, w=w, s=stride, p=pad: F.conv2d(x, w, stride=s, padding=p), runs)
-    return out
+    return {"seconds": out}
   import jax
   import jax.numpy as jnp
 
   import vitcnn_jax  # noqa: F401  (its import chooses the contractions' library, before jax starts)
+  calls = {}
   for label, (spec, shapes) in SHAPES.items():
     xs = [jnp.asarray(a) for a in _operands(shapes)]
-    f = jax.jit(lambda *xs, spec=spec: jnp.einsum(spec, *(xs * 2 if len(xs) == 1 else xs),
-                                                  precision=jax.lax.Precision.HIGHEST))
-    out[label] = clocks.best_seconds(lambda f=f, xs=xs: jax.block_until_ready(f(*xs)), runs)
+    calls[label] = (jax.jit(lambda *xs, spec=spec: jnp.einsum(spec, *(xs * 2 if len(xs) == 1 else xs),
+                                                              precision=jax.lax.Precision.HIGHEST)), xs)
   for label, (n, size, cin, cout, k, stride, pad) in CONVS.items():
-    x, w = (jnp.asarray(a) for a in _operands([(n, size, size, cin), (k, k, cin, cout)]))
-    f = jax.jit(lambda x, w, s=stride, p=pad: jax.lax.conv_general_dilated(
+    xs = [jnp.asarray(a) for a in _operands([(n, size, size, cin), (k, k, cin, cout)])]
+    calls[label] = (jax.jit(lambda x, w, s=stride, p=pad: jax.lax.conv_general_dilated(
         x, w, (s, s), [(p, p)] * 2, dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        precision=jax.lax.Precision.HIGHEST))
-    out[label] = clocks.best_seconds(lambda f=f, x=x, w=w: jax.block_until_ready(f(x, w)), runs)
-  return out
+        precision=jax.lax.Precision.HIGHEST)), xs)
+  flops = {}
+  for label, (f, xs) in calls.items():
+    out[label] = clocks.best_seconds(lambda f=f, xs=xs: jax.block_until_ready(f(*xs)), runs)
+    flops[label] = clocks.matmul_flops(jax.make_jaxpr(f)(*xs).jaxpr)
+  return {"seconds": out, "flops": flops}
 
 
-def _run_part(way: str, runs: int) -> dict[str, float]:
+def _run_part(way: str, runs: int) -> dict[str, dict[str, float]]:
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split() if "ynn_fusion_type" not in f]
   env["XLA_FLAGS"] = " ".join(flags + ([_YNN] if way == "xla YNNPACK" else []))
@@ -124,14 +115,14 @@ def main() -> None:
   if args.part:
     print(json.dumps(part(args.part, args.runs)))
     return
-  best = {w: {} for w in WAYS}
+  best, flops = {w: {} for w in WAYS}, {}
   for _ in range(args.rounds):
     for way in WAYS:
-      for label, s in _run_part(way, args.runs).items():
+      got = _run_part(way, args.runs)
+      flops.update(got.get("flops", {}))  # the XLA ways' count, the same either way
+      for label, s in got["seconds"].items():
         best[way][label] = min(s, best[way].get(label, float("inf")))
   print(f"best of {args.rounds} processes of each way, {args.runs} calls each; float32 (XLA at HIGHEST):")
-  flops = {**{label: _flops(*v) for label, v in SHAPES.items()},
-           **{label: _conv_flops(*v) for label, v in CONVS.items()}}
   for label, f in flops.items():
     ynn, eigen, torch = (best[w][label] for w in WAYS)
     print(f"  {label}:\n    " + ", ".join(f"{w} {best[w][label] * 1e3:.2f} ms ({f / best[w][label] / 1e9:.0f} "
