@@ -1,6 +1,6 @@
 r"""What every similarity measure costs, beside linear CKA, in one run.
 
-  .venv/bin/python -m benchmarks.measures_cost [--layers 55 --batch 256] [--each] [--demo]
+  .venv/bin/python -m benchmarks.measures_cost [--layers 55 --batch 256] [--each] [--settings] [--demo]
 
 The step's measures alone (no forward): `--layers` layers of `--batch` rows
 each (features of rank 64 that share a common part, as a network's do), every
@@ -11,6 +11,10 @@ counts in each). The defaults are the demo's shape: 55 layers (24 ViT, 31
 BiT), minibatches of 256. The step of every measure is then traced once more
 (JAX's profiler) for the wall time LAPACK's decompositions (the eigh and SVD
 custom calls) take of it: a floor under that step whatever the code around them.
+With `--settings`, the step of every measure is also timed under the settings
+that trade what the measures give for time (`SETTINGS`: the null on or off, and
+fewer principal components per subspace pair): the choices left for issue 53's
+10x, beside the ratios they reach and LAPACK's share of each.
 
 `--demo` times `main.py --config=configs/cka_vit_resnet.py:demo` (linear CKA)
 and `:demo_measures` (every measure, the null, 50 bootstrap replicates), each
@@ -47,14 +51,17 @@ def _layers(num: int, rows: int, seed: int = 0) -> list[np.ndarray]:
           for _ in range(num)]
 
 
-def compiled_step(names: tuple[str, ...], acts: list[np.ndarray]) -> tuple[Any, tuple, float]:
-  """The measures step for `names` with the null, compiled and called once; its
+def compiled_step(names: tuple[str, ...], acts: list[np.ndarray], null: bool = True,
+                  **fields: Any) -> tuple[Any, tuple, float]:
+  """The measures step for `names`, with the null unless not `null` and any other
+  config `fields` (e.g. `subspace_dims`), compiled and called once; its
   arguments; and the seconds that took."""
   import jax
   import ml_collections
   from vitcnn_jax.similarity import measures
   rows = len(acts[0])
-  config = ml_collections.ConfigDict(dict(measures=names, null=True, batch_size=rows, num_examples=rows))
+  config = ml_collections.ConfigDict(dict(measures=names, null=null, batch_size=rows, num_examples=rows,
+                                          **fields))
   spec = measures.spec_of(config)
   args = (acts, np.ones((rows,), np.float32), jax.random.PRNGKey(0))
   t = time.perf_counter()
@@ -94,7 +101,17 @@ def lapack_seconds(step: Any, args: tuple, runs: int = 2) -> tuple[float, float]
   return sum(share.get(n, 0.0) for n in lapack) / runs, (sum(share.values()) + idle) / runs
 
 
-def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
+# Settings of every measure that cost less than the defaults, each giving something
+# up: (the null, principal components per subspace pair; None: the default).
+SETTINGS = ((True, 16), (True, 8), (False, None), (False, 16), (False, 8))
+
+
+def setting_fields(null: bool, dims: int | None) -> dict[str, Any]:
+  """`compiled_step`'s keyword arguments for one of `SETTINGS`."""
+  return dict(null=null) if dims is None else dict(null=null, subspace_dims=dims)
+
+
+def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = False) -> None:
   from vitcnn_jax.similarity import measures
   acts = _layers(layers, batch)
   print(f"{layers} layers of {batch} rows, every measure with its null, the step alone "
@@ -112,6 +129,17 @@ def costs(layers: int, batch: int, repeats: int, each: bool) -> None:
         flush=True)
   print(f"  of which LAPACK's decompositions (eigh, SVD), traced: {lapack:.3g} s of {traced:.3g} s a call "
         f"(alone {lapack / base:.1f}x linear CKA alone)", flush=True)
+  if settings:
+    print("every measure under cheaper settings, against linear CKA alone with its null (the target: 10x):",
+          flush=True)
+    for null, dims in ((True, None), *SETTINGS):  # the defaults' figures are those above
+      if (null, dims) != (True, None):
+        step, args, compile_s = compiled_step(measures.NAMES, acts, **setting_fields(null, dims))
+        s = mean_seconds(step, args, repeats)
+        lapack, _ = lapack_seconds(step, args)
+      components = f"subspace_dims {dims}" if dims else f"subspace_dims {measures.SUBSPACE_DIMS} (the default)"
+      print(f"  {'with' if null else 'without'} the null, {components}: {s:.3f} s = {s / base:.1f}x; "
+            f"LAPACK alone {lapack / base:.1f}x (compiled in {compile_s:.1f} s)", flush=True)
 
 
 def _timed_main(variant: str, workdir: str, cache: str) -> tuple[float, str]:
@@ -182,6 +210,7 @@ def main() -> None:
   ap.add_argument("--batch", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--each", action="store_true", help="also each measure alone with linear CKA")
+  ap.add_argument("--settings", action="store_true", help="also every measure under cheaper settings")
   ap.add_argument("--demo", action="store_true", help="instead time the demo and demo_measures end to end")
   args = ap.parse_args()
   if args.demo:
@@ -189,7 +218,7 @@ def main() -> None:
   else:
     from benchmarks import forward_profile
     forward_profile.trace_events_on()  # for `lapack_seconds`
-    costs(args.layers, args.batch, args.repeats, args.each)
+    costs(args.layers, args.batch, args.repeats, args.each, args.settings)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,22 @@ def test_measures_cost_times_the_steps_lapack_calls_within_it():
   assert 0 < lapack < traced, out  # the eigh and SVD calls found by name in the trace, within the call
 
 
+def test_measures_cost_settings_each_give_up_the_null_or_components():
+  import ml_collections
+  from benchmarks import measures_cost
+  from vitcnn_jax.similarity import measures
+
+  def spec(**fields):
+    return measures.spec_of(ml_collections.ConfigDict(dict(measures=measures.NAMES, batch_size=256,
+                                                           num_examples=256, **fields)))
+  default = spec(null=True)
+  got = [spec(**measures_cost.setting_fields(*s)) for s in measures_cost.SETTINGS]
+  kinds = {(g.null, g.cca_dims, g.subspace_dims) for g in [default, *got]}
+  assert len(kinds) == len(got) + 1, kinds  # each setting a program of its own, none the defaults
+  for g in got:  # each reads fewer components per pair (both families), or drops the null
+    assert not g.null or (g.subspace_dims < default.subspace_dims and g.cca_dims < default.cca_dims), g
+
+
 def test_measures_cost_reads_a_runs_phases_from_its_progress_bar():
   from benchmarks import measures_cost
   bar = lambda n, elapsed, left: f"cka:  {25 * n}%|##  | {n}/4 [{elapsed}<{left},  1.50s/step, 99.5 examples/s]"
