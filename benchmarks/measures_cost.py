@@ -24,7 +24,10 @@ again, reading the cache its cold run filled), and prints their ratios (issue
 53's target: at most 3x); where each run's time goes (its first step, compile
 included; the steps after it; the rest of the process: start, results, figures),
 from its progress bar to the second; and how far the cold progress bar's ETA at
-its midpoint was from the time that was really left.
+its midpoint was from the time that was really left. `--demo --settings` times
+instead `:demo_measures` cold under each of the cheaper settings, and as it is,
+against the demo cold before and after them: what each setting would do to the
+3x end to end.
 """
 
 from __future__ import annotations
@@ -142,13 +145,13 @@ def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = Fa
             f"LAPACK alone {lapack / base:.1f}x (compiled in {compile_s:.1f} s)", flush=True)
 
 
-def _timed_main(variant: str, workdir: str, cache: str) -> tuple[float, str]:
+def _timed_main(variant: str, workdir: str, cache: str, **fields: Any) -> tuple[float, str]:
   """Seconds of one run of `variant` end to end in `workdir`, JAX's compilation
-  cache in folder `cache`; and its stderr."""
+  cache in folder `cache`, its config `fields` set by flags; and its stderr."""
   t = time.perf_counter()
   done = subprocess.run([sys.executable, os.path.join(ROOT, "main.py"),
                          f"--config=configs/cka_vit_resnet.py:{variant}", f"--workdir={workdir}",
-                         f"--config.compilation_cache={cache}"],
+                         f"--config.compilation_cache={cache}", *(f"--config.{k}={v}" for k, v in fields.items())],
                         cwd=ROOT, capture_output=True, text=True)
   if done.returncode:
     raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
@@ -204,17 +207,41 @@ def demo() -> None:
         f"({abs(eta - left) / max(left, 1):.0%} off; target <= 25%)")
 
 
+def demo_settings() -> None:
+  """`:demo_measures` under each of `SETTINGS`, and as it is, each cold (an
+  empty compilation cache of its own), against the demo run cold before and after them."""
+  with tempfile.TemporaryDirectory() as work:
+    at = lambda *name: os.path.join(work, *name)
+    _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
+    before, _ = _timed_main("demo", at("demo_before"), at("cache", "demo_before"))
+    runs = []
+    for i, (null, dims) in enumerate(((True, None), *SETTINGS)):
+      seconds, _ = _timed_main("demo_measures", at(f"setting{i}"), at("cache", f"setting{i}"),
+                               **setting_fields(null, dims))
+      runs.append((null, dims, seconds))
+    after, _ = _timed_main("demo", at("demo_after"), at("cache", "demo_after"))
+  linear = (before + after) / 2
+  print(f"cold compilation caches: demo (linear CKA) {before:.1f} s before the runs below, {after:.1f} s after "
+        f"(their mean {linear:.1f} s: 3x is {3 * linear:.1f} s); demo_measures (every measure, 50 bootstrap "
+        f"replicates):")
+  for null, dims, seconds in runs:
+    components = f"subspace_dims {dims}" if dims else "subspace_dims at its default"
+    print(f"  {'with' if null else 'without'} the null, {components}: {seconds:.1f} s -> "
+          f"{seconds / linear:.2f}x (target <= 3x)")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--layers", type=int, default=55)
   ap.add_argument("--batch", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--each", action="store_true", help="also each measure alone with linear CKA")
-  ap.add_argument("--settings", action="store_true", help="also every measure under cheaper settings")
+  ap.add_argument("--settings", action="store_true",
+                  help="also every measure under cheaper settings (with --demo: only those, end to end)")
   ap.add_argument("--demo", action="store_true", help="instead time the demo and demo_measures end to end")
   args = ap.parse_args()
   if args.demo:
-    demo()
+    demo_settings() if args.settings else demo()
   else:
     from benchmarks import forward_profile
     forward_profile.trace_events_on()  # for `lapack_seconds`
