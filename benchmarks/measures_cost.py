@@ -104,14 +104,21 @@ def lapack_seconds(step: Any, args: tuple, runs: int = 2) -> tuple[float, float]
   return sum(share.get(n, 0.0) for n in lapack) / runs, (sum(share.values()) + idle) / runs
 
 
-# Settings of every measure that cost less than the defaults, each giving something
-# up: (the null, principal components per subspace pair; None: the default).
+# Settings of every measure: (the null, principal components per subspace pair; None:
+# the default). `DEFAULTS` as the config has them; each of `SETTINGS` costs less, and
+# gives something up.
+DEFAULTS = (True, None)
 SETTINGS = ((True, 16), (True, 8), (False, None), (False, 16), (False, 8))
 
 
 def setting_fields(null: bool, dims: int | None) -> dict[str, Any]:
-  """`compiled_step`'s keyword arguments for one of `SETTINGS`."""
+  """`compiled_step`'s keyword arguments (and the config's fields) for a setting."""
   return dict(null=null) if dims is None else dict(null=null, subspace_dims=dims)
+
+
+def setting_label(null: bool, dims: int | None) -> str:
+  components = f"subspace_dims {dims}" if dims else "subspace_dims at its default"
+  return f"{'with' if null else 'without'} the null, {components}"
 
 
 def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = False) -> None:
@@ -132,17 +139,18 @@ def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = Fa
         flush=True)
   print(f"  of which LAPACK's decompositions (eigh, SVD), traced: {lapack:.3g} s of {traced:.3g} s a call "
         f"(alone {lapack / base:.1f}x linear CKA alone)", flush=True)
-  if settings:
-    print("every measure under cheaper settings, against linear CKA alone with its null (the target: 10x):",
-          flush=True)
-    for null, dims in ((True, None), *SETTINGS):  # the defaults' figures are those above
-      if (null, dims) != (True, None):
-        step, args, compile_s = compiled_step(measures.NAMES, acts, **setting_fields(null, dims))
-        s = mean_seconds(step, args, repeats)
-        lapack, _ = lapack_seconds(step, args)
-      components = f"subspace_dims {dims}" if dims else f"subspace_dims {measures.SUBSPACE_DIMS} (the default)"
-      print(f"  {'with' if null else 'without'} the null, {components}: {s:.3f} s = {s / base:.1f}x; "
-            f"LAPACK alone {lapack / base:.1f}x (compiled in {compile_s:.1f} s)", flush=True)
+  if not settings:
+    return
+
+  def report(setting: tuple[bool, int | None], s: float, lapack: float, compile_s: float) -> None:
+    print(f"  {setting_label(*setting)}: {s:.3f} s = {s / base:.1f}x; LAPACK alone {lapack / base:.1f}x "
+          f"(compiled in {compile_s:.1f} s)", flush=True)
+  print("every measure under cheaper settings, against linear CKA alone with its null (the target: 10x):",
+        flush=True)
+  report(DEFAULTS, s, lapack, compile_s)  # the step timed above
+  for setting in SETTINGS:
+    step, args, compile_s = compiled_step(measures.NAMES, acts, **setting_fields(*setting))
+    report(setting, mean_seconds(step, args, repeats), lapack_seconds(step, args)[0], compile_s)
 
 
 def _timed_main(variant: str, workdir: str, cache: str, **fields: Any) -> tuple[float, str]:
@@ -215,19 +223,17 @@ def demo_settings() -> None:
     _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
     before, _ = _timed_main("demo", at("demo_before"), at("cache", "demo_before"))
     runs = []
-    for i, (null, dims) in enumerate(((True, None), *SETTINGS)):
+    for i, setting in enumerate((DEFAULTS, *SETTINGS)):
       seconds, _ = _timed_main("demo_measures", at(f"setting{i}"), at("cache", f"setting{i}"),
-                               **setting_fields(null, dims))
-      runs.append((null, dims, seconds))
+                               **setting_fields(*setting))
+      runs.append((setting, seconds))
     after, _ = _timed_main("demo", at("demo_after"), at("cache", "demo_after"))
   linear = (before + after) / 2
   print(f"cold compilation caches: demo (linear CKA) {before:.1f} s before the runs below, {after:.1f} s after "
         f"(their mean {linear:.1f} s: 3x is {3 * linear:.1f} s); demo_measures (every measure, 50 bootstrap "
         f"replicates):")
-  for null, dims, seconds in runs:
-    components = f"subspace_dims {dims}" if dims else "subspace_dims at its default"
-    print(f"  {'with' if null else 'without'} the null, {components}: {seconds:.1f} s -> "
-          f"{seconds / linear:.2f}x (target <= 3x)")
+  for setting, seconds in runs:
+    print(f"  {setting_label(*setting)}: {seconds:.1f} s -> {seconds / linear:.2f}x (target <= 3x)")
 
 
 def main() -> None:

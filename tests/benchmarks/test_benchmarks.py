@@ -97,7 +97,7 @@ def test_measures_cost_settings_each_give_up_the_null_or_components():
   def spec(**fields):
     return measures.spec_of(ml_collections.ConfigDict(dict(measures=measures.NAMES, batch_size=256,
                                                            num_examples=256, **fields)))
-  default = spec(null=True)
+  default = spec(**measures_cost.setting_fields(*measures_cost.DEFAULTS))
   got = [spec(**measures_cost.setting_fields(*s)) for s in measures_cost.SETTINGS]
   kinds = {(g.null, g.cca_dims, g.subspace_dims) for g in [default, *got]}
   assert len(kinds) == len(got) + 1, kinds  # each setting a program of its own, none the defaults
