@@ -61,6 +61,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -201,7 +202,8 @@ def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: in
   runs: dict[str, list[dict]] = {"ours (cold)": [], "ours (warm cache)": [], **{p: [] for p in peer_names}}
   for r in range(rounds):
     cache = s.path(f"jax_cache_{r}")
-    os.makedirs(cache, exist_ok=True)
+    shutil.rmtree(cache, ignore_errors=True)  # cold: a --work folder run before holds its programs
+    os.makedirs(cache)
     runs["ours (cold)"].append(parts.run_part("ours", dataclasses.replace(s, cache=cache)))
     runs["ours (warm cache)"].append(parts.run_part("ours", dataclasses.replace(s, second=False, cache=cache)))
     for tool in peer_names:

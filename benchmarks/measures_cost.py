@@ -10,7 +10,8 @@ another also needs, such as the eigendecompositions of the subspace family,
 counts in each). The defaults are the demo's shape: 55 layers (24 ViT, 31
 BiT), minibatches of 256. The step of every measure is then traced once more
 (JAX's profiler) for the wall time LAPACK's decompositions (the eigh and SVD
-custom calls) take of it: a floor under that step whatever the code around them.
+custom calls) take of it: a floor under that step whatever the code around them
+(on CPU; on an accelerator, whose decompositions are other calls, the step's times alone).
 With `--settings`, the step of every measure is also timed under the settings
 that trade what the measures give for time (`SETTINGS`: the null on or off, and
 fewer principal components per subspace pair): the choices left for issue 53's
@@ -122,6 +123,9 @@ def setting_label(null: bool, dims: int | None) -> str:
 
 
 def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = False) -> None:
+  """Prints the step's times; LAPACK's share and `settings` on CPU only, where the
+  decompositions are LAPACK's."""
+  import jax
   from vitcnn_jax.similarity import measures
   acts = _layers(layers, batch)
   print(f"{layers} layers of {batch} rows, every measure with its null, the step alone "
@@ -134,9 +138,12 @@ def costs(layers: int, batch: int, repeats: int, each: bool, settings: bool = Fa
       print(f"  + {m}: {s:.3f} s ({s - base:+.3f} s)", flush=True)
   step, args, compile_s = compiled_step(measures.NAMES, acts)
   s = mean_seconds(step, args, repeats)
-  lapack, traced = lapack_seconds(step, args)
   print(f"  every measure: {s:.3f} s ({s / base:.1f}x linear CKA alone; compiled in {compile_s:.1f} s)",
         flush=True)
+  if jax.default_backend() != "cpu":  # its decompositions are other custom calls, on the device
+    print(f"  (LAPACK's share, and --settings, on CPU only: this ran on {jax.default_backend()})", flush=True)
+    return
+  lapack, traced = lapack_seconds(step, args)
   print(f"  of which LAPACK's decompositions (eigh, SVD), traced: {lapack:.3g} s of {traced:.3g} s a call "
         f"(alone {lapack / base:.1f}x linear CKA alone)", flush=True)
   if not settings:

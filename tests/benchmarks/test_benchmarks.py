@@ -2,7 +2,8 @@
 per Gram precision and prints the table a GPU or TPU session records;
 benchmarks.forward_profile accounts for a forward's time by op class;
 benchmarks.measures_cost finds the measures' step's LAPACK calls in its trace and
-reads a run's phases from its progress bar."""
+reads a run's phases from its progress bar; benchmarks/gpu.sh gives each benchmark
+only flags it takes."""
 
 from __future__ import annotations
 
@@ -132,3 +133,29 @@ def test_the_flop_count_runs_a_scans_body_once_per_turn():
   count = lambda train: clocks.matmul_flops(jax.make_jaxpr(
       lambda p: model.apply({"params": p}, x, train=train, rngs={"dropout": jax.random.key(0)})[0])(params).jaxpr)
   assert count(False) == count(True) > 0
+
+
+def test_gpu_script_passes_each_benchmark_only_flags_it_takes():
+  """benchmarks/gpu.sh runs on a lent machine, where a renamed flag costs a call:
+  every `--flag` it gives this checkout's benchmark modules (not the revision
+  before's, run from its own folder) is in that module's --help."""
+  import os
+  with open(os.path.join(ROOT, "benchmarks", "gpu.sh")) as f:
+    script = "\n".join(line for line in f.read().splitlines()
+                       if not line.lstrip().startswith("#") and "cd $base" not in line)
+  module = dict(re.findall(r"^(\w+)=(benchmarks\.\w+)$", script, re.M))
+  calls = [(module.get(name.lstrip("$"), name), line) for name, line in
+           re.findall(r"-m (\$\w+|benchmarks\.\w+|pytest)\b(.*(?:\\\n.*)*)", script)]
+  arrays: dict[str, list[str]] = {}  # an array's flags, over all its definitions
+  for name, items in re.findall(r"\b(\w+)=\(([^)]*)\)", script):
+    arrays.setdefault(name, []).extend(re.findall(r"--\w+", items))
+  flags = lambda line: re.findall(r"--\w+", line) + [
+      f for name in re.findall(r"\$\{(\w+)\[@\]\}", line) for f in arrays[name]]
+  calls = [(m, flags(line)) for m, line in calls if m.startswith("benchmarks.")]
+  assert {m for m, _ in calls} == {"benchmarks.cka_benchmark", "benchmarks.measures_cost",
+                                   "benchmarks.accelerator"}, calls
+  for m in {m for m, _ in calls}:
+    takes = set(re.findall(r"--\w+", run_benchmark(m.split(".")[1], "--help")))
+    for name, given in calls:
+      if name == m:
+        assert set(given) <= takes, (m, sorted(set(given) - takes))
