@@ -56,6 +56,7 @@ slower=$([ "$device" = cpu ] && echo 4 || echo 1)  # the dry run's steps take lo
 step() {
   local own=$(($1 * slower))
   t=$((budget - SECONDS < own ? budget - SECONDS : own))
+  t=$((t < 0 ? 0 : t))
   if [ $((2 * t)) -lt "$own" ]; then
     echo "== skipped, ${t} s left of the call's ${budget} s: $2 ($(date +%T))"
     return 1
@@ -88,7 +89,11 @@ w=(--images $w_images --batch $w_batch)
   if [ "$device" = cuda ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   fi
-  $py -c "import jax, torch; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__)"
+  if ! $py -c "import jax, torch, ml_collections; print('jax', jax.__version__, jax.devices(), '| torch', \
+      torch.__version__)"; then
+    echo "== stopped: a package is missing (the wheels: 'bash benchmarks/gpu.sh prepare' here, .whl carried)"
+    exit 1
+  fi
   [ -f $base/REVISION ] && echo "before: $(cat $base/REVISION)"
   step 90 "ResNet-18 shape: ours cold and warm; pytorch-cka" &&
     timeout $t $py -m $bench --workload resnet18 --images $r18_images --device "$device" --peers pytorch-cka \
