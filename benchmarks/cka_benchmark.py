@@ -212,13 +212,14 @@ def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: in
           + ", ".join(f"{k} {_end_to_end(v[-1])}" for k, v in runs.items()), flush=True)
   cold, warm = median_round(runs["ours (cold)"]), median_round(runs["ours (warm cache)"])
   ref = parts.run_part("reference", s) if s.reference else {}
+  dots_s = parts.run_part("gram_dots", s)["gram_dots_s"]
   what = ("ViT-B/16 x BiT-R50x1; ours at our random init, the peers timm's at timm's" if s.workload == "W"
           else "ResNet-18 x ResNet-18, timm's at random init (seeds 0, 1), the same weights in ours")
   print(f"{s.workload}: {s.images} images of {s.size} px in minibatches of {s.batch}, {cold['layers_x']} x "
         f"{cold['layers_y']} layers ({what}); {os.cpu_count()} CPU cores; ours on {cold['backend']}, the "
         f"peers on torch's {s.device}; each figure from the tool's round of median end-to-end time, of "
         f"{rounds} rounds in turn", flush=True)
-  cka_report.print_ours(s, cold, warm, ref)
+  cka_report.print_ours(s, cold, warm, ref, dots_s)
   rows = cka_report.ours_rows(cold, warm, ref)
   if peer_names:
     rows += peer_rows(s, {p: median_round(runs[p]) for p in peer_names}, cold["layers_x"])
@@ -233,7 +234,7 @@ def run_all(s: workload.Setup, peer_names: list[str], json_path: str, rounds: in
   if s.workload == "W":
     cka_report.print_targets(rows)
   if json_path:
-    cka_report.write_record(s, cold, rows, json_path, runs)
+    cka_report.write_record(s, cold, rows, json_path, runs, dots_s)
 
 
 def setup_of(args) -> workload.Setup:

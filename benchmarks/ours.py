@@ -119,14 +119,37 @@ def _forward(models, params, batches) -> tuple[float, float]:
   return forward_s, clocks.matmul_flops(jax.make_jaxpr(forward)(params, batches[0][0]).jaxpr) * len(batches)
 
 
+def _point_dims(s: workload.Setup, models) -> list[int]:
+  """The features of every captured point of both models, a minibatch's row each."""
+  from vitcnn_jax.models import representations
+  return [int(np.prod(v.shape[1:])) for m in models
+          for v in representations.point_shapes(m.model, m.params, m.names, s.batch).values()]
+
+
 def _gram_flops(s: workload.Setup, models, steps: int) -> int:
   """FLOPs of every captured point's Gram and the HSIC of every pair over `steps` minibatches."""
-  from vitcnn_jax.models import representations
-  shapes = [v for m in models
-            for v in representations.point_shapes(m.model, m.params, m.names, s.batch).values()]
-  dims = [int(np.prod(v.shape[1:])) for v in shapes]
+  dims = _point_dims(s, models)
   layers = len(dims)
   return steps * (sum(2 * s.batch * s.batch * d for d in dims) + 2 * layers * layers * s.batch**2)
+
+
+def part_gram_dots(s: workload.Setup) -> dict:
+  """Seconds of one bare (batch, D) x (D, batch) float32 dot at each captured
+  point's D, the best of 3 calls, over every minibatch: the Grams at the rate
+  this backend reaches on their own shapes (a skinny product at W's 32 rows),
+  where the FLOP bound takes a square matmul's. A part of its own, so that its
+  programs stay out of our runs' compilation cache."""
+  import collections
+
+  import jax
+  import jax.numpy as jnp
+  models = workload.jax_models(s)
+  dot = jax.jit(lambda x: jnp.matmul(x, x.T, precision=jax.lax.Precision.HIGHEST))
+  total = 0.0
+  for d, count in collections.Counter(_point_dims(s, models)).items():
+    x = jax.random.normal(jax.random.key(0), (s.batch, d), jnp.float32)
+    total += count * clocks.best_seconds(lambda x=x: dot(x).block_until_ready(), 3)
+  return dict(gram_dots_s=-(-s.images // s.batch) * total)
 
 
 def part_step(s: workload.Setup, measures: tuple[str, ...] | str = ("linear_cka",), null: bool = False) -> dict:

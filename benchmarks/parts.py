@@ -16,7 +16,7 @@ from benchmarks import workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> the part: `python -m benchmarks.cka_benchmark --part NAME` prints its json.
-PARTS = {"ours": ours.part_ours, "reference": references.part_reference,
+PARTS = {"ours": ours.part_ours, "gram_dots": ours.part_gram_dots, "reference": references.part_reference,
          "torch_reference": references.part_torch_reference, "weights": torch_side.part_weights,
          "linear": ours.part_step, "measures": lambda s: ours.part_step(s, ours.MEASURED, True),
          **{t: lambda s, t=t: peers.part_peer(s, t) for t in peers.PEERS},
