@@ -13,7 +13,7 @@ from support.numerics import (BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, ass
 from vitcnn_jax.models import BiT, Mixer, ViT, get_model
 from vitcnn_jax.models.bit import model as bit
 from vitcnn_jax.models.blocks import MIN_SCAN
-from vitcnn_jax.models.capturing import Capture, matches
+from vitcnn_jax.models.capturing import Capture, matches, stacked
 from vitcnn_jax.models.param_trees import random_params
 from vitcnn_jax.models.vit import model as vit
 
@@ -258,15 +258,20 @@ def test_a_family_with_attention_names_it_in_its_attention_preset(family):
     assert matches(layer.weights, model.layer_presets["attention"]), (family, layer.weights)
 
 
-def _dots(jaxpr) -> int:
-  """dot_general and convolution equations in `jaxpr` and the jaxprs inside it (a
-  scan's body once)."""
+DOTS = ("dot_general", "conv_general_dilated")
+SLICES = ("slice", "squeeze", "dynamic_slice", "gather")  # what taking one block's value out of a stack makes
+
+
+def _count(jaxpr, primitives: tuple[str, ...] = DOTS) -> int:
+  """Equations of `primitives` in `jaxpr` and the jaxprs inside it (a scan's body
+  once)."""
   total = 0
   for eqn in jaxpr.eqns:
-    total += eqn.primitive.name in ("dot_general", "conv_general_dilated")
+    total += eqn.primitive.name in primitives
     for sub in eqn.params.values():
       for j in sub if isinstance(sub, (list, tuple)) else [sub]:
-        total += _dots(j.jaxpr) if hasattr(j, "jaxpr") else _dots(j) if hasattr(j, "eqns") else 0
+        total += (_count(j.jaxpr, primitives) if hasattr(j, "jaxpr")
+                  else _count(j, primitives) if hasattr(j, "eqns") else 0)
   return total
 
 
@@ -276,7 +281,9 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   and a ResNet, are traced once (`blocks.run_blocks`): a deeper network has no
   more dots to compile. Captured alone, with the rest, or reduced where it is made
   (`Capture.reduce`), every point has its value and the network's order; points
-  wanted by some blocks only split the scan, and the logits stay bit-equal."""
+  wanted by some blocks only split the scan, and the logits stay bit-equal.
+  Reduced points stacked (`capturing.stacked`) take no more slices in a deeper
+  network: no block's value is sliced out of the scan's output."""
   from vitcnn_jax.models import representations
   from vitcnn_jax.models import ResNet
   from vitcnn_jax.similarity import grams
@@ -286,17 +293,21 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
                                      block="basic"),
           "mixer": lambda d: Mixer(num_classes=5, patch_size=8, image_size=32, hidden_dim=16, num_blocks=d,
                                    tokens_mlp_dim=8, channels_mlp_dim=32)}[family]
-  dots, trained = [], []
+  gram_capture = Capture(None, reduce=grams.scaled_layer)  # made inside the scan: a block's points are `Row`s
+  reduced = lambda m, p, x: stacked(list(m.apply({"params": p}, x, capture=gram_capture)[1].values()))
+  dots, trained, slices = [], [], []
   for depth in (MIN_SCAN, MIN_SCAN + 1):
     model = make(depth)
     params, x = _init(model)
     params = jax.tree_util.tree_map_with_path(  # BatchNorm variances drawn positive
         lambda path, v: np.abs(v) + 0.5 if path[-1].key == "var" else v, params)
     for train, count in ((False, dots), (True, trained)):
-      count.append(_dots(jax.make_jaxpr(lambda p, x, m=model, t=train: m.apply({"params": p}, x, train=t))(
+      count.append(_count(jax.make_jaxpr(lambda p, x, m=model, t=train: m.apply({"params": p}, x, train=t))(
           params, x).jaxpr))
+    slices.append(_count(jax.make_jaxpr(lambda p, x, m=model: reduced(m, p, x))(params, x).jaxpr, SLICES))
   assert dots[0] == dots[1], dots  # unrolled, one more block would add its dots and convolutions
   assert trained[0] < trained[1], trained  # trained (differentiated): block by block, faster there
+  assert slices[0] == slices[1], slices  # each block's points sliced out of the scan's stack, then stacked again
   f = jax.jit(lambda p, x, capture: model.apply({"params": p}, x, capture=capture), static_argnums=2)
   logits, full = f(params, x, None)
   order = list(representations.point_shapes(model, params))  # the network's order, as traced
@@ -312,15 +323,14 @@ def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   rel = network({"vit": VIT_ROUNDINGS, "mixer": MIXER_ROUNDINGS}.get(family, BIT_ROUNDINGS))
   for k, v in [("logits", got_logits), *got.items()]:
     assert_close(v, logits if k == "logits" else full[k], rel * scale, k)
-  gram_capture = Capture(None, reduce=grams.scaled_layer)  # made inside the scan: arrays stacked, `features` static
-  _, reduced = jax.jit(lambda p, x: model.apply({"params": p}, x, capture=gram_capture))(params, x)
-  for k, v in full.items():
-    lay = reduced[k]
-    assert lay.features == int(np.prod(v.shape[1:])) and isinstance(lay.features, int), k
+  layers = jax.jit(lambda p, x: reduced(model, p, x))(params, x)  # every point, in the network's order
+  assert layers.gram.shape[0] == len(order)
+  for i, k in enumerate(order):
+    v, lay = full[k], jax.tree.map(lambda a, i=i: a[i], layers)
     rows = np.asarray(v, np.float64).reshape(len(v), -1)
     c = rows - rows.mean(0)
     want = np.ldexp(c @ c.T, -2 * int(lay.e))  # the centred rows' Gram at the layer's scale
     # float32: centring on the mean of 2 rows errs by a rounding of the rows themselves,
     # and each entry sums `features` products: (2 + features) u max ||x_i||^2.
-    bound = worst(2, lay.features) * np.ldexp(float((rows ** 2).sum(1).max()), -2 * int(lay.e))
+    bound = worst(2, rows.shape[1]) * np.ldexp(float((rows ** 2).sum(1).max()), -2 * int(lay.e))
     assert_close(lay.gram, want, bound, k)

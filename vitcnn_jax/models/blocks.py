@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vitcnn_jax.models.capturing import Capture
+from vitcnn_jax.models.capturing import Capture, Row
 
 Array = jax.Array
 
@@ -41,8 +41,9 @@ def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequ
   """`block` (unbound: `parent=None`) applied in turn with `params[i]`, capturing
   with `captures[i]`, as `block(x, capture, out, *args) -> x`: each run of at
   least `MIN_SCAN` consecutive blocks that keep the same points is one
-  `lax.scan` (its points stacked by the scan, then handed out per block), so a
-  network of identical blocks is traced and compiled once, not once per block.
+  `lax.scan` (its points stacked by the scan, then handed out per block; reduced
+  ones as `Row`s of the scan's output), so a network of identical blocks is
+  traced and compiled once, not once per block.
   Parameters are stacked for each run: a copy of those blocks' weights per call."""
   # Too few blocks to scan: no points asked for, so one run, applied block by block.
   names = _block_points(block, params[0], x, args) if len(params) >= MIN_SCAN else []
@@ -88,5 +89,7 @@ def _scan(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequence[
   x, stacked = jax.lax.scan(body, x, jax.tree.map(lambda *a: jnp.stack(a), *params))
   for i, c in enumerate(captures):
     for name in order:
-      out[c.prefix + name[len(first.prefix):]] = jax.tree.map(lambda a, i=i: a[i], stacked[name])
+      out[c.prefix + name[len(first.prefix):]] = (
+          Row(stacked[name], i) if first.reduce is not None
+          else jax.tree.map(lambda a, i=i: a[i], stacked[name]))
   return x

@@ -73,27 +73,28 @@ class Forward:
       acts = [self(name)[p] for name, names in points.items() for p in names]
       return measures.minibatch_sums(acts, mask, spec, parallel.AXES, self._group, self.key,
                                      self._precision)
-    got: dict[str, list[grams.Parts]] = {}
+    got: dict[str, grams.Parts] = {}
     for group in self._alike(points):
       got.update(self._group_layers(group, points[group[0]], mask))
-    layers = [lay for name in points for lay in got[name]]
+    layers = jax.tree.map(lambda *a: jnp.concatenate(a), *[got[name] for name in points])
     return measures.stack_sums(registry.Stack.of(layers), mask, spec, parallel.AXES, self.key,
                                self._precision)
 
-  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> list[grams.Parts]:
-    """`grams.layer_parts` of each of `points` of model `name`, made inside the
-    forward as each is computed (`capturing.Capture.reduce`): in a scan over
-    identical blocks its activation dies in its block and its code is compiled
-    once. `registry.Stack.of` brings them to their scales together."""
+  def layers(self, name: str, points: Sequence[str], mask: jax.Array) -> grams.Parts:
+    """`grams.layer_parts` of each of `points` of model `name`, stacked in that
+    order, each made inside the forward as it is computed
+    (`capturing.Capture.reduce`): in a scan over identical blocks its activation
+    dies in its block and its code is compiled once. `registry.Stack.of` brings
+    them to their scales together."""
     return self._layers(name, self._params[name], self._images[name], points, mask)
 
   def _layers(self, name: str, params: Any, images: jax.Array, points: Sequence[str], mask: jax.Array
-              ) -> list[grams.Parts]:
+              ) -> grams.Parts:
     capture = capturing.Capture(tuple(points),
                                 reduce=lambda a: grams.layer_parts(a, mask, self._precision, self._prescale))
     x = preprocess.normalize(images, self.models[name].policy)
     out = self.models[name].model.apply({"params": params}, x, capture=capture)[1]
-    return [out[p] for p in points]
+    return capturing.stacked([out[p] for p in points])
 
   def _alike(self, points: dict[str, Sequence[str]]) -> list[list[str]]:
     """The models in groups that run the same program: one architecture,
@@ -122,7 +123,7 @@ class Forward:
     return groups
 
   def _group_layers(self, group: list[str], points: Sequence[str], mask: jax.Array
-                    ) -> dict[str, list[grams.Parts]]:
+                    ) -> dict[str, grams.Parts]:
     """`layers` of each model of `group` (`_alike`): for two or more, one loop over
     their stacked parameters and inputs, so that the forward and Gram code is
     compiled once for the group, not once per model."""

@@ -258,27 +258,25 @@ def _times_pow2(v: jax.Array, e: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["gram", "mean_sq", "mean_4th", "proj", "rowmean", "e"],
-                   meta_fields=["features"])
+                   data_fields=["gram", "mean_sq", "mean_4th", "proj", "rowmean", "e"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class Layer:
   """One layer's minibatch at a power-of-two scale 2^-e (`Parts.layer`): the Gram
   of its centred rows, the two sums of its mean that readers take (not the (D,)
   mean itself: no (D,) vector is carried, stacked, sliced and summed per layer),
   each centred row's projection on the mean, each row's mean over its
-  `features` (padding rows zero)."""
+  features (padding rows zero)."""
   gram: jax.Array  # (n, n) K_c 2^-2e
   mean_sq: jax.Array  # () the mean's squared norm, 2^-2e
   mean_4th: jax.Array  # () the sum of the mean's fourth powers (`fourth_moment`), 2^-4e
   proj: jax.Array  # (n,) 2^-2e
   rowmean: jax.Array  # (n,) 2^-e
   e: jax.Array
-  features: int
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["gram", "proj", "rowmean", "mean_sq", "mean_4th", "k", "f"],
-                   meta_fields=["features", "prescaled"])
+                   data_fields=["gram", "proj", "rowmean", "mean_sq", "mean_4th", "k", "f", "features"],
+                   meta_fields=["prescaled"])
 @dataclasses.dataclass(frozen=True)
 class Parts:
   """One layer's Gram parts as its features were read (times 2^-f), before the
@@ -287,8 +285,9 @@ class Parts:
   over the stacked layers (`registry.Stack.of`). Per point, those checks and
   their loop took a third of workload W's compile (10.6 -> 7.1 s, 2,315 -> 1,737
   fusions). The mean's sums are at the mean's own scale
-  2^-k, so that they are finite whatever the Gram's. A pytree whose `features`
-  and `prescaled` are static: a scan over identical blocks stacks the arrays."""
+  2^-k, so that they are finite whatever the Gram's. A pytree whose `prescaled`
+  alone is static: a scan over identical blocks stacks the arrays, and the
+  points of a pass, whatever their widths, stack into one (`stack_parts`)."""
   gram: jax.Array  # (n, n) K_c 2^-2f
   proj: jax.Array  # (n,) 2^-2f
   rowmean: jax.Array  # (n,) 2^-f
@@ -296,12 +295,18 @@ class Parts:
   mean_4th: jax.Array  # () 2^-4k
   k: jax.Array  # () the mean's exponent: its largest |entry| times 2^-k in [0.5, 1); 0 for a zero mean
   f: jax.Array  # () the features' scale: 0, or their largest |x|'s exponent (`prescaled`)
-  features: int
+  features: jax.Array  # () int32: how many features the layer has
   prescaled: bool
 
   def layer(self) -> Layer:
     """The `Layer` of one layer's parts (`finish`)."""
-    return Layer(*finish(self), features=self.features)
+    return Layer(*finish(self))
+
+
+def stack_parts(parts: Sequence[Parts]) -> Parts:
+  """The `Parts` of several layers on a new leading axis, as `registry.Stack.of`
+  takes them."""
+  return jax.tree.map(lambda *a: jnp.stack(a), *parts)
 
 
 # Its own jit: inside a pass's trace, the layers of one shape are traced and
@@ -319,7 +324,7 @@ def layer_parts(a: jax.Array, mask: jax.Array | None = None, precision: Precisio
   k = jnp.where(peak > 0, jnp.clip(_exponent(peak), -125, 126), 0)
   unit = mean * pow2(-k)
   return Parts(gram, proj, rowmean, jnp.sum(jnp.square(unit)), fourth_moment(unit), f + k, f,
-               int(np.prod(a.shape[1:])), prescale)
+               jnp.asarray(np.prod(a.shape[1:]), jnp.int32), prescale)
 
 
 def finish(parts: Parts) -> tuple[jax.Array, ...]:

@@ -53,14 +53,12 @@ class Stack(NamedTuple):
   e: jax.Array  # (L,) int32: each layer's arrays are at the scale 2^-e
 
   @classmethod
-  def of(cls, parts: Sequence[grams.Parts]) -> "Stack":
-    """The layers of `parts` (each made where its point is), stacked and then
-    brought to their scales together (`grams.finish`): one batched piece of code,
-    not one per layer."""
-    arrays = jax.tree.map(lambda *a: jnp.stack(a), *[dataclasses.replace(p, features=0) for p in parts])
-    gram, mean_sq, mean_4th, proj, rowmean, e = grams.finish(arrays)
-    return cls(gram, proj, rowmean, mean_sq, mean_4th,
-               jnp.asarray([p.features for p in parts], jnp.float32), e)
+  def of(cls, parts: grams.Parts) -> "Stack":
+    """The layers of `parts`, stacked on their leading axis (each made where its
+    point is: `grams.stack_parts`), brought to their scales together (`grams.finish`):
+    one batched piece of code, not one per layer."""
+    gram, mean_sq, mean_4th, proj, rowmean, e = grams.finish(parts)
+    return cls(gram, proj, rowmean, mean_sq, mean_4th, parts.features.astype(jnp.float32), e)
 
   @classmethod
   def join(cls, stacks: Sequence["Stack"]) -> "Stack":
