@@ -13,7 +13,7 @@ from support.numerics import (BIT_ROUNDINGS, MIXER_ROUNDINGS, VIT_ROUNDINGS, ass
 from vitcnn_jax.models import BiT, Mixer, ViT, get_model
 from vitcnn_jax.models.bit import model as bit
 from vitcnn_jax.models.blocks import MIN_SCAN
-from vitcnn_jax.models.capturing import Capture, matches, stacked
+from vitcnn_jax.models.capturing import Capture, Row, matches, stacked
 from vitcnn_jax.models.param_trees import random_params
 from vitcnn_jax.models.vit import model as vit
 
@@ -100,6 +100,22 @@ def test_capture_filter_keeps_only_matches_and_logits_unchanged():
 ])
 def test_capture_globs(name, pattern, hit):
   assert Capture.of(pattern).wants(name) is hit
+
+
+def test_stacked_takes_rows_and_values_in_any_order():
+  """`capturing.stacked` of scan outputs' rows and plain values, in a shuffled
+  order, is the values stacked in that order: every row found in its scan's
+  output, however the outputs are joined."""
+  rng = np.random.default_rng(0)
+  normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  scans = [{"a": normal(k, 2, 3), "b": normal(k)} for k in (3, 4)]
+  items = [(Row(s, i), jax.tree.map(lambda v, i=i: v[i], s)) for s in scans for i in range(len(s["b"]))]
+  items += [(v, v) for v in ({"a": normal(2, 3), "b": normal()} for _ in range(2))]
+  order = rng.permutation(len(items))
+  got = stacked([items[i][0] for i in order])
+  want = jax.tree.map(lambda *v: np.stack(v), *[items[i][1] for i in order])
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_capture_under_jit():
