@@ -84,10 +84,6 @@ class Row:
   stacked: Any
   index: int
 
-  def value(self) -> Any:
-    """The point's value alone."""
-    return jax.tree.map(lambda a: a[self.index], self.stacked)
-
 
 def stacked(values: Sequence[Any]) -> Any:
   """`values` (pytrees of one structure, or `Row`s of such) on a new leading axis,
