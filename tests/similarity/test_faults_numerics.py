@@ -84,7 +84,7 @@ def test_cka_does_not_depend_on_the_features_scale(scale):
 def _stack(x: np.ndarray, mask: np.ndarray, prescale: bool) -> registry.Stack:
   """One layer's `registry.Stack` on the host, its parts made as the features are or prescaled."""
   import jax
-  made = jax.jit(lambda a, m: registry.Stack.of(grams.stack_parts([grams.layer_parts(a, m, prescale=prescale)])))
+  made = jax.jit(lambda a, m: registry.Stack.of_activations([a], m, prescale=prescale))
   return jax.device_get(made(x, mask))
 
 

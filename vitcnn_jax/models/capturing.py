@@ -89,16 +89,16 @@ def stacked(values: Sequence[Any]) -> Any:
   """`values` (pytrees of one structure, or `Row`s of such) on a new leading axis,
   in their order: each scan's output joined whole, so that a leaf takes one
   concatenation and at most one gather, whatever the blocks and points."""
-  parts, start, rows = [], {}, []
-  size = lambda tree: jax.tree.leaves(tree)[0].shape[0]
+  parts, start, rows, total = [], {}, [], 0
   for v in values:
     if not isinstance(v, Row):
       v = Row(jax.tree.map(lambda a: a[None], v), 0)
     if id(v.stacked) not in start:
-      start[id(v.stacked)] = sum(map(size, parts))
+      start[id(v.stacked)] = total
       parts.append(v.stacked)
+      total += jax.tree.leaves(v.stacked)[0].shape[0]
     rows.append(start[id(v.stacked)] + v.index)
   joined = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
-  if rows == list(range(size(joined))):
+  if rows == list(range(total)):
     return joined
   return jax.tree.map(lambda a: a[np.asarray(rows)], joined)

@@ -287,7 +287,7 @@ class Parts:
   fusions). The mean's sums are at the mean's own scale
   2^-k, so that they are finite whatever the Gram's. A pytree whose `prescaled`
   alone is static: a scan over identical blocks stacks the arrays, and the
-  points of a pass, whatever their widths, stack into one (`stack_parts`)."""
+  points of a pass, whatever their widths, stack into one (`registry.Stack.of`)."""
   gram: jax.Array  # (n, n) K_c 2^-2f
   proj: jax.Array  # (n,) 2^-2f
   rowmean: jax.Array  # (n,) 2^-f
@@ -301,12 +301,6 @@ class Parts:
   def layer(self) -> Layer:
     """The `Layer` of one layer's parts (`finish`)."""
     return Layer(*finish(self))
-
-
-def stack_parts(parts: Sequence[Parts]) -> Parts:
-  """The `Parts` of several layers on a new leading axis, as `registry.Stack.of`
-  takes them."""
-  return jax.tree.map(lambda *a: jnp.stack(a), *parts)
 
 
 # Its own jit: inside a pass's trace, the layers of one shape are traced and

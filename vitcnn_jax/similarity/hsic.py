@@ -26,7 +26,7 @@ from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
 from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment
-from vitcnn_jax.similarity.grams import layer_parts, stack_parts
+from vitcnn_jax.similarity.grams import layer_parts
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
@@ -52,7 +52,7 @@ def activation_sums(acts: Sequence[jax.Array], mask: jax.Array | None = None,
   """
   if group is not None:
     return _group_sums(acts, mask, axis_name, group, precision)
-  layers = registry.Stack.of(stack_parts([layer_parts(a, mask, precision, prescale) for a in acts]))
+  layers = registry.Stack.of_activations(acts, mask, precision, prescale)
   return scales.shared_scale(linear_sums(layers, mask, precision), axis_name, SCALES)
 
 

@@ -51,7 +51,7 @@ def draw_sums(stack_a: registry.Stack, stack_b: registry.Stack, mask: jax.Array,
 
 @functools.partial(jax.jit, static_argnames=("precision",))
 def _stack(xs: tuple[jax.Array, ...], mask: jax.Array, precision: grams.Precision) -> registry.Stack:
-  return registry.Stack.of(grams.stack_parts([grams.layer_parts(x, mask, precision, prescale=True) for x in xs]))
+  return registry.Stack.of_activations(xs, mask, precision)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "precision"))

@@ -103,8 +103,7 @@ def minibatch_sums(acts: Sequence[jax.Array], mask: jax.Array, spec: Spec,
                        "config.devices_per_minibatch=1 or a smaller config.batch_size; a minibatch "
                        "spread over devices has unbiased linear CKA only.")
     return hsic.activation_sums(acts, mask, axis_name, group, precision)
-  layers = grams.stack_parts([grams.layer_parts(a, mask, precision, prescale=True) for a in acts])
-  return stack_sums(registry.Stack.of(layers), mask, spec, axis_name, key, precision)
+  return stack_sums(registry.Stack.of_activations(acts, mask, precision), mask, spec, axis_name, key, precision)
 
 
 def stack_sums(stack: registry.Stack, mask: jax.Array, spec: Spec,

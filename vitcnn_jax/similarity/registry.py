@@ -55,10 +55,17 @@ class Stack(NamedTuple):
   @classmethod
   def of(cls, parts: grams.Parts) -> "Stack":
     """The layers of `parts`, stacked on their leading axis (each made where its
-    point is: `grams.stack_parts`), brought to their scales together (`grams.finish`):
-    one batched piece of code, not one per layer."""
+    point is), brought to their scales together (`grams.finish`): one batched
+    piece of code, not one per layer."""
     gram, mean_sq, mean_4th, proj, rowmean, e = grams.finish(parts)
     return cls(gram, proj, rowmean, mean_sq, mean_4th, parts.features.astype(jnp.float32), e)
+
+  @classmethod
+  def of_activations(cls, acts: Sequence[jax.Array], mask: jax.Array | None,
+                     precision: grams.Precision = grams.HIGHEST, prescale: bool = True) -> "Stack":
+    """The layers of activations held whole (`grams.layer_parts` of each, then `of`)."""
+    parts = [grams.layer_parts(a, mask, precision, prescale) for a in acts]
+    return cls.of(jax.tree.map(lambda *a: jnp.stack(a), *parts))
 
   @classmethod
   def join(cls, stacks: Sequence["Stack"]) -> "Stack":
