@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -175,6 +177,25 @@ def test_bit_names_and_unit_arithmetic():
   np.testing.assert_array_equal(out["block2/unit02/shortcut"], out["block2/unit01/out"])
   assert out["root/conv"].shape == (2, 32, 32, 32) and out["root/pool"].shape == (2, 16, 16, 32)
   assert out["block4/unit01/out"].shape == (2, 2, 2, 1024)
+
+
+@pytest.mark.parametrize("family, path, message", [
+    ("bit", "block1/unit01/gn2/scale", r"parameter block1/unit01/gn2/scale has shape \(33,\).*needs \(32,\)"),
+    ("bit", "block2/unit03/gn2/scale", r"blocks block2/unit02 and block2/unit03 disagree on .* gn2/scale: "
+                                       r"\(64,\) against \(65,\)"),
+    ("vit", "pos_embedding", r"parameter pos_embedding has shape \(1, 16, 33\).*needs \(1, 16, 32\)")])
+def test_a_parameter_of_another_shape_is_named(family, path, message):
+  """A parameter one wider than the model's fails with its path and both
+  shapes: checked by `layers.param` (not flax's traced initializer), and across
+  the identical blocks that a scan stacks (`blocks`)."""
+  model = BiT(num_classes=5, width=0.5, depth=(1, 4, 1, 1)) if family == "bit" else ViT(**TINY_VIT)
+  params, x = _init(model)
+  *parents, leaf = path.split("/")
+  node = functools.reduce(dict.__getitem__, parents, params)
+  shape = node[leaf].shape
+  node[leaf] = np.zeros(shape[:-1] + (shape[-1] + 1,), np.float32)
+  with pytest.raises(ValueError, match=message):
+    model.apply({"params": params}, x)
 
 
 def test_bit_max_pool_pads_with_zeros_not_minus_infinity():

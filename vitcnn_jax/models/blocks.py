@@ -27,7 +27,25 @@ def apply_blocks(parent: nn.Module, make: Callable[..., nn.Module], names: Seque
       x = make(name=name)(x, capture, out, *args)
     return x
   params = parent.variables["params"]
+  _check_alike(parent, names, params)
   return run_blocks(make(parent=None), [params[n] for n in names], x, captures, out, *args)
+
+
+def _check_alike(parent: nn.Module, names: Sequence[str], params: Any) -> None:
+  """Identical blocks' parameters agree in names and shapes: a scan stacks them,
+  and the blocks' own checks name a parameter within its block only."""
+  prefix = "".join(f"{p}/" for p in parent.scope.path)
+  leaves = lambda name: {jax.tree_util.keystr(k, simple=True, separator="/"): np.shape(v)
+                         for k, v in jax.tree_util.tree_flatten_with_path(params[name])[0]}
+  first = leaves(names[0])
+  for name in names[1:]:
+    other = leaves(name)
+    for key in sorted(first.keys() | other.keys()):
+      if first.get(key) != other.get(key):
+        raise ValueError(
+            f"identical blocks {prefix}{names[0]} and {prefix}{name} disagree on their parameter {key}: "
+            f"{first.get(key, 'absent')} against {other.get(key, 'absent')}. The parameters are not "
+            "this model's: load them with its family's loader, which checks every shape.")
 
 
 # Runs of fewer blocks are applied one by one: for one or two blocks a scan's loop

@@ -68,8 +68,8 @@ class StdConv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    w = self.param("kernel", nn.initializers.he_normal(),
-                   (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
+    w = layers.param(self, "kernel", nn.initializers.he_normal(),
+                     (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
     if not self.standardized:
       w = standardize_kernel(w)
     return layers.conv(x, w.astype(x.dtype), self.stride)
@@ -117,8 +117,8 @@ class GroupNorm(nn.Module):
     count = h * w * k
     mean_d = per_group(d.sum(axis=(1, 2))) / count
     var = jnp.maximum(per_group(jnp.square(d).sum(axis=(1, 2))) / count - jnp.square(mean_d), 0.0)
-    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
+    scale = layers.param(self, "scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = layers.param(self, "bias", nn.initializers.zeros, (c,), jnp.float32)
     # Shift and mean subtracted one after the other: their float32 sum would lose
     # the mean's digits where the shift is large.
     return (d - per_channel(mean_d)) * (per_channel(jax.lax.rsqrt(var + self.eps)) * scale) + bias

@@ -56,8 +56,8 @@ class GRN(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     c = x.shape[-1]
-    gamma = self.param("scale", nn.initializers.zeros, (c,), x.dtype)
-    beta = self.param("bias", nn.initializers.zeros, (c,), x.dtype)
+    gamma = layers.param(self, "scale", nn.initializers.zeros, (c,), x.dtype)
+    beta = layers.param(self, "bias", nn.initializers.zeros, (c,), x.dtype)
     g = jnp.sqrt(jnp.sum(jnp.square(x), axis=(1, 2), keepdims=True))
     n = g / (g.mean(axis=-1, keepdims=True) + EPS)
     return x + gamma * (x * n) + beta
@@ -83,7 +83,7 @@ class Block(nn.Module):
     y = capture.put(out, "mlp/hidden", y)
     y = nn.Dense(c, name="fc2")(y)
     if self.layer_scale:
-      y = y * self.param("gamma", nn.initializers.constant(1e-6), (c,), x.dtype)
+      y = y * layers.param(self, "gamma", nn.initializers.constant(1e-6), (c,), x.dtype)
     capture.put(out, "mlp/out", y)
     return capture.put(out, "out", x + y)
 

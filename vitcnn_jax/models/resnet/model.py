@@ -55,11 +55,11 @@ class Conv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    w = self.param("kernel", nn.initializers.he_normal(),
-                   (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
+    w = layers.param(self, "kernel", nn.initializers.he_normal(),
+                     (self.kernel, self.kernel, x.shape[-1], self.features), jnp.float32)
     y = layers.conv(x, w, self.stride)
     if self.bias:
-      y = y + self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+      y = y + layers.param(self, "bias", nn.initializers.zeros, (self.features,), jnp.float32)
     return y
 
 
@@ -70,10 +70,10 @@ class BatchNorm(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     c = x.shape[-1]
-    scale = self.param("scale", nn.initializers.ones, (c,), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros, (c,), jnp.float32)
-    mean = self.param("mean", nn.initializers.zeros, (c,), jnp.float32)
-    var = self.param("var", nn.initializers.ones, (c,), jnp.float32)
+    scale = layers.param(self, "scale", nn.initializers.ones, (c,), jnp.float32)
+    bias = layers.param(self, "bias", nn.initializers.zeros, (c,), jnp.float32)
+    mean = layers.param(self, "mean", nn.initializers.zeros, (c,), jnp.float32)
+    var = layers.param(self, "var", nn.initializers.ones, (c,), jnp.float32)
     return (x - mean) * (scale * jax.lax.rsqrt(var + self.eps)) + bias
 
 

@@ -132,8 +132,8 @@ class WindowAttention(nn.Module):
     hd = c // heads
     proj = lambda name: nn.Dense(c, name=name)(win).reshape(b, -1, n, heads, hd).transpose(0, 1, 3, 2, 4)
     q, k, v = proj("query") / jnp.sqrt(hd).astype(x.dtype), proj("key"), proj("value")
-    table = self.param("rel_bias", nn.initializers.truncated_normal(0.02), ((2 * ws - 1) ** 2, heads),
-                       x.dtype)
+    table = layers.param(self, "rel_bias", nn.initializers.truncated_normal(0.02), ((2 * ws - 1) ** 2, heads),
+                         x.dtype)
     logits = q @ k.swapaxes(-1, -2) + table[relative_index(ws)].transpose(2, 0, 1)
     if s:
       logits = logits + jnp.asarray(shift_mask((h, w), ws, s))[None, :, None]

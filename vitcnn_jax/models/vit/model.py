@@ -212,14 +212,14 @@ class EncoderBlock(nn.Module):
     y = Attention(self.num_heads, o.ln_eps if o.attn_norm else None,
                   name=ATTN)(y, y, capture.child("attn"), out, rope)
     if o.layer_scale:
-      y = y * self.param("ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
+      y = y * layers.param(self, "ls1", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "attn/out", y)
     x = capture.put(out, "attn/residual", self._residual(x, y))
     y = capture.put(out, "ln2", layers.layer_norm("LayerNorm_1", o.ln_eps)(x))
     y = layers.MlpBlock(self.mlp_dim, o.gelu, o.mlp, o.mlp_norm_eps, name="MlpBlock_0")(
         y, capture.child("mlp"), out)
     if o.layer_scale:
-      y = y * self.param("ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
+      y = y * layers.param(self, "ls2", nn.initializers.ones, (x.shape[-1],), x.dtype)
     capture.put(out, "mlp/out", y)
     return capture.put(out, "out", self._residual(x, y))
 
@@ -261,7 +261,7 @@ class MAPHead(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, capture: capturing.Capture, out: dict) -> jax.Array:
     n, _, d = x.shape
-    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    probe = layers.param(self, "probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, (n, 1, 1))
     x = Attention(self.num_heads, name=ATTN)(
         probe, x, capture.child("attn"), out)
@@ -382,19 +382,19 @@ class ViT(anatomy.PatchTokens, anatomy.ParamsAsRead, nn.Module):
     n, h, w, d = x.shape
     x = x.reshape(n, h * w, d)
     if self.posemb == "learn":
-      x = x + self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
-                         (1, h * w, d), x.dtype)  # prefix tokens hold their own
+      x = x + layers.param(self, "pos_embedding", nn.initializers.normal(1 / np.sqrt(d)),
+                           (1, h * w, d), x.dtype)  # prefix tokens hold their own
     elif self.posemb == "sincos2d":
       x = x + jnp.asarray(posemb_sincos_2d(h, w, d), x.dtype)
     rope = (rotary(self.rope, h, w, d // self.num_heads, self.rope_theta, self.rope_ref,
                    self.rope_offset) if self.rope else None)
     prefix = []
     if self.has_class_token:
-      prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), x.dtype))
+      prefix.append(layers.param(self, "cls", nn.initializers.zeros, (1, 1, d), x.dtype))
     if self.distilled:
-      prefix.append(self.param("dist", nn.initializers.zeros, (1, 1, d), x.dtype))
+      prefix.append(layers.param(self, "dist", nn.initializers.zeros, (1, 1, d), x.dtype))
     if self.num_registers:
-      prefix.append(self.param("reg", nn.initializers.zeros, (1, self.num_registers, d), x.dtype))
+      prefix.append(layers.param(self, "reg", nn.initializers.zeros, (1, self.num_registers, d), x.dtype))
     if prefix:
       x = jnp.concatenate([jnp.tile(t, (n, 1, 1)) for t in prefix] + [x], axis=1)
     if self.pre_norm:
