@@ -160,6 +160,18 @@ def test_no_family_test_outside_the_models():
   assert FAMILY_TEST.search('if m.model.family == "vit":') and FAMILY_TEST.search("X[model.family]")
 
 
+def test_every_family_reads_its_own_parameters_through_layers_param():
+  """A family module's `self.param(...)` would bring back flax's initializer
+  trace for every parameter at every apply (`models.layers.param`)."""
+  found = [f"{m}:{node.lineno}" for m, path in MODULES.items() if m.startswith("vitcnn_jax.models.")
+           for node in ast.walk(_tree(m))
+           if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "param"
+           and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"]
+  assert not found
+  uses = [m for m in MODULES if m.startswith("vitcnn_jax.models.") and "layers.param(self" in open(MODULES[m]).read()]
+  assert len(uses) >= 5, uses  # BiT, ResNet, ViT, Swin, ConvNeXt
+
+
 ANALYSIS_MODULES = sorted(n.split(".")[-1] for n in MODULES if n.startswith("vitcnn_jax.analyses."))
 
 
