@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vitcnn_jax.models import param_trees
 from vitcnn_jax.models.capturing import Capture, Row
 
 Array = jax.Array
@@ -35,8 +36,7 @@ def _check_alike(parent: nn.Module, names: Sequence[str], params: Any) -> None:
   """Identical blocks' parameters agree in names and shapes: a scan stacks them,
   and the blocks' own checks name a parameter within its block only."""
   prefix = "".join(f"{p}/" for p in parent.scope.path)
-  leaves = lambda name: {jax.tree_util.keystr(k, simple=True, separator="/"): np.shape(v)
-                         for k, v in jax.tree_util.tree_flatten_with_path(params[name])[0]}
+  leaves = lambda name: {k: np.shape(v) for k, v in param_trees.flatten(params[name]).items()}
   first = leaves(names[0])
   for name in names[1:]:
     other = leaves(name)

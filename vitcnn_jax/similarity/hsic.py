@@ -25,8 +25,7 @@ from vitcnn_jax.similarity import layerpairs
 from vitcnn_jax.similarity import MIN_BATCH  # n (n - 3) and (n - 1)(n - 2) must be positive
 from vitcnn_jax.similarity import registry
 from vitcnn_jax.similarity import scales
-from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment
-from vitcnn_jax.similarity.grams import layer_parts
+from vitcnn_jax.similarity.grams import HIGHEST, Precision, center_unbiased, flat_products, fourth_moment, layer_parts
 
 # The sums here that carry the layers' scales (`scales`): HSIC per pair, the
 # fourth moments of the means per layer.
