@@ -198,6 +198,14 @@ def test_a_parameter_of_another_shape_is_named(family, path, message):
     model.apply({"params": params}, x)
 
 
+def test_a_missing_block_is_named():
+  model = BiT(num_classes=5, width=0.5, depth=(1, 4, 1, 1))
+  params, x = _init(model)
+  del params["block2"]["unit03"]
+  with pytest.raises(ValueError, match="block block2/unit03 are missing"):
+    model.apply({"params": params}, x)
+
+
 def test_bit_max_pool_pads_with_zeros_not_minus_infinity():
   model = BiT(num_classes=5, width=0.5, depth=(1, 1, 1, 1))
   params, x = _init(model, 32)

@@ -33,9 +33,14 @@ def apply_blocks(parent: nn.Module, make: Callable[..., nn.Module], names: Seque
 
 
 def _check_alike(parent: nn.Module, names: Sequence[str], params: Any) -> None:
-  """Identical blocks' parameters agree in names and shapes: a scan stacks them,
-  and the blocks' own checks name a parameter within its block only."""
+  """Identical blocks' parameters are all there and agree in names and shapes:
+  a scan stacks them, and the blocks' own checks name a parameter within its
+  block only."""
   prefix = "".join(f"{p}/" for p in parent.scope.path)
+  missing = [name for name in names if name not in params]
+  if missing:
+    raise ValueError(f"the parameters of block {prefix}{missing[0]} are missing: the parameters are not "
+                     "this model's (load them with its family's loader, which checks every shape).")
   leaves = lambda name: {k: np.shape(v) for k, v in param_trees.flatten(params[name]).items()}
   first = leaves(names[0])
   for name in names[1:]:
