@@ -320,6 +320,37 @@ def _count(jaxpr, primitives: tuple[str, ...] = DOTS) -> int:
   return total
 
 
+def test_a_blocks_points_are_evaluated_once_whatever_the_batch(monkeypatch):
+  """Listing a model's points and tracing its steps ask for the points of the same
+  blocks (`blocks._block_points`): evaluated once, whatever the batch; a block of
+  other fields or parameters (a ResNet's bottleneck after its basic unit, which
+  has no conv3) is evaluated anew, and its points are captured as asked."""
+  from vitcnn_jax.models import ResNet, blocks
+  monkeypatch.setattr(blocks, "_POINTS", blocks.collections.OrderedDict())
+  evaluated = []
+  real = jax.eval_shape
+
+  def counting(fn, *args):
+    evaluated.append(fn.__qualname__.startswith("_block_points"))
+    return real(fn, *args)
+  monkeypatch.setattr(jax, "eval_shape", counting)
+  model = ViT(**{**TINY_VIT, "depth": MIN_SCAN})
+  params, _ = _init(model)
+  names = []
+  for batch in (2, 3):
+    x = jnp.zeros((batch, 32, 32, 3))
+    names.append(list(jax.eval_shape(lambda p, x: model.apply({"params": p}, x)[1], params, x)))
+  assert sum(evaluated) == 1, evaluated
+  assert names[0] == names[1] and "block02/mlp/hidden" in names[0], names
+  last = f"block1/unit{MIN_SCAN + 1:02d}/conv3"
+  for kind in ("basic", "bottleneck"):
+    net = ResNet(num_classes=5, depth=(MIN_SCAN + 1,), widths=(8,), stem_width=8, block=kind)
+    params, x = _init(net)
+    got = jax.eval_shape(lambda p, x, net=net: net.apply({"params": p}, x, capture=(last,))[1], params, x)
+  assert sum(evaluated) == 3, evaluated
+  assert list(got) == [last], list(got)
+
+
 @pytest.mark.parametrize("family", ["vit", "bit", "resnet", "mixer"])
 def test_identical_blocks_are_one_scan_and_every_point_keeps_its_value(family):
   """A ViT's and a Mixer's blocks, and the units after each stage's first of a BiT
