@@ -88,7 +88,8 @@ def run_blocks(block: nn.Module, params: Sequence[Any], x: Array, captures: Sequ
 
 # Each block's points, by what decides them (`_block_points`): listing a model's points
 # and then tracing each step ask for the same blocks, at 10 to 70 ms of abstract
-# evaluation each (workload W's step: 0.13 s of its 0.8 s trace on 2 cores).
+# evaluation each (workload W's step: 0.13 s of its 0.8 s trace on 2 cores). The
+# oldest is dropped first.
 KEEP_POINTS = 64
 _POINTS: collections.OrderedDict[Hashable, list[str]] = collections.OrderedDict()
 
@@ -107,7 +108,6 @@ def _block_points(block: nn.Module, params: Any, x: Array, args: tuple) -> list[
   except (TypeError, ValueError):
     key, kept = None, None
   if kept is not None:
-    _POINTS.move_to_end(key)
     return list(kept)
   abstract = lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype)
 
