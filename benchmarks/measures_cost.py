@@ -1,6 +1,6 @@
 r"""What every similarity measure costs, beside linear CKA, in one run.
 
-  .venv/bin/python -m benchmarks.measures_cost [--layers 55 --batch 256] [--each] [--settings] [--demo]
+  .venv/bin/python -m benchmarks.measures_cost [--layers 55 --batch 256] [--each] [--settings] [--demo [--families]]
 
 The step's measures alone (no forward): `--layers` layers of `--batch` rows
 each (features of rank 64 that share a common part, as a network's do), every
@@ -28,7 +28,10 @@ from its progress bar to the second; and how far the cold progress bar's ETA at
 its midpoint was from the time that was really left. `--demo --settings` times
 instead `:demo_measures` cold under each of the cheaper settings, and as it is,
 against the demo cold before and after them: what each setting would do to the
-3x end to end.
+3x end to end. `--demo --families` times `:demo_measures` cold with linear CKA and
+one family of measures at a time (`family_sets`), and with every measure, against
+the demo cold: what each family adds end to end (its compile, its steps, its
+figures), the costs a smaller set of measures than every one would be chosen by.
 """
 
 from __future__ import annotations
@@ -243,6 +246,38 @@ def demo_settings() -> None:
     print(f"  {setting_label(*setting)}: {seconds:.1f} s -> {seconds / linear:.2f}x (target <= 3x)")
 
 
+def family_sets() -> list[tuple[str, ...]]:
+  """The measures of each `--families` run: linear CKA (what the ratio's demo
+  computes), and with it each other family of `measures.FAMILIES` in turn."""
+  from vitcnn_jax.similarity import measures
+  return [tuple(dict.fromkeys(("linear_cka", *family.names))) for family in measures.FAMILIES]
+
+
+def demo_families() -> None:
+  """`:demo_measures` (the null, 50 bootstrap replicates) for each of
+  `family_sets`, and with every measure, each cold (an empty compilation cache of
+  its own), against the demo cold."""
+  with tempfile.TemporaryDirectory() as work:
+    at = lambda *name: os.path.join(work, *name)
+    _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
+    linear, _ = _timed_main("demo", at("demo"), at("cache", "demo"))
+    runs = []
+    for i, names in enumerate(family_sets() + [None]):  # None: every measure, as the variant has it
+      fields = {} if names is None else {"measures": names}
+      seconds, log = _timed_main("demo_measures", at(f"set{i}"), at("cache", f"set{i}"), **fields)
+      runs.append((names, seconds, bar_phases(log)))
+  print(f"cold compilation caches: demo (linear CKA) {linear:.1f} s end to end (3x is {3 * linear:.1f} s); "
+        "demo_measures (the null, 50 bootstrap replicates) with:")
+  base = runs[0][1]
+  for names, seconds, (first, rest, steps) in runs:
+    label = ("every measure" if names is None else "linear_cka alone" if len(names) == 1
+             else "linear_cka + " + ", ".join(names[1:]))
+    more = "" if names is not None and len(names) == 1 else f" (+{seconds - base:.1f} s)"
+    print(f"  {label}: {seconds:.1f} s = {seconds / linear:.2f}x{more}; first step {first} s (its compile "
+          f"included), the {steps} after it {rest} s ({rest / steps:.2f} s a step), outside the bar "
+          f"{seconds - first - rest:.1f} s")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--layers", type=int, default=55)
@@ -252,9 +287,13 @@ def main() -> None:
   ap.add_argument("--settings", action="store_true",
                   help="also every measure under cheaper settings (with --demo: only those, end to end)")
   ap.add_argument("--demo", action="store_true", help="instead time the demo and demo_measures end to end")
+  ap.add_argument("--families", action="store_true",
+                  help="with --demo: demo_measures with linear CKA and one family of measures at a time")
   args = ap.parse_args()
+  if args.families and not (args.demo and not args.settings):
+    ap.error("--families goes with --demo alone (not --settings): it times demo_measures runs")
   if args.demo:
-    demo_settings() if args.settings else demo()
+    demo_families() if args.families else demo_settings() if args.settings else demo()
   else:
     from benchmarks import forward_profile
     forward_profile.trace_events_on()  # for `lapack_seconds`

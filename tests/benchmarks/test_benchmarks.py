@@ -106,6 +106,18 @@ def test_measures_cost_settings_each_give_up_the_null_or_components():
     assert not g.null or (g.subspace_dims < default.subspace_dims and g.cca_dims < default.cca_dims), g
 
 
+def test_measures_cost_families_add_each_measure_to_linear_cka_once():
+  import ml_collections
+  from benchmarks import measures_cost
+  from vitcnn_jax.similarity import measures
+  sets = measures_cost.family_sets()
+  assert sets[0] == ("linear_cka",) and all(s[0] == "linear_cka" for s in sets)  # the ratio's own first
+  added = [m for s in sets for m in s[1:]]
+  assert sorted(added) == sorted(measures.NAMES[1:]), added  # every other measure, in one run only
+  for s in sets:  # each a config the demo's flag takes
+    measures.spec_of(ml_collections.ConfigDict(dict(measures=s, null=True, batch_size=256, num_examples=2560)))
+
+
 def test_measures_cost_reads_a_runs_phases_from_its_progress_bar():
   from benchmarks import measures_cost
   bar = lambda n, elapsed, left: f"cka:  {25 * n}%|##  | {n}/4 [{elapsed}<{left},  1.50s/step, 99.5 examples/s]"
