@@ -29,9 +29,10 @@ its midpoint was from the time that was really left. `--demo --settings` times
 instead `:demo_measures` cold under each of the cheaper settings, and as it is,
 against the demo cold before and after them: what each setting would do to the
 3x end to end. `--demo --families` times `:demo_measures` cold with linear CKA and
-one family of measures at a time (`family_sets`), and with every measure, against
-the demo cold: what each family adds end to end (its compile, its steps, its
-figures), the costs a smaller set of measures than every one would be chosen by.
+one family of measures at a time (`family_sets`), with every measure, and with
+every measure but the family that added the most, against the demo cold: what
+each family adds end to end (its compile, its steps, its figures), the costs a
+smaller set of measures than every one would be chosen by.
 """
 
 from __future__ import annotations
@@ -254,25 +255,33 @@ def family_sets() -> list[tuple[str, ...]]:
 
 
 def demo_families() -> None:
-  """`:demo_measures` (the null, 50 bootstrap replicates) for each of
-  `family_sets`, and with every measure, each cold (an empty compilation cache of
-  its own), against the demo cold."""
+  """`:demo_measures` (the null, 50 bootstrap replicates) with each of
+  `family_sets`, with every measure, and with every measure but the family that
+  added the most, each cold (an empty compilation cache of its own), against the
+  demo cold."""
+  from vitcnn_jax.similarity import measures
   with tempfile.TemporaryDirectory() as work:
     at = lambda *name: os.path.join(work, *name)
     _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
     linear, _ = _timed_main("demo", at("demo"), at("cache", "demo"))
     runs = []
-    for i, names in enumerate(family_sets() + [None]):  # None: every measure, as the variant has it
+
+    def run(names: tuple[str, ...] | None, label: str) -> None:  # None: every measure, as the variant has it
       fields = {} if names is None else {"measures": names}
-      seconds, log = _timed_main("demo_measures", at(f"set{i}"), at("cache", f"set{i}"), **fields)
-      runs.append((names, seconds, bar_phases(log)))
+      seconds, log = _timed_main("demo_measures", at(f"set{len(runs)}"), at("cache", f"set{len(runs)}"), **fields)
+      runs.append((label, seconds, bar_phases(log)))
+    sets = family_sets()
+    for names in sets:
+      run(names, "linear_cka alone" if len(names) == 1 else "linear_cka + " + ", ".join(names[1:]))
+    run(None, "every measure")
+    costliest = max(range(1, len(sets)), key=lambda i: runs[i][1])  # and every measure but that family
+    run(tuple(m for m in measures.NAMES if m not in sets[costliest][1:]),
+        "every measure but " + ", ".join(sets[costliest][1:]))
   print(f"cold compilation caches: demo (linear CKA) {linear:.1f} s end to end (3x is {3 * linear:.1f} s); "
         "demo_measures (the null, 50 bootstrap replicates) with:")
   base = runs[0][1]
-  for names, seconds, (first, rest, steps) in runs:
-    label = ("every measure" if names is None else "linear_cka alone" if len(names) == 1
-             else "linear_cka + " + ", ".join(names[1:]))
-    more = "" if names is not None and len(names) == 1 else f" (+{seconds - base:.1f} s)"
+  for i, (label, seconds, (first, rest, steps)) in enumerate(runs):
+    more = f" (+{seconds - base:.1f} s)" if i else ""
     print(f"  {label}: {seconds:.1f} s = {seconds / linear:.2f}x{more}; first step {first} s (its compile "
           f"included), the {steps} after it {rest} s ({rest / steps:.2f} s a step), outside the bar "
           f"{seconds - first - rest:.1f} s")
