@@ -19,6 +19,7 @@
 set -u
 first=${1:?usage: gpu.sh prepare [REV] | gpu.sh OUT [paper]}
 py=${PYTHON:-python3}
+case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac  # still found after `cd $base`
 
 if [ "$first" = prepare ]; then
   rev=${2:-e83d5af}
