@@ -38,13 +38,14 @@ smaller set of measures than every one would be chosen by.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -201,10 +202,25 @@ def bar_phases(log: str) -> tuple[int, int, int]:
   return first, max(r[2] for r in rows) - first, rows[-1][1] - 1
 
 
-def demo() -> None:
+def phases_text(seconds: float, log: str) -> str:
+  """Where a run of `seconds` went, from its tqdm output `log` (`bar_phases`)."""
+  first, rest, steps = bar_phases(log)
+  return (f"first step {first} s (its compile included), the {steps} after it {rest} s "
+          f"({rest / steps:.2f} s a step), outside the bar {seconds - first - rest:.1f} s")
+
+
+@contextlib.contextmanager
+def _demo_runs() -> Iterator[Callable[..., str]]:
+  """Paths in a temporary folder for a benchmark's runs of the demo job, after a
+  first run there has trained the demo models (if they were not cached)."""
   with tempfile.TemporaryDirectory() as work:
     at = lambda *name: os.path.join(work, *name)
-    _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
+    _timed_main("demo", at("first"), at("cache", "first"))
+    yield at
+
+
+def demo() -> None:
+  with _demo_runs() as at:
     times, logs = {}, {}
     for state in ("cold", "warm"):  # the warm runs read the caches their cold runs filled
       for variant in ("demo", "demo_measures"):
@@ -215,12 +231,10 @@ def demo() -> None:
     print(f"{state} compilation cache: demo (linear CKA) {linear:.1f} s end to end; demo_measures "
           f"(every measure, the null, 50 bootstrap replicates) {every:.1f} s -> {every / linear:.2f}x "
           f"(target <= 3x)")
-    phases = {variant: bar_phases(logs[state, variant]) for variant in ("demo", "demo_measures")}
-    for variant, (first, rest, steps) in phases.items():  # where the time goes
-      print(f"  {variant}: first step {first} s (its compile included), the {steps} after it {rest} s "
-            f"({rest / steps:.2f} s a step), outside the bar {times[state, variant] - first - rest:.1f} s")
+    for variant in ("demo", "demo_measures"):  # where the time goes
+      print(f"  {variant}: {phases_text(times[state, variant], logs[state, variant])}")
     print(f"  -> 3x demo is {3 * linear:.1f} s, of which demo_measures' steps after its first take "
-          f"{phases['demo_measures'][1]} s")
+          f"{bar_phases(logs[state, 'demo_measures'])[1]} s")
   n, total, eta, left = midpoint_eta(logs["cold", "demo_measures"])
   print(f"demo_measures' progress bar (cold) at step {n} of {total}: ETA {eta} s, really left {left} s "
         f"({abs(eta - left) / max(left, 1):.0%} off; target <= 25%)")
@@ -229,9 +243,7 @@ def demo() -> None:
 def demo_settings() -> None:
   """`:demo_measures` under each of `SETTINGS`, and as it is, each cold (an
   empty compilation cache of its own), against the demo run cold before and after them."""
-  with tempfile.TemporaryDirectory() as work:
-    at = lambda *name: os.path.join(work, *name)
-    _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
+  with _demo_runs() as at:
     before, _ = _timed_main("demo", at("demo_before"), at("cache", "demo_before"))
     runs = []
     for i, setting in enumerate((DEFAULTS, *SETTINGS)):
@@ -260,16 +272,14 @@ def demo_families() -> None:
   added the most, each cold (an empty compilation cache of its own), against the
   demo cold."""
   from vitcnn_jax.similarity import measures
-  with tempfile.TemporaryDirectory() as work:
-    at = lambda *name: os.path.join(work, *name)
-    _timed_main("demo", at("first"), at("cache", "first"))  # trains the demo models if not cached
+  with _demo_runs() as at:
     linear, _ = _timed_main("demo", at("demo"), at("cache", "demo"))
     runs = []
 
     def run(names: tuple[str, ...] | None, label: str) -> None:  # None: every measure, as the variant has it
       fields = {} if names is None else {"measures": names}
       seconds, log = _timed_main("demo_measures", at(f"set{len(runs)}"), at("cache", f"set{len(runs)}"), **fields)
-      runs.append((label, seconds, bar_phases(log)))
+      runs.append((label, seconds, phases_text(seconds, log)))
     sets = family_sets()
     for names in sets:
       run(names, "linear_cka alone" if len(names) == 1 else "linear_cka + " + ", ".join(names[1:]))
@@ -280,11 +290,9 @@ def demo_families() -> None:
   print(f"cold compilation caches: demo (linear CKA) {linear:.1f} s end to end (3x is {3 * linear:.1f} s); "
         "demo_measures (the null, 50 bootstrap replicates) with:")
   base = runs[0][1]
-  for i, (label, seconds, (first, rest, steps)) in enumerate(runs):
-    more = f" (+{seconds - base:.1f} s)" if i else ""
-    print(f"  {label}: {seconds:.1f} s = {seconds / linear:.2f}x{more}; first step {first} s (its compile "
-          f"included), the {steps} after it {rest} s ({rest / steps:.2f} s a step), outside the bar "
-          f"{seconds - first - rest:.1f} s")
+  for i, (label, seconds, phases) in enumerate(runs):
+    more = f" ({seconds - base:+.1f} s)" if i else ""
+    print(f"  {label}: {seconds:.1f} s = {seconds / linear:.2f}x{more}; {phases}")
 
 
 def main() -> None:
